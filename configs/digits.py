@@ -1,0 +1,36 @@
+"""Quick start: a tiny ResNet on scikit-learn's bundled 8x8 digits, upsampled to 16x16.
+
+  python -m jaxnet.main --config=configs/digits.py --workdir=/tmp/jaxnet-digits
+
+Meant for: any CPU (made on 2 cores, no GPU). Nothing is downloaded.
+Expect: >= 97% test top-1 (typically ~98-99%) in well under 3 minutes on 2 CPU cores
+(1,438 train / 359 test images; 30 epochs of batch 64).
+"""
+
+from jaxnet.config_base import base_config
+
+
+def get_config():
+  c = base_config()
+  c.batch_size = 64
+  c.num_epochs = 30
+  c.image_size = 16
+  c.precision = "fp32"
+  c.log_every_steps = 50
+  c.eval_every_steps = 225
+  c.checkpoint_every_steps = 225
+  c.keep_checkpoints = 2
+
+  c.model.name = "resnet_tiny"
+  c.model.zero_init_last_bn = False
+
+  c.data.source = "digits"
+  c.data.eval_split = "test"
+  c.data.mean = (0.2,)
+  c.data.std = (0.35,)
+
+  c.optim.name = "sgd"
+  c.optim.learning_rate = 0.4      # at batch 256; 0.1 at this batch of 64
+  c.optim.warmup_epochs = 1.0
+  c.optim.weight_decay = 5e-4
+  return c

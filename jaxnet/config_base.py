@@ -1,0 +1,79 @@
+"""Every config key jaxnet reads, with its default. Config files start from here.
+
+A config file (configs/*.py) defines `get_config()` that calls `base_config()`
+and overrides what its recipe needs. The returned dict is locked by the command
+line, so an override of a key that does not exist (a typo) is an error.
+"""
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.batch_size = 256               # global, over all devices and hosts
+  c.total_steps = 0                # > 0 caps the run; 0 means num_epochs
+  c.num_epochs = 1.0
+  c.image_size = 224
+  c.precision = "fp32"             # fp32 | bf16 | fp16
+  c.label_smoothing = 0.0
+  c.ema_decay = 0.0                # 0 turns the EMA of params off; eval uses EMA params when on
+
+  c.log_every_steps = 100
+  c.eval_every_steps = 0           # 0: only the final eval
+  c.checkpoint_every_steps = 1000  # 0: only the final checkpoint
+  c.keep_checkpoints = 3
+  c.async_checkpointing = True
+
+  c.model = ml_collections.ConfigDict()
+  c.model.name = "resnet50"
+  c.model.num_classes = 0          # 0: take it from the dataset
+  c.model.bn_momentum = 0.9
+  c.model.bn_epsilon = 1e-5
+  c.model.bn_group_size = 0        # BN statistics over groups of this many devices; 0 = global batch
+  c.model.zero_init_last_bn = True
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = "synthetic"      # digits | synthetic | imagefolder | tfds
+  c.data.dir = ""                  # ImageFolder root or tfds data_dir
+  c.data.name = "imagenet2012"     # tfds dataset name
+  c.data.train_split = "train"
+  c.data.eval_split = "validation"
+  c.data.workers = 0               # Grain worker processes (0: decode in the main process)
+  c.data.eval_batch_size = 0       # 0: batch_size
+  c.data.eval_crop_fraction = 0.875  # eval: resize to image_size / this, center-crop image_size
+  c.data.num_classes = 1000        # synthetic only
+  c.data.synthetic_size = 10_000   # synthetic only: examples per epoch
+  c.data.mean = (0.485, 0.456, 0.406)  # per-channel, of pixels in [0, 1]
+  c.data.std = (0.229, 0.224, 0.225)
+  c.data.prefetch = 2              # batches placed on the devices ahead of the step
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.name = "sgd"             # sgd | lars | adamw
+  c.optim.learning_rate = 0.1      # peak LR at base_batch_size; scaled linearly with batch_size
+  c.optim.base_batch_size = 256
+  c.optim.schedule = "cosine"      # cosine | linear | poly2 | constant
+  c.optim.warmup_epochs = 0.0
+  c.optim.warmup_steps = 0         # overrides warmup_epochs when > 0
+  c.optim.end_lr_fraction = 0.0
+  c.optim.momentum = 0.9
+  c.optim.nesterov = True
+  c.optim.weight_decay = 5e-5      # not applied to BN parameters and biases
+  c.optim.b1 = 0.9                 # adamw
+  c.optim.b2 = 0.999               # adamw
+  c.optim.grad_clip_norm = 0.0
+
+  c.loss_scale = ml_collections.ConfigDict()  # fp16 only
+  c.loss_scale.initial_scale = 2.0**15
+  c.loss_scale.growth_interval = 2000
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.num_devices = 0           # 0: every device of every host
+
+  c.distributed = ml_collections.ConfigDict()  # multi-host; see docs/multihost.md
+  c.distributed.enabled = "auto"   # auto (Slurm / coordinator set) | true | false
+  c.distributed.coordinator_address = ""
+  c.distributed.num_processes = 0
+  c.distributed.process_id = -1
+  c.distributed.local_device_ids = ""
+  return c

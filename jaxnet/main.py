@@ -1,0 +1,59 @@
+"""Command line: python -m jaxnet.main --config=configs/NAME.py --workdir=DIR [--mode=train|eval]
+[--config.KEY=VALUE ...].
+
+An override of a key the config does not have (a typo) stops with an error
+naming the key: the config is locked before the overrides are applied.
+"""
+
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"],
+                          "train: train (resuming if WORKDIR has checkpoints); eval: evaluate the "
+                          "latest checkpoint.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def setup_runtime(workdir: str) -> None:
+  """Process-wide jax settings; must run before jax picks a backend."""
+  from jaxnet import parallel
+  parallel.set_default_xla_flags()
+  import jax
+  # Persistent compilation cache: a rerun (resume, eval, the next experiment)
+  # loads the compiled step instead of compiling it again.
+  cache = os.environ.get("JAXNET_COMPILATION_CACHE") or os.path.join(
+      os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "jaxnet", "xla")
+  jax.config.update("jax_compilation_cache_dir", cache)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  config = _CONFIG.value
+  workdir = _WORKDIR.value
+  logging.set_verbosity(logging.WARNING)
+  setup_runtime(workdir)
+  from jaxnet import parallel, train
+  parallel.initialize_distributed(config.distributed)
+  if _MODE.value == "train":
+    train.train_and_evaluate(config, workdir)
+  else:
+    train.evaluate_checkpoint(config, workdir)
+
+
+def run():
+  try:
+    app.run(main)
+  except KeyboardInterrupt:
+    sys.exit(130)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,55 @@
+"""Optimizers and learning-rate schedules from `config.optim`.
+
+The peak learning rate scales linearly with the global batch:
+`peak = optim.learning_rate * batch_size / optim.base_batch_size` (Goyal et al.).
+Weight decay and LARS trust ratios skip BN parameters and biases (rank-1 leaves).
+"""
+
+import jax
+import optax
+
+
+def _is_kernel(params):
+  # Conv and dense kernels have rank >= 2; BN scales/biases and dense biases rank 1.
+  return jax.tree.map(lambda p: p.ndim > 1, params)
+
+
+def learning_rate_schedule(optim_config, batch_size: int, total_steps: int, steps_per_epoch: int):
+  peak = optim_config.learning_rate * batch_size / optim_config.base_batch_size
+  warmup = optim_config.warmup_steps or int(optim_config.warmup_epochs * steps_per_epoch)
+  warmup = min(warmup, max(total_steps - 1, 0))
+  decay_steps = max(total_steps - warmup, 1)
+  kind = optim_config.schedule
+  if kind == "cosine":
+    decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=optim_config.end_lr_fraction)
+  elif kind == "linear":
+    decay = optax.linear_schedule(peak, peak * optim_config.end_lr_fraction, decay_steps)
+  elif kind == "constant":
+    decay = optax.constant_schedule(peak)
+  elif kind == "poly2":  # MLPerf LARS recipe: polynomial (power 2) decay
+    decay = optax.polynomial_schedule(peak, peak * optim_config.end_lr_fraction, 2, decay_steps)
+  else:
+    raise ValueError(f"config.optim.schedule={kind!r}: use cosine, linear, poly2 or constant")
+  if warmup == 0:
+    return decay
+  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
+
+
+def make_optimizer(optim_config, schedule) -> optax.GradientTransformation:
+  name = optim_config.name
+  wd = optim_config.weight_decay
+  if name == "sgd":
+    tx = optax.chain(
+        optax.add_decayed_weights(wd, mask=_is_kernel) if wd else optax.identity(),
+        optax.sgd(schedule, momentum=optim_config.momentum or None, nesterov=optim_config.nesterov))
+  elif name == "lars":
+    tx = optax.lars(schedule, weight_decay=wd, weight_decay_mask=_is_kernel,
+                    trust_ratio_mask=_is_kernel, momentum=optim_config.momentum,
+                    nesterov=optim_config.nesterov)
+  elif name == "adamw":
+    tx = optax.adamw(schedule, b1=optim_config.b1, b2=optim_config.b2, weight_decay=wd, mask=_is_kernel)
+  else:
+    raise ValueError(f"config.optim.name={name!r}: use sgd, lars or adamw")
+  if optim_config.grad_clip_norm:
+    tx = optax.chain(optax.clip_by_global_norm(optim_config.grad_clip_norm), tx)
+  return tx

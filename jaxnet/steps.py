@@ -1,0 +1,112 @@
+"""The train and eval steps: pure functions of (state, batch), jitted once by the loop.
+
+This is where the loss is computed. Gradients are averaged over the global batch
+by construction: the loss is a mean over the whole (sharded) batch, so XLA
+inserts the cross-device all-reduce in the backward pass; there is no explicit
+pmean anywhere.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxnet import precision as precision_lib
+from jaxnet.state import TrainState
+
+
+def normalize(images, mean, std, dtype):
+  """uint8 NHWC -> normalised compute-dtype NHWC, on the device (fuses into the first conv)."""
+  x = images.astype(jnp.float32) * (1.0 / 255.0)
+  return ((x - jnp.asarray(mean, jnp.float32)) / jnp.asarray(std, jnp.float32)).astype(dtype)
+
+
+def cross_entropy(logits, labels, num_classes, label_smoothing=0.0):
+  """Per-example fp32 cross-entropy with optional label smoothing."""
+  targets = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
+  if label_smoothing:
+    targets = optax.smooth_labels(targets, label_smoothing)
+  return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
+
+
+def _masked_mean(values, mask):
+  mask = mask.astype(jnp.float32)
+  return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_classes: int,
+                    mean, std, label_smoothing: float = 0.0, ema_decay: float = 0.0):
+  """Returns `train_step(state, batch) -> (state, metrics)`.
+
+  `batch` holds `image` (uint8 NHWC), `label`, `mask` and `corrupt`; examples
+  with mask=False (unreadable images) contribute nothing to loss or gradients.
+  """
+
+  def loss_fn(params, state, batch):
+    images = normalize(batch["image"], mean, std, policy.compute_dtype)
+    logits, updates = model.apply({"params": params, "batch_stats": state.batch_stats},
+                                  images, train=True, mutable=["batch_stats"])
+    per_example = cross_entropy(logits, batch["label"], num_classes, label_smoothing)
+    loss = _masked_mean(per_example, batch["mask"])
+    scaled = loss * state.loss_scale.scale if policy.uses_loss_scale else loss
+    return scaled, (loss, logits, updates["batch_stats"])
+
+  def train_step(state: TrainState, batch):
+    grads, (loss, logits, new_batch_stats) = jax.grad(loss_fn, has_aux=True)(state.params, state, batch)
+    if policy.uses_loss_scale:
+      grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
+    updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+
+    loss_scale = state.loss_scale
+    if policy.uses_loss_scale:
+      # fp16: a step with inf/nan gradients changes nothing but the scale.
+      finite = precision_lib.all_finite(grads)
+      new_params = precision_lib.select_tree(finite, new_params, state.params)
+      new_opt_state = precision_lib.select_tree(finite, new_opt_state, state.opt_state)
+      new_batch_stats = precision_lib.select_tree(finite, new_batch_stats, state.batch_stats)
+      loss_scale = loss_scale.update(finite)
+
+    if ema_decay:
+      ema = jax.tree.map(lambda e, p: ema_decay * e + (1 - ema_decay) * p, state.ema_params, new_params)
+    else:
+      ema = new_params
+
+    new_state = state.replace(step=state.step + 1, params=new_params, batch_stats=new_batch_stats,
+                              opt_state=new_opt_state, loss_scale=loss_scale, ema_params=ema)
+    correct = jnp.argmax(logits, -1) == batch["label"]
+    metrics = {
+        "train/loss": loss,
+        "train/accuracy": _masked_mean(correct, batch["mask"]),
+        "train/learning_rate": schedule(state.step),
+        "train/grad_norm": optax.global_norm(grads),
+        "data/corrupt_images": jnp.sum(batch["corrupt"]),
+    }
+    if policy.uses_loss_scale:
+      metrics["train/loss_scale"] = loss_scale.scale
+      metrics["train/skipped_steps"] = loss_scale.skipped_steps
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(model, policy: precision_lib.Policy, *, num_classes: int, mean, std,
+                   use_ema: bool = False):
+  """Returns `eval_step(state, batch) -> sums`: metric *sums* and the example count,
+  so that batches (including the padded last one) add up exactly."""
+
+  def eval_step(state: TrainState, batch):
+    params = state.ema_params if use_ema else state.params
+    images = normalize(batch["image"], mean, std, policy.compute_dtype)
+    logits = model.apply({"params": params, "batch_stats": state.batch_stats}, images, train=False)
+    mask = batch["mask"].astype(jnp.float32)
+    loss = cross_entropy(logits, batch["label"], num_classes)
+    top5 = jax.lax.top_k(logits, min(5, num_classes))[1]
+    in_top5 = jnp.any(top5 == batch["label"][:, None], axis=-1)
+    return {
+        "loss": jnp.sum(loss * mask),
+        "top1": jnp.sum((jnp.argmax(logits, -1) == batch["label"]) * mask),
+        "top5": jnp.sum(in_top5 * mask),
+        "count": jnp.sum(mask),
+    }
+
+  return eval_step

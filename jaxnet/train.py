@@ -1,0 +1,286 @@
+"""The training loop: build -> restore -> for each step: batch -> train_step -> log -> checkpoint -> eval.
+
+Everything numerical lives in steps.py (loss, gradients), parallel.py (mesh,
+shardings) and data/ (batches); this file only orders them in time.
+"""
+
+import collections
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxnet import checkpoint as ckpt
+from jaxnet import models, optim, parallel, precision, steps
+from jaxnet.data import pipeline, sources
+from jaxnet.metrics import MetricWriter, Progress
+from jaxnet.state import TrainState, init_state
+
+
+class NonFiniteLossError(RuntimeError):
+  pass
+
+
+class Experiment:
+  """Everything built from a config before the first step: data, model, optimizer, jitted steps."""
+
+  def __init__(self, config, workdir: str, *, need_train_data: bool = True):
+    self.config, self.workdir = config, workdir
+    self.mesh = parallel.make_mesh(config.mesh.num_devices)
+    parallel.check_batch_size(config.batch_size, self.mesh)
+    self.policy = precision.get_policy(config.precision)
+    self.process_index, self.process_count = jax.process_index(), jax.process_count()
+
+    self.train_source = sources.make_source(config.data, "train", config.image_size) if need_train_data else None
+    self.eval_source = sources.make_source(config.data, "eval", config.image_size)
+    ref = self.train_source or self.eval_source
+    self.num_classes = config.model.num_classes or ref.num_classes
+    self.class_names = getattr(ref, "class_names", None)
+    example = ref[0]["image"] if not ref.encoded else None
+    channels = example.shape[-1] if example is not None else 3
+    self.image_shape = (config.image_size, config.image_size, channels)
+    if len(config.data.mean) != channels or len(config.data.std) != channels:
+      raise ValueError(f"config.data.mean/std have {len(config.data.mean)} values but images have "
+                       f"{channels} channels")
+
+    train_len = len(self.train_source) if self.train_source is not None else config.batch_size
+    self.steps_per_epoch = max(train_len // config.batch_size, 1)
+    self.total_steps = config.total_steps or math.ceil(config.num_epochs * self.steps_per_epoch)
+
+    self.model = models.create(
+        config.model.name, num_classes=self.num_classes, dtype=self.policy.compute_dtype,
+        bn_momentum=config.model.bn_momentum, bn_epsilon=config.model.bn_epsilon,
+        bn_num_groups=parallel.bn_num_groups(config.model.bn_group_size, self.mesh),
+        zero_init_last_bn=config.model.zero_init_last_bn)
+    self.schedule = optim.learning_rate_schedule(config.optim, config.batch_size, self.total_steps,
+                                                 self.steps_per_epoch)
+    self.tx = optim.make_optimizer(config.optim, self.schedule)
+
+    init = lambda: init_state(self.model, self.tx, self.image_shape, config.seed, config.loss_scale)
+    abstract_state = jax.eval_shape(init)  # shapes only: nothing is allocated twice
+    replicated = parallel.replicated(self.mesh)
+    self.state_sharding = jax.tree.map(lambda _: replicated, abstract_state)
+    self.abstract_state = ckpt.abstract(abstract_state, self.state_sharding)
+    self._init = jax.jit(init, out_shardings=self.state_sharding)
+    self.batch_sharding = parallel.batch_sharding(self.mesh)
+
+    norm = dict(num_classes=self.num_classes, mean=tuple(config.data.mean), std=tuple(config.data.std))
+    train_step = steps.make_train_step(self.model, self.tx, self.schedule, self.policy,
+                                       label_smoothing=config.label_smoothing,
+                                       ema_decay=config.ema_decay, **norm)
+    eval_step = steps.make_eval_step(self.model, self.policy, use_ema=config.ema_decay > 0, **norm)
+    # Jitted once, with explicit shardings; the old state's buffers are donated
+    # so params and optimizer state are updated in place.
+    self.train_step = jax.jit(train_step, in_shardings=(self.state_sharding, self.batch_sharding),
+                              out_shardings=(self.state_sharding, replicated), donate_argnums=0)
+    self.eval_step = jax.jit(eval_step, in_shardings=(self.state_sharding, self.batch_sharding),
+                             out_shardings=replicated)
+
+  def init_state(self) -> TrainState:
+    return self._init()
+
+  def train_loader(self):
+    c = self.config
+    return pipeline.train_loader(
+        self.train_source, global_batch_size=c.batch_size, image_size=c.image_size, seed=c.seed,
+        workers=c.data.workers, process_index=self.process_index, process_count=self.process_count)
+
+  def evaluate(self, state: TrainState) -> dict:
+    c = self.config
+    sums = None
+    for local in pipeline.eval_batches(
+        self.eval_source, global_batch_size=c.data.eval_batch_size or c.batch_size,
+        image_size=c.image_size, workers=c.data.workers, process_index=self.process_index,
+        process_count=self.process_count, crop_fraction=c.data.eval_crop_fraction):
+      out = self.eval_step(state, parallel.to_global(local, self.batch_sharding))
+      sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+    sums = jax.device_get(sums)
+    count = max(float(sums["count"]), 1.0)
+    return {"eval/loss": float(sums["loss"]) / count, "eval/top1": float(sums["top1"]) / count,
+            "eval/top5": float(sums["top5"]) / count, "eval/examples": int(sums["count"])}
+
+
+class _Preemption:
+  """Turns SIGTERM into a flag the loop checks between steps."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    try:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # not the main thread (e.g. some notebook runners): no handler
+      self._previous = None
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    logging.warning("SIGTERM received: saving a checkpoint and exiting after this step")
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+  def should_stop(self, step: int, sync: bool) -> bool:
+    if jax.process_count() == 1:
+      return self.requested
+    if not sync:
+      return False
+    # Every process must stop at the same step, or the collective save would hang.
+    from jax.experimental import multihost_utils
+    return bool(np.any(multihost_utils.process_allgather(np.array(self.requested))))
+
+
+def _mean_metrics(history: list[dict]) -> dict:
+  stacked = jax.device_get(history)
+  out = {k: float(np.mean([m[k] for m in stacked])) for k in stacked[-1]}
+  # Counters are totals, not averages.
+  if "data/corrupt_images" in out:
+    out["data/corrupt_images"] = int(sum(m["data/corrupt_images"] for m in stacked))
+  for key in ("train/skipped_steps", "train/loss_scale"):
+    if key in out:
+      out[key] = stacked[-1][key].item()
+  return out
+
+
+def _write_run_info(workdir: str, config, exp: Experiment) -> None:
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort(indent=2))
+  try:
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                         cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    rev = ""
+  import flax, optax
+  env = {"jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
+         "python": sys.version.split()[0], "platform": jax.default_backend(),
+         "devices": [str(d) for d in jax.devices()], "device_kind": jax.devices()[0].device_kind,
+         "process_count": jax.process_count(), "git_revision": rev,
+         "total_steps": exp.total_steps, "steps_per_epoch": exp.steps_per_epoch}
+  with open(os.path.join(workdir, "environment.json"), "w") as f:
+    json.dump(env, f, indent=2)
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Trains (resuming from WORKDIR/checkpoints if present) and returns the final eval metrics."""
+  os.makedirs(workdir, exist_ok=True)
+  exp = Experiment(config, workdir)
+  is_chief = exp.process_index == 0
+  writer = MetricWriter(workdir, enabled=is_chief)
+  if is_chief:
+    _write_run_info(workdir, config, exp)
+  manager = ckpt.make_manager(workdir, config.keep_checkpoints, config.async_checkpointing)
+  config_dict = json.loads(config.to_json_best_effort())
+
+  loader_iter = iter(exp.train_loader())
+  state, start_step = ckpt.restore(manager, exp.abstract_state, loader_iter)
+  if state is None:
+    state, start_step = exp.init_state(), 0
+    logging.info("no checkpoint in %s: starting from scratch", workdir)
+  else:
+    print(f"resumed from checkpoint at step {start_step} in {workdir}/checkpoints", flush=True)
+  iterator_state = loader_iter.get_state()
+
+  total = exp.total_steps
+  print(f"training {config.model.name} on {config.data.source}: {total} steps "
+        f"({exp.steps_per_epoch} per epoch), global batch {config.batch_size} on "
+        f"{exp.mesh.devices.size} {jax.default_backend()} device(s), precision {config.precision}",
+        flush=True)
+  progress = Progress(total, config.batch_size, start_step, enabled=is_chief)
+  history, eval_metrics = [], {}
+  prefetched = collections.deque()
+
+  def fill():
+    # Batches go to the devices ahead of the step that uses them (transfers are
+    # async); each carries the iterator position *after* it, for checkpoints.
+    while len(prefetched) < max(config.data.prefetch, 1):
+      local = next(loader_iter)
+      prefetched.append((parallel.to_global(local, exp.batch_sharding), loader_iter.get_state()))
+
+  def save(step):
+    return ckpt.save(manager, step, state, iterator_state, config_dict)
+
+  step = start_step
+  with _Preemption() as preemption:
+    while step < total:
+      fill()
+      batch, iterator_state = prefetched.popleft()
+      state, metrics = exp.train_step(state, batch)
+      history.append(metrics)
+      step += 1
+
+      log_now = step % config.log_every_steps == 0 or step == total if config.log_every_steps else step == total
+      if log_now:
+        logged = _mean_metrics(history)
+        history = []
+        if not math.isfinite(logged["train/loss"]):
+          raise NonFiniteLossError(
+              f"train/loss is {logged['train/loss']} at step {step}. The last checkpoint "
+              f"(step {manager.latest_step()}) is intact. Lower optim.learning_rate, add "
+              f"optim.warmup_epochs or optim.grad_clip_norm, or use precision=bf16/fp32 instead of fp16.")
+        logged["train/images_per_sec"] = progress.rate(step)
+        logged["train/epoch"] = step / exp.steps_per_epoch
+        progress.report(step, logged, logged["train/images_per_sec"])
+        writer.write(step, logged)
+
+      if config.eval_every_steps and step % config.eval_every_steps == 0 and step != total:
+        eval_metrics = exp.evaluate(state)
+        writer.write(step, eval_metrics)
+        if is_chief:
+          print(f"eval at step {step}: top1 {eval_metrics['eval/top1']:.4f}  "
+                f"loss {eval_metrics['eval/loss']:.4f}", flush=True)
+
+      if config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0 and step != total:
+        save(step)
+
+      if preemption.should_stop(step, sync=log_now):
+        save(step)
+        manager.wait_until_finished()
+        print(f"preempted: checkpoint saved at step {step}; rerun the same command to resume",
+              flush=True)
+        writer.close()
+        manager.close()
+        return {"preempted_at_step": step}
+
+  if step > start_step or manager.latest_step() != step:
+    save(step)
+  eval_metrics = exp.evaluate(state)
+  writer.write(step, {**eval_metrics, "train/elapsed_sec": progress.elapsed()})
+  manager.wait_until_finished()
+  manager.close()
+  writer.close()
+  if is_chief:
+    print(f"final: step {step}  test top-1 {eval_metrics['eval/top1']:.4f}  "
+          f"top-5 {eval_metrics['eval/top5']:.4f}  loss {eval_metrics['eval/loss']:.4f}  "
+          f"({progress.elapsed():.1f}s)", flush=True)
+  return eval_metrics
+
+
+def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
+  """`--mode=eval`: evaluates the latest (or given) checkpoint of WORKDIR and records eval metrics."""
+  exp = Experiment(config, workdir, need_train_data=False)
+  manager = ckpt.make_manager(workdir, config.keep_checkpoints, async_save=False)
+  if manager.latest_step() is None:
+    raise FileNotFoundError(f"no checkpoint in {os.path.join(workdir, 'checkpoints')}: train first "
+                            f"(python -m jaxnet.main --config=... --workdir={workdir})")
+  state, step = ckpt.restore(manager, exp.abstract_state, None, step)
+  metrics = exp.evaluate(state)
+  if exp.process_index == 0:
+    writer = MetricWriter(workdir)
+    writer.write(step, metrics)
+    writer.close()
+    print(f"eval of checkpoint {step}: top-1 {metrics['eval/top1']:.4f}  top-5 "
+          f"{metrics['eval/top5']:.4f}  loss {metrics['eval/loss']:.4f}  "
+          f"({metrics['eval/examples']} examples)", flush=True)
+  manager.close()
+  return metrics
