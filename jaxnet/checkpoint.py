@@ -82,3 +82,20 @@ def restore(manager: ocp.CheckpointManager, abstract_state, iterator, step: int 
 def abstract(tree, shardings):
   """ShapeDtypeStructs with shardings: a restore target that allocates nothing."""
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def load_arrays(workdir: str, step: int | None = None):
+  """The saved train state of WORKDIR as a tree of host numpy arrays (no model needed).
+
+  For inspection, notebooks and tests. Returns (tree, step).
+  """
+  manager = ocp.CheckpointManager(
+      os.path.join(os.path.abspath(workdir), "checkpoints"),
+      options=ocp.CheckpointManagerOptions(read_only=True), item_names=(STATE,),
+      item_handlers={STATE: ocp.StandardCheckpointHandler()})
+  step = manager.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")
+  tree = manager.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore()}))[STATE]
+  manager.close()
+  return tree, step

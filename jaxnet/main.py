@@ -48,9 +48,35 @@ def main(argv):
     train.evaluate_checkpoint(config, workdir)
 
 
+def _parse_flags(argv):
+  """absl flag parsing, with config errors (a mistyped key, a wrong type) as one clear line."""
+  try:
+    rest = flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    detail = str(e)
+    if detail[:1] in "'\"" and detail[-1:] == detail[:1]:
+      detail = detail[1:-1].replace("\\n", " ").replace("\n", " ").replace('\\"', '"')
+    overrides = [a for a in argv[1:] if a.startswith("--config.")]
+    bad = [a for a in overrides if a.split("=")[0][len("--config."):].split(".")[-1] in detail]
+    where = f"{bad[0]}: " if bad else ""
+    if isinstance(e, (AttributeError, KeyError)) and bad:
+      key = bad[0].split("=")[0][len("--config."):]
+      detail = f"the config has no key {key!r}. {detail.split(' ', 1)[-1] if 'Did you mean' in detail else ''}"
+    print(f"error: {where}{detail}", file=sys.stderr)
+    print("Run with --helpfull for flags; config keys are listed in jaxnet/config_base.py.",
+          file=sys.stderr)
+    sys.exit(2)
+  try:
+    _CONFIG.value.keys()  # the config file is loaded lazily: surface a bad path here
+  except OSError as e:
+    print(f"error: could not load --config: {str(e).splitlines()[-1].strip()}", file=sys.stderr)
+    sys.exit(2)
+  return rest
+
+
 def run():
   try:
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)
   except KeyboardInterrupt:
     sys.exit(130)
 

@@ -30,6 +30,10 @@ class ArraySource:
   def __len__(self):
     return len(self.images)
 
+  def __repr__(self):
+    # Grain checks a restored iterator against repr(source): no memory addresses.
+    return f"ArraySource(n={len(self.images)}, shape={self.images.shape[1:]}, classes={self.num_classes})"
+
   def __getitem__(self, index):
     return {"image": self.images[index], "label": self.labels[index]}
 
@@ -66,6 +70,9 @@ class SyntheticSource:
 
   def __len__(self):
     return self.size
+
+  def __repr__(self):
+    return f"SyntheticSource(size={self.size}, image_size={self.image_size}, seed={self.seed})"
 
   def __getitem__(self, index):
     rng = np.random.default_rng((self.seed, int(index)))

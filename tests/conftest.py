@@ -1,0 +1,23 @@
+"""Test setup: 8 CPU devices (to test 8-way data parallelism) and a shared XLA cache.
+
+The environment is set before jax is imported, and it is inherited by the
+`python -m jaxnet.main` subprocesses that the end-to-end tests start.
+"""
+
+import os
+import sys
+import tempfile
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_force_host_platform_device_count=8").strip()
+# One compilation cache for the whole session: later subprocesses that compile the
+# same step load it instead of recompiling.
+os.environ.setdefault("JAXNET_COMPILATION_CACHE",
+                      os.path.join(tempfile.gettempdir(), "jaxnet-test-xla-cache"))
+os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+  sys.path.insert(0, REPO)

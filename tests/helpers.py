@@ -1,0 +1,23 @@
+"""Shared helpers for tests that run the command line."""
+
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_main(workdir, *overrides, config="configs/digits.py", mode="train", env=None,
+             check=True, timeout=600, python_prefix=()):
+  """Runs `python -m jaxnet.main` in a subprocess; returns the CompletedProcess."""
+  cmd = [sys.executable, *python_prefix]
+  if not python_prefix:
+    cmd += ["-m", "jaxnet.main"]
+  cmd += [f"--config={config}", f"--workdir={workdir}", f"--mode={mode}",
+          *[f"--config.{o}" for o in overrides]]
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                        env={**os.environ, **(env or {})})
+  if check and proc.returncode != 0:
+    raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
+                         f"\n--- stderr\n{proc.stderr[-6000:]}")
+  return proc

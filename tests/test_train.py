@@ -1,0 +1,180 @@
+"""End-to-end checks of the training loop through the command line (issue: the whole loop)."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from jaxnet import checkpoint as ckpt
+from jaxnet.metrics import read_jsonl
+from tests.helpers import REPO, run_main
+
+
+def _max_abs_diff(a, b):
+  import jax
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(la) == len(lb)
+  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+             for x, y in zip(la, lb))
+
+
+@pytest.fixture(scope="module")
+def quick_start(tmp_path_factory):
+  """The digits quick start, shortened to 120 steps (the full run is the README command)."""
+  workdir = tmp_path_factory.mktemp("digits")
+  proc = run_main(workdir, "total_steps=120", "eval_every_steps=60", "checkpoint_every_steps=60",
+                  "log_every_steps=20")
+  return workdir, proc
+
+
+def test_quick_start_learns_and_records_everything(quick_start):
+  workdir, proc = quick_start
+  records = read_jsonl(workdir)
+  final = [r for r in records if "eval/top1" in r][-1]
+  assert final["step"] == 120
+  assert final["eval/top1"] >= 0.93, final          # full 330-step run reaches >= 0.97
+  assert final["eval/top5"] >= final["eval/top1"]
+  assert final["eval/examples"] == 359               # every test image exactly once
+  train = [r for r in records if "train/loss" in r]
+  assert [r["step"] for r in train] == [20, 40, 60, 80, 100, 120]
+  for key in ("train/loss", "train/accuracy", "train/images_per_sec", "train/learning_rate"):
+    assert all(np.isfinite(r[key]) for r in train), key
+  assert train[-1]["train/loss"] < 0.5 * train[0]["train/loss"]
+  # Progress lines and a final line with the test accuracy.
+  assert "img/s" in proc.stdout and "ETA" in proc.stdout
+  assert f"test top-1 {final['eval/top1']:.4f}" in proc.stdout.splitlines()[-1]
+  # The workdir holds the resolved config, TensorBoard events and checkpoints.
+  assert json.load(open(workdir / "config.json"))["model"]["name"] == "resnet_tiny"
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(workdir / "tensorboard"))
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["120", "60"]
+  saved = os.listdir(workdir / "checkpoints" / "120")
+  assert {"state", "data_iter", "config"} <= set(saved)
+
+
+def test_eval_mode_reproduces_final_eval(quick_start):
+  workdir, _ = quick_start
+  before = [r for r in read_jsonl(workdir) if "eval/top1" in r][-1]
+  proc = run_main(workdir, mode="eval")
+  after = [r for r in read_jsonl(workdir) if "eval/top1" in r][-1]
+  assert after["step"] == 120
+  assert after["eval/top1"] == pytest.approx(before["eval/top1"], abs=1e-9)
+  assert "eval of checkpoint 120: top-1" in proc.stdout
+
+
+def test_resume_is_exact(tmp_path):
+  """2N steps straight through == N steps, stop, resume to 2N (params and losses)."""
+  args = ("total_steps=12", "log_every_steps=1", "checkpoint_every_steps=6", "eval_every_steps=0",
+          "batch_size=32")
+  straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+  run_main(straight, *args)
+  # The resumed run: the same run stopped right after its step-6 checkpoint.
+  shutil.copytree(straight, resumed)
+  shutil.rmtree(resumed / "checkpoints" / "12")
+  lines = [l for l in open(resumed / "metrics.jsonl") if json.loads(l)["step"] <= 6]
+  open(resumed / "metrics.jsonl", "w").writelines(lines)
+  proc = run_main(resumed, *args)
+  assert "resumed from checkpoint at step 6" in proc.stdout
+
+  a, step_a = ckpt.load_arrays(straight)
+  b, step_b = ckpt.load_arrays(resumed)
+  assert step_a == step_b == 12
+  assert _max_abs_diff(a["params"], b["params"]) <= 1e-6
+  assert _max_abs_diff(a["batch_stats"], b["batch_stats"]) <= 1e-6
+  assert _max_abs_diff(a["opt_state"], b["opt_state"]) <= 1e-6
+  loss = lambda w: {r["step"]: r["train/loss"] for r in read_jsonl(w) if "train/loss" in r}
+  la, lb = loss(straight), loss(resumed)
+  # Steps 7..12 saw the same examples in the same order: no repeats or skips.
+  for step in range(7, 13):
+    assert la[step] == pytest.approx(lb[step], abs=1e-6), step
+
+
+def test_sigterm_saves_and_resume_matches_uninterrupted_run(tmp_path):
+  args = ["total_steps=200", "log_every_steps=1", "checkpoint_every_steps=0", "eval_every_steps=0",
+          "batch_size=16"]
+  reference = tmp_path / "reference"
+  run_main(reference, *args)
+
+  preempted = tmp_path / "preempted"
+  cmd = [sys.executable, "-m", "jaxnet.main", "--config=configs/digits.py", f"--workdir={preempted}",
+         *[f"--config.{a}" for a in args]]
+  proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  for line in proc.stdout:
+    if line.startswith("step"):
+      proc.send_signal(signal.SIGTERM)  # as a cluster scheduler does on preemption
+      break
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err[-3000:]
+  assert "preempted: checkpoint saved at step" in out
+  stopped_at = int(out.split("preempted: checkpoint saved at step")[1].split(";")[0])
+  assert 0 < stopped_at < 200
+
+  resumed = run_main(preempted, *args)
+  assert f"resumed from checkpoint at step {stopped_at}" in resumed.stdout
+  a, _ = ckpt.load_arrays(reference)
+  b, step = ckpt.load_arrays(preempted)
+  assert step == 200
+  assert _max_abs_diff(a["params"], b["params"]) <= 1e-6
+
+
+_KILL_DURING_SECOND_SAVE = """
+import os, signal, sys
+import grain.python as grain
+original = grain.PyGrainCheckpointHandler.save
+calls = []
+def save_then_die(self, directory, *a, **k):
+  calls.append(directory)
+  original(self, directory, *a, **k)
+  if len(calls) == 2:  # the step-8 checkpoint is half written: die like a killed node
+    os.kill(os.getpid(), signal.SIGKILL)
+grain.PyGrainCheckpointHandler.save = save_then_die
+sys.argv = ["jaxnet.main"] + sys.argv[1:]
+from jaxnet import main
+main.run()
+"""
+
+
+def test_sigkill_while_checkpointing_leaves_previous_checkpoint(tmp_path):
+  args = ("total_steps=12", "checkpoint_every_steps=4", "eval_every_steps=0", "log_every_steps=4",
+          "batch_size=16", "async_checkpointing=false")
+  proc = run_main(tmp_path, *args, python_prefix=("-c", _KILL_DURING_SECOND_SAVE), check=False)
+  assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+  _, step = ckpt.load_arrays(tmp_path)  # the step-8 save never completed
+  assert step == 4
+  proc = run_main(tmp_path, *args)
+  assert "resumed from checkpoint at step 4" in proc.stdout
+  _, step = ckpt.load_arrays(tmp_path)
+  assert step == 12
+
+
+def test_mistyped_override_names_the_key(tmp_path):
+  proc = run_main(tmp_path, "batchsize=8", check=False)
+  assert proc.returncode != 0
+  assert "batchsize" in proc.stderr and "batch_size" in proc.stderr
+  assert "Traceback" not in proc.stderr
+
+
+def test_non_finite_loss_stops_with_clear_message(tmp_path):
+  proc = run_main(tmp_path, "total_steps=20", "log_every_steps=5", "optim.learning_rate=1e30",
+                  "optim.warmup_epochs=0", "checkpoint_every_steps=0", check=False)
+  assert proc.returncode != 0
+  assert "train/loss is nan" in proc.stderr or "train/loss is inf" in proc.stderr
+  assert "learning_rate" in proc.stderr
+
+
+def test_every_config_documents_its_command():
+  import importlib.util
+  for name in sorted(os.listdir(os.path.join(REPO, "configs"))):
+    if not name.endswith(".py") or name.startswith("_"):
+      continue
+    spec = importlib.util.spec_from_file_location(name[:-3], os.path.join(REPO, "configs", name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    doc = module.__doc__ or ""
+    assert f"python -m jaxnet.main --config=configs/{name}" in doc, name
+    assert "Expect" in doc and "Meant for" in doc, name
+    module.get_config()  # builds without error
