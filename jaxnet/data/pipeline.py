@@ -36,6 +36,14 @@ def _eval_transform(source, image_size: int, crop_fraction: float):
   return EvalDecodeCrop(image_size, crop_fraction)
 
 
+def _ensure_absl_flags_parsed():
+  # Grain's worker processes read absl flags; outside an absl app (notebooks,
+  # tests, the Python API) nothing parsed them, so take the defaults.
+  from absl import flags
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+
+
 def per_process_batch_size(global_batch_size: int, process_count: int) -> int:
   if global_batch_size % process_count:
     raise ValueError(f"batch size {global_batch_size} does not divide over {process_count} processes")
@@ -53,6 +61,7 @@ def train_loader(source, *, global_batch_size: int, image_size: int, seed: int, 
   shard = grain.ShardOptions(process_index, process_count, drop_remainder=True)
   sampler = grain.IndexSampler(len(source), shard, shuffle=True, num_epochs=None, seed=seed)
   batch = per_process_batch_size(global_batch_size, process_count)
+  _ensure_absl_flags_parsed()
   return grain.DataLoader(
       data_source=source, sampler=sampler,
       operations=[_train_transform(source, image_size), grain.Batch(batch, drop_remainder=True)],
@@ -69,26 +78,51 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, workers: in
   (each global batch needs a piece from every process).
   """
   batch = per_process_batch_size(global_batch_size, process_count)
-  shard = grain.ShardOptions(process_index, process_count, drop_remainder=False)
-  sampler = grain.IndexSampler(len(source), shard, shuffle=False, num_epochs=1, seed=0)
+  # Grain's own sharding drops the remainder (len // process_count each); eval
+  # must see every example, so each process reads a contiguous slice instead.
+  start, end = _shard_bounds(len(source), process_index, process_count)
+  shard = _Slice(source, start, end)
+  _ensure_absl_flags_parsed()
   loader = grain.DataLoader(
-      data_source=source, sampler=sampler,
+      data_source=shard,
+      sampler=grain.IndexSampler(len(shard), grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
       operations=[_eval_transform(source, image_size, crop_fraction),
                   grain.Batch(batch, drop_remainder=False)],
       worker_count=workers)
-  num_batches = math.ceil(math.ceil(len(source) / process_count) / batch)
+  num_batches = math.ceil(_shard_bounds(len(source), 0, process_count)[1] / batch)
   example = None
   produced = 0
   for local in loader:
     example = example or {k: v[0] for k, v in local.items()}
     produced += 1
     yield _pad(local, batch)
-  if example is None:  # this process's shard is empty: build the layout from one record
-    example = next(iter(grain.DataLoader(
-        data_source=source, sampler=grain.IndexSampler(1, grain.NoSharding(), num_epochs=1),
-        operations=[_eval_transform(source, image_size, crop_fraction)])))
+  if example is None:  # this process's shard is empty: take the layout from one record
+    example = _eval_transform(source, image_size, crop_fraction).map(source[0])
   for _ in range(num_batches - produced):
     yield _pad({k: np.asarray(v)[None][:0] for k, v in example.items()}, batch)
+
+
+def _shard_bounds(n: int, index: int, count: int) -> tuple[int, int]:
+  """Contiguous split of n examples over count processes; the first n % count get one more."""
+  base, extra = divmod(n, count)
+  start = index * base + min(index, extra)
+  return start, start + base + (index < extra)
+
+
+class _Slice:
+  """Records [start, end) of a source, as a source."""
+
+  def __init__(self, source, start: int, end: int):
+    self.source, self.start, self.end = source, start, end
+
+  def __len__(self):
+    return self.end - self.start
+
+  def __getitem__(self, index):
+    return self.source[self.start + index]
+
+  def __repr__(self):
+    return f"{self.source!r}[{self.start}:{self.end}]"
 
 
 def _pad(local: dict, size: int) -> dict:
