@@ -75,7 +75,15 @@ def restore(manager: ocp.CheckpointManager, abstract_state, iterator, step: int 
   items = {STATE: ocp.args.StandardRestore(abstract_state)}
   if iterator is not None:
     items[DATA_ITER] = grain.PyGrainCheckpointRestore(iterator)
-  restored = manager.restore(step, args=ocp.args.Composite(**items))
+  try:
+    restored = manager.restore(step, args=ocp.args.Composite(**items))
+  except ValueError as e:
+    if "in checkpoint does not match" not in str(e):
+      raise
+    raise ValueError(
+        f"the data iterator saved at step {step} in {manager.directory} does not fit this run's "
+        f"input pipeline ({str(e).splitlines()[0]}). Resume with the same data.source, data.dir, "
+        f"data.workers, batch_size and seed as the run that wrote it, or use a new workdir.") from e
   return restored[STATE], step
 
 

@@ -15,6 +15,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.total_steps = 0                # > 0 caps the run; 0 means num_epochs
   c.num_epochs = 1.0
   c.image_size = 224
+  # ((fraction_of_training, image_size), ...): train at smaller sizes early on.
+  # Empty: always image_size. Evaluation always uses image_size.
+  c.progressive_resizing = ()
   c.precision = "fp32"             # fp32 | bf16 | fp16
   c.label_smoothing = 0.0
   c.ema_decay = 0.0                # 0 turns the EMA of params off; eval uses EMA params when on
@@ -77,3 +80,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.distributed.process_id = -1
   c.distributed.local_device_ids = ""
   return c
+
+
+def config_from_file(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  """Calls `get_config(arg)` of a config file given by path (how config files reuse each other)."""
+  import importlib.util
+  import os
+  name = "jaxnet_config_" + os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg is not None else module.get_config()

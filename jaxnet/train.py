@@ -51,6 +51,9 @@ class Experiment:
       raise ValueError(f"config.data.mean/std have {len(config.data.mean)} values but images have "
                        f"{channels} channels")
 
+    if config.progressive_resizing and not ref.encoded:
+      raise ValueError("config.progressive_resizing needs a JPEG source (imagefolder or tfds): "
+                       f"{config.data.source} images have one fixed size")
     train_len = len(self.train_source) if self.train_source is not None else config.batch_size
     self.steps_per_epoch = max(train_len // config.batch_size, 1)
     self.total_steps = config.total_steps or math.ceil(config.num_epochs * self.steps_per_epoch)
@@ -87,10 +90,19 @@ class Experiment:
   def init_state(self) -> TrainState:
     return self._init()
 
-  def train_loader(self):
+  def train_image_size(self, step: int) -> int:
+    """The training resolution at `step` under config.progressive_resizing."""
+    size = self.config.image_size
+    for fraction, stage_size in self.config.progressive_resizing:
+      if step >= fraction * self.total_steps:
+        size = stage_size
+    return size
+
+  def train_loader(self, image_size: int | None = None):
     c = self.config
     return pipeline.train_loader(
-        self.train_source, global_batch_size=c.batch_size, image_size=c.image_size, seed=c.seed,
+        self.train_source, global_batch_size=c.batch_size, image_size=image_size or c.image_size,
+        seed=c.seed,
         workers=c.data.workers, process_index=self.process_index, process_count=self.process_count)
 
   def evaluate(self, state: TrainState) -> dict:
@@ -182,7 +194,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   manager = ckpt.make_manager(workdir, config.keep_checkpoints, config.async_checkpointing)
   config_dict = json.loads(config.to_json_best_effort())
 
-  loader_iter = iter(exp.train_loader())
+  image_size = exp.train_image_size(0)
+  loader_iter = iter(exp.train_loader(image_size))
   state, start_step = ckpt.restore(manager, exp.abstract_state, loader_iter)
   if state is None:
     state, start_step = exp.init_state(), 0
@@ -213,6 +226,16 @@ def train_and_evaluate(config, workdir: str) -> dict:
   step = start_step
   with _Preemption() as preemption:
     while step < total:
+      if exp.train_image_size(step) != image_size:
+        # Progressive resizing: a new loader at the new size continues from the
+        # position of the last consumed batch; batches prefetched at the old size
+        # are dropped. The step recompiles once for the new shape.
+        image_size = exp.train_image_size(step)
+        loader_iter = iter(exp.train_loader(image_size))
+        loader_iter.set_state(iterator_state)
+        prefetched.clear()
+        if is_chief:
+          print(f"step {step}: training resolution is now {image_size}px", flush=True)
       fill()
       batch, iterator_state = prefetched.popleft()
       state, metrics = exp.train_step(state, batch)
