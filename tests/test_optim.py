@@ -1,0 +1,58 @@
+"""Learning-rate schedules and which parameters get weight decay."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxnet import optim
+from jaxnet.config_base import base_config
+
+
+def _optim_config(**kw):
+  c = base_config().optim
+  c.update(kw)
+  return c
+
+
+def test_warmup_then_cosine_scaled_by_batch():
+  c = _optim_config(learning_rate=0.1, base_batch_size=256, warmup_epochs=2, schedule="cosine")
+  lr = optim.learning_rate_schedule(c, batch_size=1024, total_steps=100, steps_per_epoch=10)
+  peak = 0.4
+  assert float(lr(0)) == 0.0
+  assert float(lr(10)) == pytest.approx(peak / 2)      # halfway through the 20 warmup steps
+  assert float(lr(20)) == pytest.approx(peak)
+  assert float(lr(60)) == pytest.approx(peak / 2, rel=1e-5)  # cosine midpoint
+  assert float(lr(100)) == pytest.approx(0.0, abs=1e-7)
+  assert all(float(lr(s)) >= float(lr(s + 1)) for s in range(20, 99))
+
+
+def test_warmup_steps_override_epochs_and_poly2():
+  c = _optim_config(learning_rate=2.0, base_batch_size=512, warmup_steps=5, warmup_epochs=50,
+                    schedule="poly2")
+  lr = optim.learning_rate_schedule(c, batch_size=512, total_steps=25, steps_per_epoch=1)
+  assert float(lr(5)) == pytest.approx(2.0)
+  assert float(lr(15)) == pytest.approx(2.0 * 0.5**2)   # (1 - 10/20)^2
+
+
+@pytest.mark.parametrize("name", ["sgd", "lars", "adamw"])
+def test_weight_decay_skips_bn_and_biases(name):
+  c = _optim_config(name=name, learning_rate=0.0, weight_decay=0.5, warmup_epochs=0,
+                    schedule="constant", momentum=0.0, nesterov=False)
+  params = {"conv": {"kernel": jnp.ones((3, 3, 2, 2))}, "bn": {"scale": jnp.ones((2,)),
+                                                              "bias": jnp.ones((2,))}}
+  # With a zero LR nothing moves; with LR 1 and zero gradients only decay acts.
+  c.learning_rate = 1.0
+  c.base_batch_size = 1
+  tx = optim.make_optimizer(c, optim.learning_rate_schedule(c, 1, 10, 1))
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(zeros, tx.init(params), params)
+  assert np.all(np.asarray(updates["bn"]["scale"]) == 0)
+  assert np.all(np.asarray(updates["bn"]["bias"]) == 0)
+  assert np.all(np.asarray(updates["conv"]["kernel"]) < 0)
+
+
+def test_unknown_optimizer_is_a_clear_error():
+  c = _optim_config(name="adamm")
+  with pytest.raises(ValueError, match="config.optim.name='adamm'"):
+    optim.make_optimizer(c, lambda s: 0.1)
