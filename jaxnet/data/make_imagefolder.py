@@ -13,7 +13,6 @@ random-resized crops and flips, so accuracy well above chance is reachable.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -21,28 +20,31 @@ import time
 import numpy as np
 import simplejpeg
 
-_GOLDEN = (math.sqrt(5) - 1) / 2  # spreads class angles/hues evenly
+# Additive recurrence with the 3D generalised golden ratio (the "R3"
+# low-discrepancy sequence): classes get well-spread (hue, angle, frequency)
+# triples for any class count, with no two axes correlated.
+_R3 = (0.8191725134, 0.6710436067, 0.5497004779)
 
 
 def class_name(k: int) -> str:
     return f"class_{k:03d}"
 
 
-def _class_style(k: int, classes: int):
+def _class_style(k: int):
     """Per-class colour (RGB in [0,1]), stripe angle (rad), stripes per 100px."""
-    hue = (k / classes + 0.13 * k * _GOLDEN) % 1.0
+    hue, angle_unit, frequency_unit = ((0.5 + k * a) % 1.0 for a in _R3)
     rgb = 0.5 + 0.45 * np.cos(2 * np.pi * (hue + np.array([0.0, 1 / 3, 2 / 3])))
-    angle = (k * _GOLDEN % 1.0) * np.pi
-    frequency = 2.0 + 6.0 * ((k * 0.37 + 0.1) % 1.0)
+    angle = angle_unit * np.pi
+    frequency = 2.0 + 6.0 * frequency_unit
     return rgb, angle, frequency
 
 
-def synth_image(rng: np.random.Generator, k: int, classes: int) -> np.ndarray:
+def synth_image(rng: np.random.Generator, k: int) -> np.ndarray:
     """One uint8 HxWx3 image of class k."""
     width, height = int(rng.integers(400, 601)), int(rng.integers(300, 451))
     if rng.random() < 0.25:
         width, height = height, width  # portrait
-    rgb, angle, frequency = _class_style(k, classes)
+    rgb, angle, frequency = _class_style(k)
     angle += rng.normal(0, 0.08)
     frequency *= rng.uniform(0.85, 1.15)
     # float32 throughout: about half the time of float64, precision is moot.
@@ -73,7 +75,7 @@ def make_imagefolder(root: str, classes: int, per_class: int,
             class_dir = os.path.join(root, split, class_name(k))
             os.makedirs(class_dir, exist_ok=True)
             for i in range(count):
-                pixels = synth_image(rng, k, classes)
+                pixels = synth_image(rng, k)
                 jpeg = simplejpeg.encode_jpeg(pixels, quality=90, colorspace="RGB")
                 with open(os.path.join(class_dir, f"{split}_{k:03d}_{i:05d}.jpg"), "wb") as f:
                     f.write(jpeg)
