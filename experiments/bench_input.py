@@ -1,7 +1,7 @@
 """Images/second of the TRAIN input pipeline alone (no model).
 
     python experiments/bench_input.py --quick            # < 60 s on 2 cores
-    python experiments/bench_input.py --dir DIR --workers 0,1,2,4,8
+    python experiments/bench_input.py --dir DIR --workers 0,1,2,4,8 --large
 
 1. Single-process decoder comparison: decode + random-resized-crop + resize to
    224 + flip with PIL, OpenCV (if installed) and simplejpeg, same crops.
@@ -10,13 +10,17 @@
 
 Files are read into memory for (1) and from disk (page cache) for (2). Without
 --dir a synthetic ImageNet-sized JPEG folder is generated in a temp dir.
+
+Columns: images/s is wall clock; img/CPU-s is images per CPU-second of all
+processes involved (= images/s one fully used core sustains). The latter is
+what to compare on a shared or busy machine, where wall rates swing with
+other jobs; the load average is printed with each table for that reason.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import math
 import os
 import platform
 import sys
@@ -179,7 +183,7 @@ def time_loop(fn, blobs: list[bytes], seconds: float) -> tuple[float, float]:
             return count / elapsed, count / (time.process_time() - cpu_start)
 
 
-def decoder_table(blobs: list[bytes], seconds: float) -> float:
+def decoder_table(blobs: list[bytes], seconds: float, title: str = "1)") -> float:
     """Prints the table; returns PIL's images per CPU-second."""
     methods = [("PIL: full decode + crop + resize", pil_full),
                ("simplejpeg: full decode + PIL resize", simplejpeg_full)]
@@ -188,7 +192,7 @@ def decoder_table(blobs: list[bytes], seconds: float) -> float:
                     ("OpenCV: IMREAD_REDUCED_2/4/8 + INTER_AREA",
                      lambda d, r: opencv_full(d, r, reduced=True))]
     methods.append(("simplejpeg: reduced DCT + PIL resize (TrainDecodeCrop)", jaxnet_train))
-    print(f"\n1) single process, one core, {len(blobs)} JPEGs in memory, "
+    print(f"\n{title} single process, one core, {len(blobs)} JPEGs in memory, "
           f"decode + random-resized-crop + resize {IMAGE_SIZE} + flip "
           f"(best of 3 interleaved rounds; {load_line()})", flush=True)
     # Interleaved rounds, best of each: a shared VM's noise hits all methods
@@ -207,14 +211,26 @@ def decoder_table(blobs: list[bytes], seconds: float) -> float:
     return baseline
 
 
-def grain_rate(root: str, workers: int, batch_size: int, seconds: float):
+def large_copies(blobs: list[bytes]) -> list[bytes]:
+    """1600x1200 q90 re-encodes: where reduced-scale decoding pays off."""
+    print("\n(making 1600x1200 q90 re-encodes of 20 of them)", flush=True)
+    return [simplejpeg.encode_jpeg(np.asarray(Image.open(io.BytesIO(b)).convert("RGB")
+                                              .resize((1600, 1200), BILINEAR)), quality=90)
+            for b in blobs]
+
+
+def grain_rate(root: str, workers: int, batch_size: int, seconds: float,
+               prefetch_buffer: int | None):
     """(images/s, images per CPU-second, seconds to first batch)."""
     source = ImageFolderSource(root, "train")
+    read_options = None
+    if prefetch_buffer is not None:
+        read_options = grain.ReadOptions(prefetch_buffer_size=prefetch_buffer)
     loader = grain.DataLoader(
         data_source=source,
         sampler=grain.IndexSampler(len(source), shuffle=True, num_epochs=None, seed=0),
         operations=[TrainDecodeCrop(IMAGE_SIZE), grain.Batch(batch_size, drop_remainder=True)],
-        worker_count=workers, worker_buffer_size=2)
+        worker_count=workers, worker_buffer_size=2, read_options=read_options)
     start = time.perf_counter()
     iterator = iter(loader)
     next(iterator)  # excludes worker start-up from the rate
@@ -234,14 +250,16 @@ def grain_rate(root: str, workers: int, batch_size: int, seconds: float):
 
 
 def grain_table(root: str, workers_list: list[int], batch_size: int,
-                seconds: float, pil_cpu_rate: float) -> None:
+                seconds: float, pil_cpu_rate: float, prefetch_buffer: int | None) -> None:
+    buffer = "grain default" if prefetch_buffer is None else prefetch_buffer
     print(f"\n2) grain DataLoader: shuffled IndexSampler, TrainDecodeCrop({IMAGE_SIZE}), "
-          f"Batch({batch_size}, drop_remainder=True); files read from disk; "
-          f"{os.cpu_count()} cores; {load_line()}")
+          f"Batch({batch_size}, drop_remainder=True), read prefetch buffer {buffer}; "
+          f"files read from disk; {os.cpu_count()} cores; {load_line()}")
     print(f"{'workers':>14s} {'images/s':>9s} {'per worker':>10s} {'img/CPU-s':>9s} "
           f"{'vs PIL loop':>11s} {'1st batch s':>11s}")
     for workers in workers_list:
-        rate, cpu_rate, first = grain_rate(root, workers, batch_size, seconds)
+        rate, cpu_rate, first = grain_rate(root, workers, batch_size, seconds,
+                                           prefetch_buffer)
         label = f"{workers}" + (" (in-process)" if workers == 0 else "")
         print(f"{label:>14s} {rate:9.1f} {rate / max(workers, 1):10.1f} {cpu_rate:9.1f} "
               f"{rate / pil_cpu_rate:10.2f}x {first:11.2f}", flush=True)
@@ -256,6 +274,10 @@ def main(argv=None) -> None:
     parser.add_argument("--workers", default=None, help="comma list, default 0,1,2,4 (quick: 0,1,2)")
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--seconds", type=float, default=None, help="measuring time per row")
+    parser.add_argument("--prefetch-buffer", type=int, default=None,
+                        help="grain ReadOptions.prefetch_buffer_size (default: grain's)")
+    parser.add_argument("--large", action="store_true",
+                        help="also run the decoder table on 1600x1200 re-encodes")
     args = parser.parse_args(argv)
     # Grain's worker processes read absl flags; we parse our own args instead.
     absl_flags.FLAGS.mark_as_parsed()
@@ -281,7 +303,9 @@ def main(argv=None) -> None:
         print(f"data: {root} ({len(source)} train images, "
               f"mean {np.mean([len(b) for b in blobs]) / 1024:.0f} KiB/JPEG)")
         pil_rate = decoder_table(blobs, seconds)
-        grain_table(root, workers, batch_size, 2 * seconds, pil_rate)
+        if args.large:
+            decoder_table(large_copies(blobs[:20]), seconds, "1b) 1600x1200:")
+        grain_table(root, workers, batch_size, 2 * seconds, pil_rate, args.prefetch_buffer)
 
 
 if __name__ == "__main__":

@@ -200,6 +200,12 @@ def test_flip_happens_about_half_the_time():
     assert abs(flips - n / 2) < 45
 
 
+def test_oversized_header_is_rejected_before_decoding(monkeypatch):
+    monkeypatch.setattr(transforms, "MAX_PIXELS", 99 * 99)
+    out = EvalDecodeCrop(16).map({"image": jpeg_bytes(smooth_image(100, 100)), "label": 2})
+    assert out["corrupt"] == 1 and not out["mask"] and out["label"] == 2
+
+
 def test_eval_is_deterministic_and_center_cropped():
     # 25 px red border around a green square: the 87.5% center crop of a
     # 400 px side (350 px, from 25 to 375) keeps only green.

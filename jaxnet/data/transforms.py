@@ -3,27 +3,33 @@
 Decoder choice
 --------------
 `experiments/bench_input.py` times decode + random-resized-crop + resize to
-224 on generated ~500x375 JPEGs (ImageNet-like size, quality 90), one core
-(AMD EPYC, 2 cores, KVM; simplejpeg 1.9.0, Pillow 13.0.0, OpenCV 5.0.0):
+224 + flip, single process, in images per CPU-second (robust to the shared,
+busy VM it ran on: AMD EPYC, 2 cores; Pillow 13.0, simplejpeg 1.9.0 and
+opencv-python-headless 5.0.0, all libjpeg-turbo inside):
 
-    PIL full decode + crop + resize        ~240 images/s
-    OpenCV imdecode + crop + INTER_AREA    ~290 images/s
-    simplejpeg full decode + PIL resize    ~300 images/s
-    simplejpeg reduced-scale + PIL resize  ~480 images/s   <- used here
+                                          ~500x375 q90    1600x1200 q90
+                                          (~100 KiB)      (~560 KiB)
+    PIL: decode + crop + resize              226              37
+    simplejpeg full decode + PIL resize      235              37
+    OpenCV imdecode + INTER_AREA             282              39
+    OpenCV IMREAD_REDUCED_2/4/8 + AREA       278              72
+    simplejpeg reduced DCT + PIL (here)      241              71
 
-All three decoders are libjpeg(-turbo) underneath, so full-size decodes are
-close; the win comes from decoding at a reduced DCT scale (M/8) whenever the
-crop is big enough that the decoded crop would still be >= image_size, so
-fewer pixels are ever produced. simplejpeg exposes that directly via
-`min_height`/`min_width` (any M/8 scale), PIL only via `draft` (1/2, 1/4, 1/8)
-and OpenCV only for whole-image IMREAD_REDUCED_* flags. Resizing uses PIL's
-bilinear filter, which widens its support when downscaling (antialiased), so
-aliasing does not depend on the decode scale.
+All three share libjpeg-turbo, so full decodes cost the same (~2.4 ms at
+500x375); what pays is decoding at 1/2, 1/4 or 1/8 scale in the DCT when the
+crop stays >= image_size afterwards, i.e. for big images or small outputs
+(1.9x above). simplejpeg gives that plus a header read without decoding, so
+the crop is drawn first and only the needed scale decoded; other M/8 scales
+are avoided (libjpeg-turbo decodes 7/8 and 6/8 slower than 8/8). On ImageNet-
+sized images OpenCV's resize path is ~15% cheaper per image, but it is a large
+optional wheel and its INTER_AREA differs from PIL's antialiased bilinear;
+we keep simplejpeg + PIL, whose bilinear widens its support when shrinking,
+so aliasing does not depend on the decode scale.
 
-PIL stays as the fallback for anything libjpeg-turbo via simplejpeg rejects
-(PNGs saved as .jpg, JPEGs with recoverable libjpeg warnings that simplejpeg's
-strict mode refuses). Data neither can decode raises `CorruptImageError`; the
-Grain transforms turn that into a masked zero image instead of killing the run.
+PIL stays as the fallback for anything simplejpeg rejects (PNGs saved as
+.jpg, JPEGs with recoverable libjpeg warnings that simplejpeg's strict mode
+refuses). Data neither can decode raises `CorruptImageError`; the Grain
+transforms turn that into a masked zero image instead of killing the run.
 """
 
 from __future__ import annotations
@@ -39,6 +45,11 @@ import simplejpeg
 from PIL import Image
 
 Box = tuple[int, int, int, int]  # (top, left, height, width) in pixels
+
+# Headers claiming more pixels than this are rejected before decoding: a
+# forged or broken header could otherwise make one worker allocate gigabytes.
+# Same limit at which PIL raises DecompressionBombError.
+MAX_PIXELS = 2 * Image.MAX_IMAGE_PIXELS
 
 
 class CorruptImageError(ValueError):
@@ -159,9 +170,12 @@ def _decode_crop_resize(data: bytes, image_size: int, box_fn) -> Image.Image:
         return Image.fromarray(pixels).resize(
             (image_size, image_size), Image.Resampling.BILINEAR,
             box=(left, top, left + w, top + h))
+    if height * width > MAX_PIXELS:
+        raise CorruptImageError(f"JPEG header claims {width}x{height} pixels")
     top, left, h, w = box_fn(height, width)
-    # Smallest decode for which the crop still covers >= image_size pixels on
-    # both axes, so the final resize only ever downsamples.
+    # Smallest decode in which the crop still spans >= image_size pixels on
+    # both axes (or the full size if the crop is smaller than that already),
+    # so the reduced decode never adds upsampling.
     min_height = min(height, math.ceil(height * image_size / h))
     min_width = min(width, math.ceil(width * image_size / w))
     pixels = decode_jpeg(data, min_height, min_width)
