@@ -42,10 +42,18 @@ def main(argv):
   setup_runtime(workdir)
   from jaxnet import parallel, train
   parallel.initialize_distributed(config.distributed)
-  if _MODE.value == "train":
-    train.train_and_evaluate(config, workdir)
-  else:
-    train.evaluate_checkpoint(config, workdir)
+  try:
+    if _MODE.value == "train":
+      train.train_and_evaluate(config, workdir)
+    else:
+      train.evaluate_checkpoint(config, workdir)
+  except (FileNotFoundError, ValueError, train.NonFiniteLossError) as e:
+    # Problems with the user's data or config: one clear message, no traceback.
+    if os.environ.get("JAXNET_DEBUG"):
+      raise
+    print(f"error: {e}", file=sys.stderr)
+    print("(set JAXNET_DEBUG=1 to see the traceback)", file=sys.stderr)
+    sys.exit(1)
 
 
 def _parse_flags(argv):
