@@ -43,270 +43,270 @@ from jaxnet.data.make_imagefolder import make_imagefolder  # noqa: E402
 from jaxnet.data.transforms import TrainDecodeCrop, random_resized_crop_box  # noqa: E402
 
 try:
-    import cv2
-    cv2.setNumThreads(1)  # single-core comparison, like the other decoders
+  import cv2
+  cv2.setNumThreads(1)  # single-core comparison, like the other decoders
 except ImportError:
-    cv2 = None
+  cv2 = None
 
 IMAGE_SIZE = 224
 BILINEAR = Image.Resampling.BILINEAR
 
 
 def hardware_line() -> str:
-    model = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (f"hardware: {model}, {os.cpu_count()} logical cores ({usable} usable), "
-            f"{platform.system()} {platform.machine()}")
+  model = platform.processor() or "unknown CPU"
+  try:
+    with open("/proc/cpuinfo") as f:
+      model = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+  except (OSError, StopIteration):
+    pass
+  usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return (f"hardware: {model}, {os.cpu_count()} logical cores ({usable} usable), "
+          f"{platform.system()} {platform.machine()}")
 
 
 def versions_line() -> str:
-    parts = [f"python {platform.python_version()}", f"numpy {np.__version__}",
-             f"Pillow {PIL.__version__}", f"simplejpeg {simplejpeg.__version__}",
-             f"grain {getattr(grain, '__version__', None) or _dist_version('grain')}"]
-    parts.append(f"opencv {cv2.__version__}" if cv2 else "opencv not installed")
-    return "versions: " + ", ".join(parts)
+  parts = [f"python {platform.python_version()}", f"numpy {np.__version__}",
+           f"Pillow {PIL.__version__}", f"simplejpeg {simplejpeg.__version__}",
+           f"grain {getattr(grain, '__version__', None) or _dist_version('grain')}"]
+  parts.append(f"opencv {cv2.__version__}" if cv2 else "opencv not installed")
+  return "versions: " + ", ".join(parts)
 
 
 def _dist_version(name: str) -> str:
-    from importlib.metadata import version
-    return version(name)
+  from importlib.metadata import version
+  return version(name)
 
 
 # --- single-process decoders: same crop geometry, different libraries ------
 
 def pil_full(data: bytes, rng: np.random.Generator) -> np.ndarray:
-    image = Image.open(io.BytesIO(data)).convert("RGB")
-    top, left, h, w = random_resized_crop_box(rng, image.height, image.width)
-    out = image.resize((IMAGE_SIZE, IMAGE_SIZE), BILINEAR, box=(left, top, left + w, top + h))
-    return _flip(np.asarray(out), rng)
+  image = Image.open(io.BytesIO(data)).convert("RGB")
+  top, left, h, w = random_resized_crop_box(rng, image.height, image.width)
+  out = image.resize((IMAGE_SIZE, IMAGE_SIZE), BILINEAR, box=(left, top, left + w, top + h))
+  return _flip(np.asarray(out), rng)
 
 
 def simplejpeg_full(data: bytes, rng: np.random.Generator) -> np.ndarray:
-    pixels = simplejpeg.decode_jpeg(data, colorspace="RGB")
-    top, left, h, w = random_resized_crop_box(rng, *pixels.shape[:2])
-    out = Image.fromarray(pixels).resize((IMAGE_SIZE, IMAGE_SIZE), BILINEAR,
-                                         box=(left, top, left + w, top + h))
-    return _flip(np.asarray(out), rng)
+  pixels = simplejpeg.decode_jpeg(data, colorspace="RGB")
+  top, left, h, w = random_resized_crop_box(rng, *pixels.shape[:2])
+  out = Image.fromarray(pixels).resize((IMAGE_SIZE, IMAGE_SIZE), BILINEAR,
+                                       box=(left, top, left + w, top + h))
+  return _flip(np.asarray(out), rng)
 
 
 def opencv_full(data: bytes, rng: np.random.Generator, reduced: bool = False) -> np.ndarray:
-    buffer = np.frombuffer(data, np.uint8)
-    if not reduced:
-        pixels, factor = cv2.imdecode(buffer, cv2.IMREAD_COLOR), 1
-        top, left, h, w = random_resized_crop_box(rng, *pixels.shape[:2])
-    else:
-        # OpenCV can only shrink the whole image by 2/4/8 while decoding, so
-        # draw the crop from the header size (read with simplejpeg) and pick
-        # the largest factor that keeps the crop >= IMAGE_SIZE.
-        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-        top, left, h, w = random_resized_crop_box(rng, height, width)
-        factor = max([f for f in (1, 2, 4, 8) if min(h, w) / f >= IMAGE_SIZE] or [1])
-        flags = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2,
-                 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
-        pixels = cv2.imdecode(buffer, flags[factor])
-    y0, x0 = top // factor, left // factor
-    crop = pixels[y0:y0 + max(1, h // factor), x0:x0 + max(1, w // factor)]
-    out = cv2.resize(crop, (IMAGE_SIZE, IMAGE_SIZE), interpolation=cv2.INTER_AREA)
-    return _flip(cv2.cvtColor(out, cv2.COLOR_BGR2RGB), rng)
+  buffer = np.frombuffer(data, np.uint8)
+  if not reduced:
+    pixels, factor = cv2.imdecode(buffer, cv2.IMREAD_COLOR), 1
+    top, left, h, w = random_resized_crop_box(rng, *pixels.shape[:2])
+  else:
+    # OpenCV can only shrink the whole image by 2/4/8 while decoding, so
+    # draw the crop from the header size (read with simplejpeg) and pick
+    # the largest factor that keeps the crop >= IMAGE_SIZE.
+    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    top, left, h, w = random_resized_crop_box(rng, height, width)
+    factor = max([f for f in (1, 2, 4, 8) if min(h, w) / f >= IMAGE_SIZE] or [1])
+    flags = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2,
+             4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
+    pixels = cv2.imdecode(buffer, flags[factor])
+  y0, x0 = top // factor, left // factor
+  crop = pixels[y0:y0 + max(1, h // factor), x0:x0 + max(1, w // factor)]
+  out = cv2.resize(crop, (IMAGE_SIZE, IMAGE_SIZE), interpolation=cv2.INTER_AREA)
+  return _flip(cv2.cvtColor(out, cv2.COLOR_BGR2RGB), rng)
 
 
 def _flip(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    return np.ascontiguousarray(image[:, ::-1]) if rng.random() < 0.5 else image
+  return np.ascontiguousarray(image[:, ::-1]) if rng.random() < 0.5 else image
 
 
 def jaxnet_train(data: bytes, rng: np.random.Generator, _op=TrainDecodeCrop(IMAGE_SIZE)):
-    return _op.random_map({"image": data, "label": 0}, rng)["image"]
+  return _op.random_map({"image": data, "label": 0}, rng)["image"]
 
 
 def cpu_seconds_of_tree() -> float:
-    """CPU seconds used so far by this process and its live descendants.
+  """CPU seconds used so far by this process and its live descendants.
 
-    Images per CPU-second is what a core can sustain; unlike wall time it does
-    not drop when other jobs share the machine (this benchmark often runs on
-    a busy 2-core VM). Linux /proc only; elsewhere just this process.
-    """
-    total = time.process_time()
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    for pid in _descendants(os.getpid()):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
-        except (OSError, IndexError, ValueError):
-            pass  # process ended meanwhile
-    return total
+  Images per CPU-second is what a core can sustain; unlike wall time it does
+  not drop when other jobs share the machine (this benchmark often runs on
+  a busy 2-core VM). Linux /proc only; elsewhere just this process.
+  """
+  total = time.process_time()
+  tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+  for pid in _descendants(os.getpid()):
+    try:
+      with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+      total += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    except (OSError, IndexError, ValueError):
+      pass  # process ended meanwhile
+  return total
 
 
 def _descendants(pid: int) -> list[int]:
-    found, queue = [], [pid]
-    while queue:
-        parent = queue.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{task}/children") as f:
-                    children = [int(c) for c in f.read().split()]
-            except OSError:
-                children = []
-            found += children
-            queue += children
-    return found
+  found, queue = [], [pid]
+  while queue:
+    parent = queue.pop()
+    try:
+      tasks = os.listdir(f"/proc/{parent}/task")
+    except OSError:
+      continue
+    for task in tasks:
+      try:
+        with open(f"/proc/{parent}/task/{task}/children") as f:
+          children = [int(c) for c in f.read().split()]
+      except OSError:
+        children = []
+      found += children
+      queue += children
+  return found
 
 
 def load_line() -> str:
-    try:
-        return "load average (1 min): %.2f" % os.getloadavg()[0]
-    except OSError:
-        return "load average: unknown"
+  try:
+    return "load average (1 min): %.2f" % os.getloadavg()[0]
+  except OSError:
+    return "load average: unknown"
 
 
 def time_loop(fn, blobs: list[bytes], seconds: float) -> tuple[float, float]:
-    """(images per wall second, images per CPU second) of fn over blobs."""
-    rng = np.random.default_rng(0)
-    fn(blobs[0], rng)  # warm up lazy init
-    count, start, cpu_start = 0, time.perf_counter(), time.process_time()
-    while True:
-        for data in blobs:
-            out = fn(data, rng)
-            assert out.shape == (IMAGE_SIZE, IMAGE_SIZE, 3), out.shape
-            count += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return count / elapsed, count / (time.process_time() - cpu_start)
+  """(images per wall second, images per CPU second) of fn over blobs."""
+  rng = np.random.default_rng(0)
+  fn(blobs[0], rng)  # warm up lazy init
+  count, start, cpu_start = 0, time.perf_counter(), time.process_time()
+  while True:
+    for data in blobs:
+      out = fn(data, rng)
+      assert out.shape == (IMAGE_SIZE, IMAGE_SIZE, 3), out.shape
+      count += 1
+    elapsed = time.perf_counter() - start
+    if elapsed >= seconds:
+      return count / elapsed, count / (time.process_time() - cpu_start)
 
 
 def decoder_table(blobs: list[bytes], seconds: float, title: str = "1)") -> float:
-    """Prints the table; returns PIL's images per CPU-second."""
-    methods = [("PIL: full decode + crop + resize", pil_full),
-               ("simplejpeg: full decode + PIL resize", simplejpeg_full)]
-    if cv2 is not None:
-        methods += [("OpenCV: full imdecode + INTER_AREA", opencv_full),
-                    ("OpenCV: IMREAD_REDUCED_2/4/8 + INTER_AREA",
-                     lambda d, r: opencv_full(d, r, reduced=True))]
-    methods.append(("simplejpeg: reduced DCT + PIL resize (TrainDecodeCrop)", jaxnet_train))
-    print(f"\n{title} single process, one core, {len(blobs)} JPEGs in memory, "
-          f"decode + random-resized-crop + resize {IMAGE_SIZE} + flip "
-          f"(best of 3 interleaved rounds; {load_line()})", flush=True)
-    # Interleaved rounds, best of each: a shared VM's noise hits all methods
-    # alike instead of whichever happened to run during a hiccup.
-    rounds = 3
-    wall = {name: 0.0 for name, _ in methods}
-    cpu = dict(wall)
-    for _ in range(rounds):
-        for name, fn in methods:
-            w, c = time_loop(fn, blobs, seconds / rounds)
-            wall[name], cpu[name] = max(wall[name], w), max(cpu[name], c)
-    baseline = cpu[methods[0][0]]
-    print(f"{'method':56s} {'images/s':>9s} {'img/CPU-s':>9s} {'vs PIL':>7s}")
-    for name, _ in methods:
-        print(f"{name:56s} {wall[name]:9.1f} {cpu[name]:9.1f} {cpu[name] / baseline:6.2f}x")
-    return baseline
+  """Prints the table; returns PIL's images per CPU-second."""
+  methods = [("PIL: full decode + crop + resize", pil_full),
+             ("simplejpeg: full decode + PIL resize", simplejpeg_full)]
+  if cv2 is not None:
+    methods += [("OpenCV: full imdecode + INTER_AREA", opencv_full),
+                ("OpenCV: IMREAD_REDUCED_2/4/8 + INTER_AREA",
+                 lambda d, r: opencv_full(d, r, reduced=True))]
+  methods.append(("simplejpeg: reduced DCT + PIL resize (TrainDecodeCrop)", jaxnet_train))
+  print(f"\n{title} single process, one core, {len(blobs)} JPEGs in memory, "
+        f"decode + random-resized-crop + resize {IMAGE_SIZE} + flip "
+        f"(best of 3 interleaved rounds; {load_line()})", flush=True)
+  # Interleaved rounds, best of each: a shared VM's noise hits all methods
+  # alike instead of whichever happened to run during a hiccup.
+  rounds = 3
+  wall = {name: 0.0 for name, _ in methods}
+  cpu = dict(wall)
+  for _ in range(rounds):
+    for name, fn in methods:
+      w, c = time_loop(fn, blobs, seconds / rounds)
+      wall[name], cpu[name] = max(wall[name], w), max(cpu[name], c)
+  baseline = cpu[methods[0][0]]
+  print(f"{'method':56s} {'images/s':>9s} {'img/CPU-s':>9s} {'vs PIL':>7s}")
+  for name, _ in methods:
+    print(f"{name:56s} {wall[name]:9.1f} {cpu[name]:9.1f} {cpu[name] / baseline:6.2f}x")
+  return baseline
 
 
 def large_copies(blobs: list[bytes]) -> list[bytes]:
-    """1600x1200 q90 re-encodes: where reduced-scale decoding pays off."""
-    print("\n(making 1600x1200 q90 re-encodes of 20 of them)", flush=True)
-    return [simplejpeg.encode_jpeg(np.asarray(Image.open(io.BytesIO(b)).convert("RGB")
-                                              .resize((1600, 1200), BILINEAR)), quality=90)
-            for b in blobs]
+  """1600x1200 q90 re-encodes: where reduced-scale decoding pays off."""
+  print("\n(making 1600x1200 q90 re-encodes of 20 of them)", flush=True)
+  return [simplejpeg.encode_jpeg(np.asarray(Image.open(io.BytesIO(b)).convert("RGB")
+                                            .resize((1600, 1200), BILINEAR)), quality=90)
+          for b in blobs]
 
 
 def grain_rate(root: str, workers: int, batch_size: int, seconds: float,
                prefetch_buffer: int | None):
-    """(images/s, images per CPU-second, seconds to first batch)."""
-    source = ImageFolderSource(root, "train")
-    read_options = None
-    if prefetch_buffer is not None:
-        read_options = grain.ReadOptions(prefetch_buffer_size=prefetch_buffer)
-    loader = grain.DataLoader(
-        data_source=source,
-        sampler=grain.IndexSampler(len(source), shuffle=True, num_epochs=None, seed=0),
-        operations=[TrainDecodeCrop(IMAGE_SIZE), grain.Batch(batch_size, drop_remainder=True)],
-        worker_count=workers, worker_buffer_size=2, read_options=read_options)
-    start = time.perf_counter()
-    iterator = iter(loader)
-    next(iterator)  # excludes worker start-up from the rate
-    first = time.perf_counter() - start
-    batches, start, cpu_start = 0, time.perf_counter(), cpu_seconds_of_tree()
-    while time.perf_counter() - start < seconds:
-        batch = next(iterator)
-        batches += 1
-    images = batches * batch_size
-    rate = images / (time.perf_counter() - start)
-    # Workers keep prefetching up to their buffer, so this slightly
-    # overstates CPU per image for multi-worker rows (by <= buffered batches).
-    cpu_rate = images / (cpu_seconds_of_tree() - cpu_start)
-    assert batch["image"].shape == (batch_size, IMAGE_SIZE, IMAGE_SIZE, 3)
-    del iterator  # stops worker processes
-    return rate, cpu_rate, first
+  """(images/s, images per CPU-second, seconds to first batch)."""
+  source = ImageFolderSource(root, "train")
+  read_options = None
+  if prefetch_buffer is not None:
+    read_options = grain.ReadOptions(prefetch_buffer_size=prefetch_buffer)
+  loader = grain.DataLoader(
+      data_source=source,
+      sampler=grain.IndexSampler(len(source), shuffle=True, num_epochs=None, seed=0),
+      operations=[TrainDecodeCrop(IMAGE_SIZE), grain.Batch(batch_size, drop_remainder=True)],
+      worker_count=workers, worker_buffer_size=2, read_options=read_options)
+  start = time.perf_counter()
+  iterator = iter(loader)
+  next(iterator)  # excludes worker start-up from the rate
+  first = time.perf_counter() - start
+  batches, start, cpu_start = 0, time.perf_counter(), cpu_seconds_of_tree()
+  while time.perf_counter() - start < seconds:
+    batch = next(iterator)
+    batches += 1
+  images = batches * batch_size
+  rate = images / (time.perf_counter() - start)
+  # Workers keep prefetching up to their buffer, so this slightly
+  # overstates CPU per image for multi-worker rows (by <= buffered batches).
+  cpu_rate = images / (cpu_seconds_of_tree() - cpu_start)
+  assert batch["image"].shape == (batch_size, IMAGE_SIZE, IMAGE_SIZE, 3)
+  del iterator  # stops worker processes
+  return rate, cpu_rate, first
 
 
 def grain_table(root: str, workers_list: list[int], batch_size: int,
                 seconds: float, pil_cpu_rate: float, prefetch_buffer: int | None) -> None:
-    buffer = "grain default" if prefetch_buffer is None else prefetch_buffer
-    print(f"\n2) grain DataLoader: shuffled IndexSampler, TrainDecodeCrop({IMAGE_SIZE}), "
-          f"Batch({batch_size}, drop_remainder=True), read prefetch buffer {buffer}; "
-          f"files read from disk; {os.cpu_count()} cores; {load_line()}")
-    print(f"{'workers':>14s} {'images/s':>9s} {'per worker':>10s} {'img/CPU-s':>9s} "
-          f"{'vs PIL loop':>11s} {'1st batch s':>11s}")
-    for workers in workers_list:
-        rate, cpu_rate, first = grain_rate(root, workers, batch_size, seconds,
-                                           prefetch_buffer)
-        label = f"{workers}" + (" (in-process)" if workers == 0 else "")
-        print(f"{label:>14s} {rate:9.1f} {rate / max(workers, 1):10.1f} {cpu_rate:9.1f} "
-              f"{rate / pil_cpu_rate:10.2f}x {first:11.2f}", flush=True)
-    print("images/s: wall clock, all processes; vs PIL loop: images/s over the "
-          "single-core PIL loop's images per CPU-second")
+  buffer = "grain default" if prefetch_buffer is None else prefetch_buffer
+  print(f"\n2) grain DataLoader: shuffled IndexSampler, TrainDecodeCrop({IMAGE_SIZE}), "
+        f"Batch({batch_size}, drop_remainder=True), read prefetch buffer {buffer}; "
+        f"files read from disk; {os.cpu_count()} cores; {load_line()}")
+  print(f"{'workers':>14s} {'images/s':>9s} {'per worker':>10s} {'img/CPU-s':>9s} "
+        f"{'vs PIL loop':>11s} {'1st batch s':>11s}")
+  for workers in workers_list:
+    rate, cpu_rate, first = grain_rate(root, workers, batch_size, seconds,
+                                       prefetch_buffer)
+    label = f"{workers}" + (" (in-process)" if workers == 0 else "")
+    print(f"{label:>14s} {rate:9.1f} {rate / max(workers, 1):10.1f} {cpu_rate:9.1f} "
+          f"{rate / pil_cpu_rate:10.2f}x {first:11.2f}", flush=True)
+  print("images/s: wall clock, all processes; vs PIL loop: images/s over the "
+        "single-core PIL loop's images per CPU-second")
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", help="image folder root (has train/); generated if omitted")
-    parser.add_argument("--quick", action="store_true", help="short run (< 60 s on 2 cores)")
-    parser.add_argument("--workers", default=None, help="comma list, default 0,1,2,4 (quick: 0,1,2)")
-    parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--seconds", type=float, default=None, help="measuring time per row")
-    parser.add_argument("--prefetch-buffer", type=int, default=None,
-                        help="grain ReadOptions.prefetch_buffer_size (default: grain's)")
-    parser.add_argument("--large", action="store_true",
-                        help="also run the decoder table on 1600x1200 re-encodes")
-    args = parser.parse_args(argv)
-    # Grain's worker processes read absl flags; we parse our own args instead.
-    absl_flags.FLAGS.mark_as_parsed()
-    quick = args.quick
-    seconds = args.seconds or (1.5 if quick else 6.0)
-    batch_size = args.batch_size or (32 if quick else 128)
-    workers = [int(w) for w in (args.workers or ("0,1,2" if quick else "0,1,2,4")).split(",")]
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--dir", help="image folder root (has train/); generated if omitted")
+  parser.add_argument("--quick", action="store_true", help="short run (< 60 s on 2 cores)")
+  parser.add_argument("--workers", default=None, help="comma list, default 0,1,2,4 (quick: 0,1,2)")
+  parser.add_argument("--batch-size", type=int, default=None)
+  parser.add_argument("--seconds", type=float, default=None, help="measuring time per row")
+  parser.add_argument("--prefetch-buffer", type=int, default=None,
+                      help="grain ReadOptions.prefetch_buffer_size (default: grain's)")
+  parser.add_argument("--large", action="store_true",
+                      help="also run the decoder table on 1600x1200 re-encodes")
+  args = parser.parse_args(argv)
+  # Grain's worker processes read absl flags; we parse our own args instead.
+  absl_flags.FLAGS.mark_as_parsed()
+  quick = args.quick
+  seconds = args.seconds or (1.5 if quick else 6.0)
+  batch_size = args.batch_size or (32 if quick else 128)
+  workers = [int(w) for w in (args.workers or ("0,1,2" if quick else "0,1,2,4")).split(",")]
 
-    print(hardware_line())
-    print(versions_line())
-    with tempfile.TemporaryDirectory() as tmp:
-        root = args.dir
-        if root is None:
-            root = tmp
-            per_class = 16 if quick else 100
-            print(f"generating 10 classes x {per_class} JPEGs (~500x375, q90) in {tmp}")
-            make_imagefolder(tmp, classes=10, per_class=per_class, val_per_class=1,
-                             verbose=False)
-        source = ImageFolderSource(root, "train")
-        count = min(len(source), 160 if quick else 500)
-        picks = np.random.default_rng(0).choice(len(source), count, replace=False)
-        blobs = [source[int(i)]["image"] for i in picks]
-        print(f"data: {root} ({len(source)} train images, "
-              f"mean {np.mean([len(b) for b in blobs]) / 1024:.0f} KiB/JPEG)")
-        pil_rate = decoder_table(blobs, seconds)
-        if args.large:
-            decoder_table(large_copies(blobs[:20]), seconds, "1b) 1600x1200:")
-        grain_table(root, workers, batch_size, 2 * seconds, pil_rate, args.prefetch_buffer)
+  print(hardware_line())
+  print(versions_line())
+  with tempfile.TemporaryDirectory() as tmp:
+    root = args.dir
+    if root is None:
+      root = tmp
+      per_class = 16 if quick else 100
+      print(f"generating 10 classes x {per_class} JPEGs (~500x375, q90) in {tmp}")
+      make_imagefolder(tmp, classes=10, per_class=per_class, val_per_class=1,
+                       verbose=False)
+    source = ImageFolderSource(root, "train")
+    count = min(len(source), 160 if quick else 500)
+    picks = np.random.default_rng(0).choice(len(source), count, replace=False)
+    blobs = [source[int(i)]["image"] for i in picks]
+    print(f"data: {root} ({len(source)} train images, "
+          f"mean {np.mean([len(b) for b in blobs]) / 1024:.0f} KiB/JPEG)")
+    pil_rate = decoder_table(blobs, seconds)
+    if args.large:
+      decoder_table(large_copies(blobs[:20]), seconds, "1b) 1600x1200:")
+    grain_table(root, workers, batch_size, 2 * seconds, pil_rate, args.prefetch_buffer)
 
 
 if __name__ == "__main__":
-    main()
+  main()

@@ -28,93 +28,93 @@ SPLIT_SIZES = {"train": 7, "validation": 3}
 
 
 def shape_for(label: int, index: int) -> tuple[int, int]:
-    """Image size encodes the label, so records can be checked after tfds shuffles them."""
-    return 16 + 8 * label, 24 + index
+  """Image size encodes the label, so records can be checked after tfds shuffles them."""
+  return 16 + 8 * label, 24 + index
 
 
 class TinyJpegForTest(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    VERSION = tfds.core.Version("1.0.0")
+  VERSION = tfds.core.Version("1.0.0")
 
-    def _info(self):
-        return tfds.core.DatasetInfo(
-            builder=self,
-            features=tfds.features.FeaturesDict({
-                "image": tfds.features.Image(shape=(None, None, 3), encoding_format="jpeg"),
-                "label": tfds.features.ClassLabel(names=CLASS_NAMES),
-            }))
+  def _info(self):
+    return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict({
+            "image": tfds.features.Image(shape=(None, None, 3), encoding_format="jpeg"),
+            "label": tfds.features.ClassLabel(names=CLASS_NAMES),
+        }))
 
-    def _split_generators(self, dl_manager):
-        del dl_manager
-        return {split: self._generate_examples(n) for split, n in SPLIT_SIZES.items()}
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {split: self._generate_examples(n) for split, n in SPLIT_SIZES.items()}
 
-    def _generate_examples(self, count):
-        rng = np.random.default_rng(count)
-        for index in range(count):
-            label = index % len(CLASS_NAMES)
-            pixels = rng.integers(0, 256, (*shape_for(label, index), 3), dtype=np.uint8)
-            yield index, {"image": simplejpeg.encode_jpeg(pixels, quality=90),
-                          "label": label}
+  def _generate_examples(self, count):
+    rng = np.random.default_rng(count)
+    for index in range(count):
+      label = index % len(CLASS_NAMES)
+      pixels = rng.integers(0, 256, (*shape_for(label, index), 3), dtype=np.uint8)
+      yield index, {"image": simplejpeg.encode_jpeg(pixels, quality=90),
+                    "label": label}
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("tfds"))
-    TinyJpegForTest(data_dir=root, file_format="array_record").download_and_prepare()
-    return root
+  root = str(tmp_path_factory.mktemp("tfds"))
+  TinyJpegForTest(data_dir=root, file_format="array_record").download_and_prepare()
+  return root
 
 
 @pytest.mark.parametrize("split", list(SPLIT_SIZES))
 def test_reads_back_labels_and_jpeg_bytes(data_dir, split):
-    source = TfdsSource(NAME, split, data_dir)
-    assert len(source) == SPLIT_SIZES[split]
-    assert source.num_classes == 3 and source.class_names == CLASS_NAMES
-    assert source.encoded is True
-    labels = []
-    for i in range(len(source)):
-        record = source[i]
-        assert set(record) == {"image", "label"}
-        assert isinstance(record["image"], bytes) and type(record["label"]) is int
-        height, width, _ = decode_jpeg(record["image"]).shape
-        assert height == shape_for(record["label"], 0)[0]  # label matches its image
-        labels.append(record["label"])
-    expected = [i % 3 for i in range(SPLIT_SIZES[split])]
-    assert sorted(labels) == sorted(expected)
-    # The image widths 24 + index are all present: nothing lost or duplicated.
-    widths = sorted(decode_jpeg(source[i]["image"]).shape[1] for i in range(len(source)))
-    assert widths == [24 + i for i in range(SPLIT_SIZES[split])]
+  source = TfdsSource(NAME, split, data_dir)
+  assert len(source) == SPLIT_SIZES[split]
+  assert source.num_classes == 3 and source.class_names == CLASS_NAMES
+  assert source.encoded is True
+  labels = []
+  for i in range(len(source)):
+    record = source[i]
+    assert set(record) == {"image", "label"}
+    assert isinstance(record["image"], bytes) and type(record["label"]) is int
+    height, width, _ = decode_jpeg(record["image"]).shape
+    assert height == shape_for(record["label"], 0)[0]  # label matches its image
+    labels.append(record["label"])
+  expected = [i % 3 for i in range(SPLIT_SIZES[split])]
+  assert sorted(labels) == sorted(expected)
+  # The image widths 24 + index are all present: nothing lost or duplicated.
+  widths = sorted(decode_jpeg(source[i]["image"]).shape[1] for i in range(len(source)))
+  assert widths == [24 + i for i in range(SPLIT_SIZES[split])]
 
 
 def test_build_and_read_with_tensorflow_blocked(tmp_path, monkeypatch):
-    # A None entry makes `import tensorflow` raise even where TF is installed.
-    monkeypatch.setitem(sys.modules, "tensorflow", None)
-    TinyJpegForTest(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
-    source = TfdsSource(NAME, "validation", str(tmp_path))
-    assert decode_jpeg(source[0]["image"]).ndim == 3
+  # A None entry makes `import tensorflow` raise even where TF is installed.
+  monkeypatch.setitem(sys.modules, "tensorflow", None)
+  TinyJpegForTest(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
+  source = TfdsSource(NAME, "validation", str(tmp_path))
+  assert decode_jpeg(source[0]["image"]).ndim == 3
 
 
 def test_split_slicing_and_pickling(data_dir):
-    source = TfdsSource(NAME, "train[:4]", data_dir)
-    assert len(source) == 4
-    clone = pickle.loads(pickle.dumps(source))  # grain workers receive a copy
-    assert [clone[i] for i in range(4)] == [source[i] for i in range(4)]
+  source = TfdsSource(NAME, "train[:4]", data_dir)
+  assert len(source) == 4
+  clone = pickle.loads(pickle.dumps(source))  # grain workers receive a copy
+  assert [clone[i] for i in range(4)] == [source[i] for i in range(4)]
 
 
 def test_unprepared_dataset_names_where_and_how(tmp_path):
-    empty = str(tmp_path / "empty")
-    with pytest.raises(FileNotFoundError) as err:
-        TfdsSource(NAME, "train", empty)
-    message = str(err.value)
-    assert f"{empty}/{NAME}" in message
-    assert f"tfds build {NAME} --data_dir={empty} --file_format=array_record" in message
+  empty = str(tmp_path / "empty")
+  with pytest.raises(FileNotFoundError) as err:
+    TfdsSource(NAME, "train", empty)
+  message = str(err.value)
+  assert f"{empty}/{NAME}" in message
+  assert f"tfds build {NAME} --data_dir={empty} --file_format=array_record" in message
 
 
 def test_unprepared_imagenet_gives_manual_download_steps(tmp_path):
-    empty = str(tmp_path / "empty")
-    with pytest.raises(FileNotFoundError) as err:
-        TfdsSource("imagenet2012", "train", empty)
-    message = str(err.value)
-    assert f"{empty}/imagenet2012" in message
-    assert "ILSVRC2012_img_train.tar" in message and "ILSVRC2012_img_val.tar" in message
-    assert (f"tfds build imagenet2012 --data_dir={empty} --manual_dir=MANUAL_DIR "
-            "--file_format=array_record") in message
-    assert "download_config=tfds.download.DownloadConfig(manual_dir=MANUAL_DIR)" in message
+  empty = str(tmp_path / "empty")
+  with pytest.raises(FileNotFoundError) as err:
+    TfdsSource("imagenet2012", "train", empty)
+  message = str(err.value)
+  assert f"{empty}/imagenet2012" in message
+  assert "ILSVRC2012_img_train.tar" in message and "ILSVRC2012_img_val.tar" in message
+  assert (f"tfds build imagenet2012 --data_dir={empty} --manual_dir=MANUAL_DIR "
+          "--file_format=array_record") in message
+  assert "download_config=tfds.download.DownloadConfig(manual_dir=MANUAL_DIR)" in message

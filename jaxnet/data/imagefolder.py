@@ -25,57 +25,57 @@ _LAYOUT_HELP = (
 
 
 def _missing_dir_message(path: str) -> str:
-    return f"Image folder not found: {path!r}. {_LAYOUT_HELP}"
+  return f"Image folder not found: {path!r}. {_LAYOUT_HELP}"
 
 
 def _require_dir(path: str) -> None:
-    if not os.path.isdir(path):
-        raise FileNotFoundError(_missing_dir_message(path))
+  if not os.path.isdir(path):
+    raise FileNotFoundError(_missing_dir_message(path))
 
 
 class ImageFolderSource:
-    """Grain random-access source: `source[i] -> {"image": bytes, "label": int}`."""
+  """Grain random-access source: `source[i] -> {"image": bytes, "label": int}`."""
 
-    encoded = True  # images are encoded bytes; the pipeline must decode them
+  encoded = True  # images are encoded bytes; the pipeline must decode them
 
-    def __init__(self, root: str, split: str):
-        self.root = root
-        self.split = split
-        _require_dir(root)
-        classes_dir = os.path.join(root, _CLASSES_SPLIT)
-        split_dir = os.path.join(root, split)
-        _require_dir(classes_dir)
-        _require_dir(split_dir)
-        self.class_names: list[str] = sorted(
-            e.name for e in os.scandir(classes_dir) if e.is_dir())
-        self.num_classes = len(self.class_names)
-        self._paths: list[str] = []
-        self._labels: list[int] = []
-        for label, name in enumerate(self.class_names):
-            class_dir = os.path.join(split_dir, name)
-            if not os.path.isdir(class_dir):
-                continue  # a split may lack some classes (small val sets)
-            files = sorted(f for f in os.listdir(class_dir)
-                           if f.lower().endswith(IMAGE_EXTENSIONS))
-            self._paths.extend(os.path.join(class_dir, f) for f in files)
-            self._labels.extend([label] * len(files))
-        if not self._paths:
-            raise FileNotFoundError(
-                f"No .jpg/.jpeg/.png files in the class folders of {split_dir!r} "
-                f"(classes taken from {classes_dir!r}). {_LAYOUT_HELP}")
+  def __init__(self, root: str, split: str):
+    self.root = root
+    self.split = split
+    _require_dir(root)
+    classes_dir = os.path.join(root, _CLASSES_SPLIT)
+    split_dir = os.path.join(root, split)
+    _require_dir(classes_dir)
+    _require_dir(split_dir)
+    self.class_names: list[str] = sorted(
+        e.name for e in os.scandir(classes_dir) if e.is_dir())
+    self.num_classes = len(self.class_names)
+    self._paths: list[str] = []
+    self._labels: list[int] = []
+    for label, name in enumerate(self.class_names):
+      class_dir = os.path.join(split_dir, name)
+      if not os.path.isdir(class_dir):
+        continue  # a split may lack some classes (small val sets)
+      files = sorted(f for f in os.listdir(class_dir)
+                     if f.lower().endswith(IMAGE_EXTENSIONS))
+      self._paths.extend(os.path.join(class_dir, f) for f in files)
+      self._labels.extend([label] * len(files))
+    if not self._paths:
+      raise FileNotFoundError(
+          f"No .jpg/.jpeg/.png files in the class folders of {split_dir!r} "
+          f"(classes taken from {classes_dir!r}). {_LAYOUT_HELP}")
 
-    def __len__(self) -> int:
-        return len(self._paths)
+  def __len__(self) -> int:
+    return len(self._paths)
 
-    def __getitem__(self, index: int) -> dict:
-        with open(self._paths[index], "rb") as f:
-            data = f.read()
-        return {"image": data, "label": self._labels[index]}
+  def __getitem__(self, index: int) -> dict:
+    with open(self._paths[index], "rb") as f:
+      data = f.read()
+    return {"image": data, "label": self._labels[index]}
 
-    def path(self, index: int) -> str:
-        """File behind record `index` (for tracking down corrupt images)."""
-        return self._paths[index]
+  def path(self, index: int) -> str:
+    """File behind record `index` (for tracking down corrupt images)."""
+    return self._paths[index]
 
-    def __repr__(self) -> str:
-        return (f"ImageFolderSource(root={self.root!r}, split={self.split!r}, "
-                f"len={len(self)}, num_classes={self.num_classes})")
+  def __repr__(self) -> str:
+    return (f"ImageFolderSource(root={self.root!r}, split={self.split!r}, "
+            f"len={len(self)}, num_classes={self.num_classes})")

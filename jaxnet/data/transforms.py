@@ -53,188 +53,188 @@ MAX_PIXELS = 2 * Image.MAX_IMAGE_PIXELS
 
 
 class CorruptImageError(ValueError):
-    """The bytes are not a decodable image (truncated, garbage, unknown format)."""
+  """The bytes are not a decodable image (truncated, garbage, unknown format)."""
 
 
 def decode_jpeg(data: bytes, min_height: int | None = None,
                 min_width: int | None = None) -> np.ndarray:
-    """Decode JPEG bytes to a uint8 HxWx3 RGB array.
+  """Decode JPEG bytes to a uint8 HxWx3 RGB array.
 
-    With `min_height`/`min_width` the image may come back downscaled by 1/2,
-    1/4 or 1/8 in the DCT (cheaper than a full decode), but never below those
-    sizes. Other M/8 scales are avoided on purpose: libjpeg-turbo decodes 7/8
-    or 6/8 slower than full size.
-    """
-    scaled = {}
-    if min_height or min_width:
-        try:
-            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-        except ValueError:
-            height = width = 0  # not a JPEG simplejpeg reads: PIL path below
-        factor = _dct_factor(height, width, min_height or 1, min_width or 1)
-        if factor > 1:
-            # simplejpeg picks the smallest M/8 scale meeting these minimums,
-            # which is exactly 1/factor.
-            scaled = {"min_height": -(-height // factor),
-                      "min_width": -(-width // factor)}
+  With `min_height`/`min_width` the image may come back downscaled by 1/2,
+  1/4 or 1/8 in the DCT (cheaper than a full decode), but never below those
+  sizes. Other M/8 scales are avoided on purpose: libjpeg-turbo decodes 7/8
+  or 6/8 slower than full size.
+  """
+  scaled = {}
+  if min_height or min_width:
     try:
-        return simplejpeg.decode_jpeg(data, colorspace="RGB", **scaled)
-    except (ValueError, TypeError) as err:
-        turbo_error = err
-    return _decode_with_pil(data, min_height, min_width, turbo_error)
+      height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+      height = width = 0  # not a JPEG simplejpeg reads: PIL path below
+    factor = _dct_factor(height, width, min_height or 1, min_width or 1)
+    if factor > 1:
+      # simplejpeg picks the smallest M/8 scale meeting these minimums,
+      # which is exactly 1/factor.
+      scaled = {"min_height": -(-height // factor),
+                "min_width": -(-width // factor)}
+  try:
+    return simplejpeg.decode_jpeg(data, colorspace="RGB", **scaled)
+  except (ValueError, TypeError) as err:
+    turbo_error = err
+  return _decode_with_pil(data, min_height, min_width, turbo_error)
 
 
 def _dct_factor(height: int, width: int, min_height: int, min_width: int) -> int:
-    """Largest of 8, 4, 2 that keeps the decoded image >= the minimums, else 1."""
-    for factor in (8, 4, 2):
-        if height // factor >= min_height and width // factor >= min_width:
-            return factor
-    return 1
+  """Largest of 8, 4, 2 that keeps the decoded image >= the minimums, else 1."""
+  for factor in (8, 4, 2):
+    if height // factor >= min_height and width // factor >= min_width:
+      return factor
+  return 1
 
 
 def _decode_with_pil(data, min_height, min_width, turbo_error) -> np.ndarray:
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            if min_height or min_width:
-                # draft() picks the largest JPEG scale keeping size >= request;
-                # it is a no-op for non-JPEG formats.
-                image.draft("RGB", (min_width or 1, min_height or 1))
-            # convert() forces the full decode, which is where truncation shows.
-            array = np.asarray(image.convert("RGB"))
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
-        raise CorruptImageError(
-            f"cannot decode {len(data)} bytes as an image "
-            f"(simplejpeg: {turbo_error}; PIL: {err})") from err
-    return array
+  try:
+    with Image.open(io.BytesIO(data)) as image:
+      if min_height or min_width:
+        # draft() picks the largest JPEG scale keeping size >= request;
+        # it is a no-op for non-JPEG formats.
+        image.draft("RGB", (min_width or 1, min_height or 1))
+      # convert() forces the full decode, which is where truncation shows.
+      array = np.asarray(image.convert("RGB"))
+  except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+    raise CorruptImageError(
+        f"cannot decode {len(data)} bytes as an image "
+        f"(simplejpeg: {turbo_error}; PIL: {err})") from err
+  return array
 
 
 def random_resized_crop_box(rng: np.random.Generator, height: int, width: int,
                             area_range=(0.08, 1.0), ratio_range=(3 / 4, 4 / 3),
                             attempts: int = 10) -> Box:
-    """Inception-style crop: random area fraction and log-uniform aspect ratio.
+  """Inception-style crop: random area fraction and log-uniform aspect ratio.
 
-    Falls back to the largest centered crop whose aspect ratio lies within
-    `ratio_range` when no attempt fits inside the image.
-    """
-    area = height * width
-    log_ratio = (math.log(ratio_range[0]), math.log(ratio_range[1]))
-    for _ in range(attempts):
-        target_area = area * rng.uniform(*area_range)
-        aspect = math.exp(rng.uniform(*log_ratio))  # width / height
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            top = int(rng.integers(0, height - h + 1))
-            left = int(rng.integers(0, width - w + 1))
-            return top, left, h, w
-    return _center_box_with_ratio(height, width, ratio_range)
+  Falls back to the largest centered crop whose aspect ratio lies within
+  `ratio_range` when no attempt fits inside the image.
+  """
+  area = height * width
+  log_ratio = (math.log(ratio_range[0]), math.log(ratio_range[1]))
+  for _ in range(attempts):
+    target_area = area * rng.uniform(*area_range)
+    aspect = math.exp(rng.uniform(*log_ratio))  # width / height
+    w = int(round(math.sqrt(target_area * aspect)))
+    h = int(round(math.sqrt(target_area / aspect)))
+    if 0 < w <= width and 0 < h <= height:
+      top = int(rng.integers(0, height - h + 1))
+      left = int(rng.integers(0, width - w + 1))
+      return top, left, h, w
+  return _center_box_with_ratio(height, width, ratio_range)
 
 
 def _center_box_with_ratio(height: int, width: int, ratio_range) -> Box:
-    aspect = width / height
-    if aspect < ratio_range[0]:  # too tall: keep width, cut height
-        w, h = width, min(height, max(1, int(round(width / ratio_range[0]))))
-    elif aspect > ratio_range[1]:  # too wide: keep height, cut width
-        w, h = min(width, max(1, int(round(height * ratio_range[1])))), height
-    else:
-        w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
+  aspect = width / height
+  if aspect < ratio_range[0]:  # too tall: keep width, cut height
+    w, h = width, min(height, max(1, int(round(width / ratio_range[0]))))
+  elif aspect > ratio_range[1]:  # too wide: keep height, cut width
+    w, h = min(width, max(1, int(round(height * ratio_range[1])))), height
+  else:
+    w, h = width, height
+  return (height - h) // 2, (width - w) // 2, h, w
 
 
 def center_crop_box(height: int, width: int, image_size: int,
                     crop_fraction: float = 0.875) -> Box:
-    """Eval crop in original coordinates.
+  """Eval crop in original coordinates.
 
-    Equivalent to resizing the shorter side to image_size / crop_fraction and
-    center cropping image_size: the square kept is crop_fraction of the
-    shorter side. `image_size` only sets the output size, not the box.
-    """
-    del image_size  # the box is scale-free; the caller resizes it.
-    side = max(1, int(round(crop_fraction * min(height, width))))
-    return (height - side) // 2, (width - side) // 2, side, side
+  Equivalent to resizing the shorter side to image_size / crop_fraction and
+  center cropping image_size: the square kept is crop_fraction of the
+  shorter side. `image_size` only sets the output size, not the box.
+  """
+  del image_size  # the box is scale-free; the caller resizes it.
+  side = max(1, int(round(crop_fraction * min(height, width))))
+  return (height - side) // 2, (width - side) // 2, side, side
 
 
 def _decode_crop_resize(data: bytes, image_size: int, box_fn) -> Image.Image:
-    """Decode only as many pixels as the crop needs, then resize the crop.
+  """Decode only as many pixels as the crop needs, then resize the crop.
 
-    `box_fn(height, width)` gives the crop box in full-resolution coordinates.
-    """
-    try:
-        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-    except ValueError:
-        # Not a baseline JPEG header (PNG, garbage): decode fully (PIL path)
-        # or raise CorruptImageError.
-        pixels = decode_jpeg(data)
-        height, width = pixels.shape[:2]
-        top, left, h, w = box_fn(height, width)
-        return Image.fromarray(pixels).resize(
-            (image_size, image_size), Image.Resampling.BILINEAR,
-            box=(left, top, left + w, top + h))
-    if height * width > MAX_PIXELS:
-        raise CorruptImageError(f"JPEG header claims {width}x{height} pixels")
+  `box_fn(height, width)` gives the crop box in full-resolution coordinates.
+  """
+  try:
+    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+  except ValueError:
+    # Not a baseline JPEG header (PNG, garbage): decode fully (PIL path)
+    # or raise CorruptImageError.
+    pixels = decode_jpeg(data)
+    height, width = pixels.shape[:2]
     top, left, h, w = box_fn(height, width)
-    # Smallest decode in which the crop still spans >= image_size pixels on
-    # both axes (or the full size if the crop is smaller than that already),
-    # so the reduced decode never adds upsampling.
-    min_height = min(height, math.ceil(height * image_size / h))
-    min_width = min(width, math.ceil(width * image_size / w))
-    pixels = decode_jpeg(data, min_height, min_width)
-    scale_y, scale_x = pixels.shape[0] / height, pixels.shape[1] / width
-    box = (left * scale_x, top * scale_y, (left + w) * scale_x, (top + h) * scale_y)
-    return Image.fromarray(pixels).resize((image_size, image_size),
-                                          Image.Resampling.BILINEAR, box=box)
+    return Image.fromarray(pixels).resize(
+        (image_size, image_size), Image.Resampling.BILINEAR,
+        box=(left, top, left + w, top + h))
+  if height * width > MAX_PIXELS:
+    raise CorruptImageError(f"JPEG header claims {width}x{height} pixels")
+  top, left, h, w = box_fn(height, width)
+  # Smallest decode in which the crop still spans >= image_size pixels on
+  # both axes (or the full size if the crop is smaller than that already),
+  # so the reduced decode never adds upsampling.
+  min_height = min(height, math.ceil(height * image_size / h))
+  min_width = min(width, math.ceil(width * image_size / w))
+  pixels = decode_jpeg(data, min_height, min_width)
+  scale_y, scale_x = pixels.shape[0] / height, pixels.shape[1] / width
+  box = (left * scale_x, top * scale_y, (left + w) * scale_x, (top + h) * scale_y)
+  return Image.fromarray(pixels).resize((image_size, image_size),
+                                        Image.Resampling.BILINEAR, box=box)
 
 
 def _output(image: np.ndarray, label, ok: bool) -> dict[str, np.ndarray]:
-    return {"image": image, "label": np.int32(label), "mask": np.bool_(ok),
-            "corrupt": np.int32(not ok)}
+  return {"image": image, "label": np.int32(label), "mask": np.bool_(ok),
+          "corrupt": np.int32(not ok)}
 
 
 def _corrupt_output(element: dict[str, Any], image_size: int,
                     err: Exception) -> dict[str, np.ndarray]:
-    # Keep the batch shape static: the train step masks this example out
-    # and counts it, instead of the whole run dying on one bad file.
-    where = {k: element[k] for k in ("index", "path", "label") if k in element}
-    logging.warning("Skipping corrupt image %s: %s", where, err)
-    blank = np.zeros((image_size, image_size, 3), np.uint8)
-    return _output(blank, element.get("label", -1), ok=False)
+  # Keep the batch shape static: the train step masks this example out
+  # and counts it, instead of the whole run dying on one bad file.
+  where = {k: element[k] for k in ("index", "path", "label") if k in element}
+  logging.warning("Skipping corrupt image %s: %s", where, err)
+  blank = np.zeros((image_size, image_size, 3), np.uint8)
+  return _output(blank, element.get("label", -1), ok=False)
 
 
 class TrainDecodeCrop(grain.RandomMapTransform):
-    """Decode + random-resized-crop + resize to image_size + random h-flip."""
+  """Decode + random-resized-crop + resize to image_size + random h-flip."""
 
-    def __init__(self, image_size: int, area_range=(0.08, 1.0),
-                 ratio_range=(3 / 4, 4 / 3)):
-        self.image_size = image_size
-        self.area_range = area_range
-        self.ratio_range = ratio_range
+  def __init__(self, image_size: int, area_range=(0.08, 1.0),
+               ratio_range=(3 / 4, 4 / 3)):
+    self.image_size = image_size
+    self.area_range = area_range
+    self.ratio_range = ratio_range
 
-    def random_map(self, element: dict[str, Any], rng: np.random.Generator):
-        def box_fn(height, width):
-            return random_resized_crop_box(rng, height, width,
-                                           self.area_range, self.ratio_range)
-        try:
-            image = _decode_crop_resize(element["image"], self.image_size, box_fn)
-        except CorruptImageError as err:
-            return _corrupt_output(element, self.image_size, err)
-        if rng.random() < 0.5:
-            image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        return _output(np.asarray(image), element["label"], ok=True)
+  def random_map(self, element: dict[str, Any], rng: np.random.Generator):
+    def box_fn(height, width):
+      return random_resized_crop_box(rng, height, width,
+                                     self.area_range, self.ratio_range)
+    try:
+      image = _decode_crop_resize(element["image"], self.image_size, box_fn)
+    except CorruptImageError as err:
+      return _corrupt_output(element, self.image_size, err)
+    if rng.random() < 0.5:
+      image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return _output(np.asarray(image), element["label"], ok=True)
 
 
 class EvalDecodeCrop(grain.MapTransform):
-    """Deterministic decode + center crop (crop_fraction of the short side)."""
+  """Deterministic decode + center crop (crop_fraction of the short side)."""
 
-    def __init__(self, image_size: int, crop_fraction: float = 0.875):
-        self.image_size = image_size
-        self.crop_fraction = crop_fraction
+  def __init__(self, image_size: int, crop_fraction: float = 0.875):
+    self.image_size = image_size
+    self.crop_fraction = crop_fraction
 
-    def map(self, element: dict[str, Any]):
-        def box_fn(height, width):
-            return center_crop_box(height, width, self.image_size,
-                                   self.crop_fraction)
-        try:
-            image = _decode_crop_resize(element["image"], self.image_size, box_fn)
-        except CorruptImageError as err:
-            return _corrupt_output(element, self.image_size, err)
-        return _output(np.asarray(image), element["label"], ok=True)
+  def map(self, element: dict[str, Any]):
+    def box_fn(height, width):
+      return center_crop_box(height, width, self.image_size,
+                             self.crop_fraction)
+    try:
+      image = _decode_crop_resize(element["image"], self.image_size, box_fn)
+    except CorruptImageError as err:
+      return _corrupt_output(element, self.image_size, err)
+    return _output(np.asarray(image), element["label"], ok=True)
