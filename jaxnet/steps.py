@@ -68,6 +68,9 @@ def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_cl
 
     if ema_decay:
       ema = jax.tree.map(lambda e, p: ema_decay * e + (1 - ema_decay) * p, state.ema_params, new_params)
+      if policy.uses_loss_scale:
+        # A skipped step must not pull the EMA towards the (unchanged) params either.
+        ema = precision_lib.select_tree(finite, ema, state.ema_params)
     else:
       ema = new_params
 
