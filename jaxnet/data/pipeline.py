@@ -69,14 +69,22 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, workers: in
   (each global batch needs a piece from every process).
   """
   batch = per_process_batch_size(global_batch_size, process_count)
-  shard = grain.ShardOptions(process_index, process_count, drop_remainder=False)
-  sampler = grain.IndexSampler(len(source), shard, shuffle=False, num_epochs=1, seed=0)
-  loader = grain.DataLoader(
-      data_source=source, sampler=sampler,
-      operations=[_eval_transform(source, image_size, crop_fraction),
-                  grain.Batch(batch, drop_remainder=False)],
-      worker_count=workers)
-  num_batches = math.ceil(math.ceil(len(source) / process_count) / batch)
+  # Contiguous ranges of ceil(n / processes) records, cut here rather than with
+  # grain.ShardOptions: with drop_remainder=False and n not divisible by the
+  # process count, grain's sampler skips records (359 records on 2 processes
+  # gave 179 + 179, never record 179).
+  per_process = math.ceil(len(source) / process_count)
+  start = min(process_index * per_process, len(source))
+  stop = min(start + per_process, len(source))
+  loader = []
+  if stop > start:
+    sampler = grain.IndexSampler(stop - start, grain.NoSharding(), shuffle=False, num_epochs=1, seed=0)
+    loader = grain.DataLoader(
+        data_source=_Range(source, start, stop), sampler=sampler,
+        operations=[_eval_transform(source, image_size, crop_fraction),
+                    grain.Batch(batch, drop_remainder=False)],
+        worker_count=workers)
+  num_batches = math.ceil(per_process / batch)
   example = None
   produced = 0
   for local in loader:
@@ -89,6 +97,19 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, workers: in
         operations=[_eval_transform(source, image_size, crop_fraction)])))
   for _ in range(num_batches - produced):
     yield _pad({k: np.asarray(v)[None][:0] for k, v in example.items()}, batch)
+
+
+class _Range:
+  """Records [start, stop) of a source, as a source."""
+
+  def __init__(self, source, start: int, stop: int):
+    self.source, self.start, self.stop = source, start, stop
+
+  def __len__(self):
+    return self.stop - self.start
+
+  def __getitem__(self, index):
+    return self.source[self.start + index]
 
 
 def _pad(local: dict, size: int) -> dict:
