@@ -27,6 +27,8 @@ def initialize_distributed(dist_config) -> None:
 
   `dist_config.enabled`: "auto" (on under Slurm with >1 task, or when a
   coordinator address is set in the config or JAX_COORDINATOR_ADDRESS), "true", "false".
+  Settings left unset (address "", num_processes 0, process_id -1) are detected
+  by jax from the cluster environment (Slurm, Open MPI, Kubernetes JobSets).
   """
   mode = str(dist_config.enabled).lower()
   if mode in ("false", "0", "no", "off"):
@@ -44,9 +46,62 @@ def initialize_distributed(dist_config) -> None:
     kwargs["process_id"] = dist_config.process_id
   if dist_config.local_device_ids:
     kwargs["local_device_ids"] = [int(i) for i in str(dist_config.local_device_ids).split(",")]
+  elif (ids := slurm_process_per_node_device_ids()) is not None:
+    kwargs["local_device_ids"] = ids
+  # Cross-process collectives on the CPU backend need an implementation; without
+  # one a multi-process CPU run fails at its first all-reduce. Gloo needs nothing
+  # beyond jax's own distributed client. Only the CPU client reads this option
+  # (GPUs use NCCL), and a user's explicit choice (e.g. "mpi") is kept.
+  if jax.config.jax_cpu_collectives_implementation is None:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(**kwargs)
   logging.info("jax.distributed: process %d of %d, %d local / %d global devices",
                jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())
+
+
+def slurm_process_per_node_device_ids() -> list[int] | None:
+  """All of a node's GPUs when Slurm runs one task per node, else None (jax's default).
+
+  jax's Slurm detection assumes one process per GPU and gives process k of a
+  node only GPU k (SLURM_LOCALID). With one process per node that silently
+  trains on one GPU per node, so in that layout we hand it every GPU Slurm
+  allocated (CUDA_VISIBLE_DEVICES numbering, which starts at 0 in the process).
+  """
+  env = os.environ
+  if "SLURM_JOB_ID" not in env or "SLURM_LOCALID" not in env:
+    return None
+  tasks = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS")
+  nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES")
+  if not tasks or not nodes or int(tasks) != int(nodes):
+    return None
+  visible = env.get("CUDA_VISIBLE_DEVICES", "")
+  if visible and visible != "NoDevFiles":
+    count = len([d for d in visible.split(",") if d.strip()])
+  elif env.get("SLURM_GPUS_ON_NODE", "").isdigit():
+    count = int(env["SLURM_GPUS_ON_NODE"])
+  else:
+    return None  # no GPUs allocated through Slurm (e.g. a CPU job): nothing to restrict
+  return list(range(count)) if count else None
+
+
+_barrier_count = 0
+
+
+def sync_processes(name: str, timeout_s: int = 3600) -> None:
+  """Blocks until every process has reached this point (a no-op in one process).
+
+  A barrier of jax.distributed's coordination service, not a device
+  collective: it waits as long as `timeout_s`, whereas jax's CPU (gloo)
+  collectives give up when the processes reach their first all-reduce more
+  than ~30 s apart (e.g. because one of them compiled the step slower).
+  """
+  global _barrier_count
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed  # the client orbax's barriers use too; no public handle
+  _barrier_count += 1  # barrier ids must not repeat
+  distributed.global_state.client.wait_at_barrier(f"jaxnet_{_barrier_count}_{name}",
+                                                  timeout_in_ms=timeout_s * 1000)
 
 
 def make_mesh(num_devices: int = 0) -> Mesh:
@@ -67,23 +122,27 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def check_batch_size(global_batch_size: int, mesh: Mesh) -> int:
+def check_batch_size(global_batch_size: int, mesh: Mesh, key: str = "batch_size") -> int:
   """Per-device batch; a batch that does not split evenly is a configuration error."""
   devices = mesh.shape[DATA_AXIS]
   if global_batch_size % devices:
     raise ValueError(
-        f"batch_size={global_batch_size} does not divide evenly over {devices} devices; "
-        f"set --config.batch_size to a multiple of {devices}")
+        f"{key}={global_batch_size} does not divide evenly over {devices} devices; "
+        f"set --config.{key} to a multiple of {devices}")
   return global_batch_size // devices
 
 
 def bn_num_groups(bn_group_size: int, mesh: Mesh) -> int:
   """Number of batch-norm groups for statistics over `bn_group_size` devices (0 = all)."""
   devices = mesh.shape[DATA_AXIS]
-  if not bn_group_size or bn_group_size >= devices:
+  if not bn_group_size:
     return 1
-  if devices % bn_group_size:
-    raise ValueError(f"model.bn_group_size={bn_group_size} does not divide {devices} devices")
+  # A group larger than the mesh (e.g. a 16-device recipe run on 8) cannot be
+  # formed; silently falling back to global statistics would change the recipe.
+  if bn_group_size < 0 or devices % bn_group_size:
+    raise ValueError(f"model.bn_group_size={bn_group_size} does not divide the {devices} devices "
+                     f"of the mesh; use a divisor of {devices}, or 0 for statistics over the "
+                     f"global batch")
   return devices // bn_group_size
 
 

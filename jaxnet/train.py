@@ -36,6 +36,8 @@ class Experiment:
     self.config, self.workdir = config, workdir
     self.mesh = parallel.make_mesh(config.mesh.num_devices)
     parallel.check_batch_size(config.batch_size, self.mesh)
+    if config.data.eval_batch_size:  # checked now, not after training when the first eval runs
+      parallel.check_batch_size(config.data.eval_batch_size, self.mesh, "data.eval_batch_size")
     self.policy = precision.get_policy(config.precision)
     self.process_index, self.process_count = jax.process_index(), jax.process_count()
 
@@ -112,12 +114,28 @@ class Experiment:
         self.eval_source, global_batch_size=c.data.eval_batch_size or c.batch_size,
         image_size=c.image_size, workers=c.data.workers, process_index=self.process_index,
         process_count=self.process_count, crop_fraction=c.data.eval_crop_fraction):
-      out = self.eval_step(state, parallel.to_global(local, self.batch_sharding))
+      batch = parallel.to_global(local, self.batch_sharding)
+      if sums is None:
+        _compile_then_sync(self.eval_step, (state, batch), "eval_step compiled")
+      out = self.eval_step(state, batch)
       sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
     sums = jax.device_get(sums)
     count = max(float(sums["count"]), 1.0)
     return {"eval/loss": float(sums["loss"]) / count, "eval/top1": float(sums["top1"]) / count,
             "eval/top5": float(sums["top5"]) / count, "eval/examples": int(sums["count"])}
+
+
+def _compile_then_sync(jitted, args, name: str) -> None:
+  """Multi-process runs: compile `jitted` for `args` now, then wait for every process.
+
+  The first execution of a step is the processes' first collective; jax's CPU
+  (gloo) collectives fail if the processes arrive more than ~30 s apart, as a
+  slower compile on one host makes them. Compiled here, the call that follows
+  hits jit's cache.
+  """
+  if jax.process_count() > 1:
+    jitted.lower(*args).compile()
+    parallel.sync_processes(name)
 
 
 class _Preemption:
@@ -224,6 +242,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
     return ckpt.save(manager, step, state, iterator_state, config_dict)
 
   step = start_step
+  if step < total:
+    fill()
+    _compile_then_sync(exp.train_step, (state, prefetched[0][0]), "train_step compiled")
   with _Preemption() as preemption:
     while step < total:
       if exp.train_image_size(step) != image_size:
