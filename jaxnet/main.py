@@ -20,33 +20,20 @@ _MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"],
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def setup_runtime(workdir: str) -> None:
-  """Process-wide jax settings; must run before jax picks a backend."""
-  from jaxnet import parallel
-  parallel.set_default_xla_flags()
-  import jax
-  # Persistent compilation cache: a rerun (resume, eval, the next experiment)
-  # loads the compiled step instead of compiling it again.
-  cache = os.environ.get("JAXNET_COMPILATION_CACHE") or os.path.join(
-      os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "jaxnet", "xla")
-  jax.config.update("jax_compilation_cache_dir", cache)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   config = _CONFIG.value
   workdir = _WORKDIR.value
   logging.set_verbosity(logging.WARNING)
-  setup_runtime(workdir)
-  from jaxnet import parallel, train
-  parallel.initialize_distributed(config.distributed)
+  # The command line is a front end to the Python API: the same runtime setup
+  # (XLA flags, compilation cache, jax.distributed) and the same training code.
+  from jaxnet import api, train
   try:
     if _MODE.value == "train":
-      train.train_and_evaluate(config, workdir)
+      api.train(config, workdir)
     else:
-      train.evaluate_checkpoint(config, workdir)
+      api.evaluate(workdir, config)
   except (FileNotFoundError, ValueError, train.NonFiniteLossError) as e:
     # Problems with the user's data or config: one clear message, no traceback.
     if os.environ.get("JAXNET_DEBUG"):

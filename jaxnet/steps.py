@@ -97,10 +97,11 @@ def make_eval_step(model, policy: precision_lib.Policy, *, num_classes: int, mea
   """Returns `eval_step(state, batch) -> sums`: metric *sums* and the example count,
   so that batches (including the padded last one) add up exactly."""
 
+  logits_fn = make_logits_fn(model, policy, mean=mean, std=std)
+
   def eval_step(state: TrainState, batch):
-    params = state.ema_params if use_ema else state.params
-    images = normalize(batch["image"], mean, std, policy.compute_dtype)
-    logits = model.apply({"params": params, "batch_stats": state.batch_stats}, images, train=False)
+    logits = logits_fn(eval_variables(state.params, state.ema_params, state.batch_stats, use_ema),
+                       batch["image"])
     mask = batch["mask"].astype(jnp.float32)
     loss = cross_entropy(logits, batch["label"], num_classes)
     top5 = jax.lax.top_k(logits, min(5, num_classes))[1]
@@ -113,3 +114,23 @@ def make_eval_step(model, policy: precision_lib.Policy, *, num_classes: int, mea
     }
 
   return eval_step
+
+
+def eval_variables(params, ema_params, batch_stats, use_ema: bool) -> dict:
+  """The model variables eval uses: EMA params when the run keeps an EMA."""
+  return {"params": ema_params if use_ema else params, "batch_stats": batch_stats}
+
+
+def make_logits_fn(model, policy: precision_lib.Policy, *, mean, std):
+  """Returns `logits_fn(variables, images) -> float32 logits`, the model in eval mode.
+
+  `images` are uint8 NHWC, as the pipeline delivers them; normalization is inside.
+  The eval step, the Python API's Predictor and `jaxnet.export` all call this
+  one function, so their logits agree by construction.
+  """
+
+  def logits_fn(variables, images):
+    x = normalize(images, mean, std, policy.compute_dtype)
+    return model.apply(variables, x, train=False)
+
+  return logits_fn

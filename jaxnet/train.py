@@ -29,6 +29,19 @@ class NonFiniteLossError(RuntimeError):
   pass
 
 
+def build_model(config, num_classes: int, bn_num_groups: int = 1):
+  """The model of `config` (also used by jaxnet.api to rebuild a trained model).
+
+  bn_num_groups only changes how training computes BN statistics, not the
+  variables, so inference can rebuild the model with the default of 1.
+  """
+  return models.create(
+      config.model.name, num_classes=num_classes,
+      dtype=precision.get_policy(config.precision).compute_dtype,
+      bn_momentum=config.model.bn_momentum, bn_epsilon=config.model.bn_epsilon,
+      bn_num_groups=bn_num_groups, zero_init_last_bn=config.model.zero_init_last_bn)
+
+
 class Experiment:
   """Everything built from a config before the first step: data, model, optimizer, jitted steps."""
 
@@ -60,11 +73,8 @@ class Experiment:
     self.steps_per_epoch = max(train_len // config.batch_size, 1)
     self.total_steps = config.total_steps or math.ceil(config.num_epochs * self.steps_per_epoch)
 
-    self.model = models.create(
-        config.model.name, num_classes=self.num_classes, dtype=self.policy.compute_dtype,
-        bn_momentum=config.model.bn_momentum, bn_epsilon=config.model.bn_epsilon,
-        bn_num_groups=parallel.bn_num_groups(config.model.bn_group_size, self.mesh),
-        zero_init_last_bn=config.model.zero_init_last_bn)
+    self.model = build_model(config, self.num_classes,
+                             parallel.bn_num_groups(config.model.bn_group_size, self.mesh))
     self.schedule = optim.learning_rate_schedule(config.optim, config.batch_size, self.total_steps,
                                                  self.steps_per_epoch)
     self.tx = optim.make_optimizer(config.optim, self.schedule)
@@ -199,6 +209,9 @@ def _write_run_info(workdir: str, config, exp: Experiment) -> None:
          "total_steps": exp.total_steps, "steps_per_epoch": exp.steps_per_epoch}
   with open(os.path.join(workdir, "environment.json"), "w") as f:
     json.dump(env, f, indent=2)
+  # What predict/export need to rebuild the model without the dataset at hand.
+  with open(os.path.join(workdir, "classes.json"), "w") as f:
+    json.dump({"num_classes": exp.num_classes, "class_names": exp.class_names}, f, indent=2)
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
@@ -274,12 +287,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
               f"optim.warmup_epochs or optim.grad_clip_norm, or use precision=bf16/fp32 instead of fp16.")
         logged["train/images_per_sec"] = progress.rate(step)
         logged["train/epoch"] = step / exp.steps_per_epoch
+        logged["time"] = progress.elapsed()  # seconds since this process started training
         progress.report(step, logged, logged["train/images_per_sec"])
         writer.write(step, logged)
 
       if config.eval_every_steps and step % config.eval_every_steps == 0 and step != total:
         eval_metrics = exp.evaluate(state)
-        writer.write(step, eval_metrics)
+        writer.write(step, {**eval_metrics, "time": progress.elapsed()})
         if is_chief:
           print(f"eval at step {step}: top1 {eval_metrics['eval/top1']:.4f}  "
                 f"loss {eval_metrics['eval/loss']:.4f}", flush=True)
@@ -299,7 +313,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   if step > start_step or manager.latest_step() != step:
     save(step)
   eval_metrics = exp.evaluate(state)
-  writer.write(step, {**eval_metrics, "train/elapsed_sec": progress.elapsed()})
+  elapsed = progress.elapsed()
+  writer.write(step, {**eval_metrics, "train/elapsed_sec": elapsed, "time": elapsed})
   manager.wait_until_finished()
   manager.close()
   writer.close()

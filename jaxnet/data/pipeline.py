@@ -68,7 +68,9 @@ def train_loader(source, *, global_batch_size: int, image_size: int, seed: int, 
       worker_count=workers, worker_buffer_size=worker_buffer_size,
       # Grain's default read-ahead of 500 records costs ~15% CPU in bookkeeping
       # (measured in experiments/bench_input.py); 128 keeps the workers fed.
-      read_options=grain.ReadOptions(prefetch_buffer_size=128))
+      # In-memory sources need no reader threads; files (JPEG folders, ArrayRecord) do.
+      read_options=grain.ReadOptions(num_threads=16 if source.encoded else 1,
+                                     prefetch_buffer_size=128))
 
 
 def eval_batches(source, *, global_batch_size: int, image_size: int, workers: int = 0,

@@ -1,0 +1,123 @@
+"""Configs for the Python API: load a config file or a workdir's config.json, apply overrides.
+
+The command line gets the same locked ConfigDict from ml_collections'
+config_flags; this module is what the API uses instead of flags. Both start
+from a config file's `get_config()`, lock it, then apply overrides, so a
+mistyped key is an error in both.
+"""
+
+import difflib
+import importlib.util
+import json
+import os
+
+import ml_collections
+
+from jaxnet.config_base import base_config
+
+
+class ConfigOverrideError(ValueError):
+  """An override names a key the config does not have, or has the wrong type."""
+
+
+def load(path: str, overrides: dict | None = None) -> ml_collections.ConfigDict:
+  """A locked config from `configs/NAME.py[:ARG]`, a `config.json`, or a workdir holding one.
+
+  `overrides` maps dotted keys to values: {"optim.learning_rate": 0.1, "total_steps": 50}.
+  """
+  if os.path.isdir(path):
+    config = from_json(os.path.join(path, "config.json"))
+  elif path.endswith(".json"):
+    config = from_json(path)
+  else:
+    config = from_file(path)
+  config.lock()
+  apply_overrides(config, overrides or {})
+  return config
+
+
+def from_file(spec: str) -> ml_collections.ConfigDict:
+  """Runs `get_config()` of a config file; `path.py:ARG` passes ARG, as config_flags does."""
+  path, _, arg = spec.partition(":") if not os.path.exists(spec) else (spec, "", "")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"config file {path!r} not found")
+  module_spec = importlib.util.spec_from_file_location("_jaxnet_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def from_json(path: str) -> ml_collections.ConfigDict:
+  """Rebuilds the ConfigDict that train.py saved as JSON (WORKDIR/config.json).
+
+  JSON has no tuples, so values come back as lists; merging onto `base_config()`
+  restores each known key's type (a list assigned to a tuple field becomes a
+  tuple). Keys the base does not know (a config file's own additions) are kept,
+  with lists turned into tuples, the only sequence type configs use.
+  """
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} not found: is this a workdir written by jaxnet training?")
+  with open(path) as f:
+    saved = json.load(f)
+  config = base_config()
+  _merge(config, saved)
+  return config
+
+
+def _merge(node: ml_collections.ConfigDict, values: dict) -> None:
+  for key, value in values.items():
+    if key in node and isinstance(node[key], ml_collections.ConfigDict) and isinstance(value, dict):
+      _merge(node[key], value)
+    elif key in node and value is not None:
+      node[key] = value
+    else:
+      node[key] = _as_config_value(value)
+
+
+def _as_config_value(value):
+  if isinstance(value, dict):
+    return ml_collections.ConfigDict({k: _as_config_value(v) for k, v in value.items()})
+  if isinstance(value, list):
+    return tuple(_as_config_value(v) for v in value)
+  return value
+
+
+def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+  keys = []
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      keys += flat_keys(value, f"{prefix}{key}.")
+    else:
+      keys.append(f"{prefix}{key}")
+  return keys
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: dict) -> None:
+  """Sets dotted keys on a (locked) config; a missing key or a wrong type raises ConfigOverrideError."""
+  known = flat_keys(config)
+  for dotted, value in _flatten(overrides).items():
+    *parents, leaf = dotted.split(".")
+    node = config
+    for part in parents:
+      node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+    if not isinstance(node, ml_collections.ConfigDict) or leaf not in node or \
+        isinstance(node[leaf], ml_collections.ConfigDict):
+      close = difflib.get_close_matches(dotted, known, n=3)
+      hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+      raise ConfigOverrideError(f"the config has no key {dotted!r}.{hint} "
+                                f"Config keys are listed in jaxnet/config_base.py.")
+    try:
+      node[leaf] = value
+    except TypeError as e:
+      raise ConfigOverrideError(f"config key {dotted!r}: {e}") from None
+
+
+def _flatten(overrides: dict, prefix: str = "") -> dict:
+  """{"optim": {"learning_rate": 0.1}} and {"optim.learning_rate": 0.1} mean the same."""
+  flat = {}
+  for key, value in overrides.items():
+    if isinstance(value, dict):
+      flat.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat

@@ -1,0 +1,100 @@
+"""Serialize a trained model's inference function with `jax.export`, and load it back.
+
+  python -m jaxnet.export --workdir=DIR --out=FILE [--step=N] [--platforms=cpu,cuda]
+
+The exported function is `logits = f(images)`:
+  images  uint8 (batch, H, W, C), the preprocessed images (jaxnet/preprocess.py);
+          batch is symbolic, so any batch size runs the same file
+  logits  float32 (batch, num_classes)
+Normalization and the model in eval mode (BN running statistics, EMA params
+when the run kept an EMA) are inside: it is `steps.make_logits_fn`, the function
+the eval step runs. The params are baked in as constants, so FILE alone is the
+model; no jaxnet, Flax or checkpoint is needed to run it, only jax:
+
+  exported = jax.export.deserialize(bytearray(open(FILE, "rb").read()))
+  logits = exported.call(images)
+
+FILE.json beside it records the input shape and the class names.
+`platforms` lists the backends to lower for (default: the one exporting).
+"""
+
+import argparse
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def export(predictor, platforms=None) -> "jax.export.Exported":
+  """The Predictor's eval-mode function with its variables baked in, batch-polymorphic."""
+  variables = predictor.variables
+  logits_fn = predictor.logits_fn
+
+  def infer(images):
+    return logits_fn(variables, images)
+
+  batch = jax.export.symbolic_shape("b")[0]
+  spec = jax.ShapeDtypeStruct((batch, *predictor.image_shape), jnp.uint8)
+  return jax.export.export(jax.jit(infer), platforms=platforms)(spec)
+
+
+def save(predictor, path: str, platforms=None) -> None:
+  exported = export(predictor, platforms)
+  with open(path, "wb") as f:
+    f.write(exported.serialize())
+  with open(path + ".json", "w") as f:
+    json.dump({"image_shape": list(predictor.image_shape), "dtype": "uint8",
+               "class_names": predictor.class_names, "platforms": list(exported.platforms),
+               "workdir": str(predictor.workdir), "step": predictor.step}, f, indent=2)
+
+
+class ExportedModel:
+  """A loaded export: call it on a uint8 (batch, H, W, C) array to get float32 logits."""
+
+  def __init__(self, exported, metadata: dict | None = None):
+    self.exported = exported
+    self.metadata = metadata or {}
+    self.class_names = self.metadata.get("class_names")
+    self.image_shape = tuple(exported.in_avals[0].shape[1:])
+
+  def __call__(self, images) -> jax.Array:
+    images = np.asarray(images)
+    if images.dtype != np.uint8:  # a cast would silently wrap or truncate pixel values
+      raise TypeError(f"images must be uint8 (batch, {', '.join(map(str, self.image_shape))}), "
+                      f"got {images.dtype}")
+    return self.exported.call(images)
+
+
+def load(path: str) -> ExportedModel:
+  with open(path, "rb") as f:
+    exported = jax.export.deserialize(bytearray(f.read()))
+  try:
+    with open(path + ".json") as f:
+      metadata = json.load(f)
+  except FileNotFoundError:  # the metadata is a convenience; the function stands alone
+    metadata = None
+  return ExportedModel(exported, metadata)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m jaxnet.export", description=__doc__.split("\n\n")[0])
+  parser.add_argument("--workdir", required=True, help="a training workdir with checkpoints")
+  parser.add_argument("--out", required=True, help="file to write the serialized function to")
+  parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+  parser.add_argument("--platforms", default=None,
+                      help="comma-separated backends to lower for, e.g. cpu,cuda (default: this one)")
+  args = parser.parse_args(argv)
+
+  from jaxnet import api
+  predictor = api.restore(args.workdir, step=args.step)
+  platforms = args.platforms.split(",") if args.platforms else None
+  save(predictor, args.out, platforms)
+  print(f"exported step {predictor.step} of {args.workdir} to {args.out} "
+        f"(input uint8 (batch, {', '.join(map(str, predictor.image_shape))}))")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,73 @@
+"""Image files -> the uint8 NHWC arrays a trained model was evaluated on.
+
+Prediction must see images the way eval saw them:
+  array sources (digits, synthetic) hold whole images already resized to
+    image_size (digits: bilinear upsampling of the 8x8 originals), so a file is
+    converted to the model's channels (L or RGB) and resized the same way;
+  encoded sources (imagefolder, tfds) go through the input pipeline's own eval
+    transform (decode, resize, center crop of config.data.eval_crop_fraction).
+Normalization (mean/std) is not done here: it is part of the model function.
+"""
+
+import io
+import os
+
+import numpy as np
+from PIL import Image
+
+# Sources whose records are decoded arrays rather than JPEG bytes (see data/sources.py).
+ARRAY_SOURCES = ("digits", "synthetic")
+
+
+class _EncodedSource:
+  encoded = True  # all pipeline._eval_transform asks of a source
+
+
+def load_image(image, config, channels: int) -> np.ndarray:
+  """A path, bytes, PIL image or HxW[xC] array -> uint8 (image_size, image_size, channels)."""
+  size = config.image_size
+  if config.data.source in ARRAY_SOURCES:
+    pil = _to_pil(image).convert("L" if channels == 1 else "RGB")
+    if pil.size != (size, size):
+      pil = pil.resize((size, size), Image.BILINEAR)
+    out = np.asarray(pil, np.uint8)
+    return out[..., None] if channels == 1 else out
+  from jaxnet.data import pipeline
+  transform = pipeline._eval_transform(_EncodedSource(), size, config.data.eval_crop_fraction)
+  example = transform.map({"image": _to_bytes(image), "label": np.int32(0)})
+  if not example["mask"]:
+    raise ValueError(f"could not decode image {image if isinstance(image, str) else ''}".strip())
+  out = np.asarray(example["image"], np.uint8)
+  if channels == 1 and out.shape[-1] == 3:
+    out = np.asarray(Image.fromarray(out).convert("L"), np.uint8)[..., None]
+  return out
+
+
+def load_batch(images, config, channels: int) -> np.ndarray:
+  return np.stack([load_image(im, config, channels) for im in images])
+
+
+def _to_pil(image) -> Image.Image:
+  if isinstance(image, Image.Image):
+    return image
+  if isinstance(image, (str, os.PathLike)):
+    with Image.open(image) as im:
+      im.load()
+      return im
+  if isinstance(image, bytes):
+    return Image.open(io.BytesIO(image))
+  array = np.asarray(image)
+  if array.ndim == 3 and array.shape[-1] == 1:
+    array = array[..., 0]
+  return Image.fromarray(array.astype(np.uint8))
+
+
+def _to_bytes(image) -> bytes:
+  if isinstance(image, bytes):
+    return image
+  if isinstance(image, (str, os.PathLike)):
+    with open(image, "rb") as f:
+      return f.read()
+  buffer = io.BytesIO()
+  _to_pil(image).convert("RGB").save(buffer, format="PNG")
+  return buffer.getvalue()
