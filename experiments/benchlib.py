@@ -1,0 +1,72 @@
+"""Helpers shared by the experiments/ benchmarks: what machine and versions a
+table was measured with, and a median-of-repeats step timer.
+
+Imports nothing heavy, so the orchestrating processes of the benchmarks can
+print hardware and versions without starting a jax backend (on a GPU that
+would reserve device memory the worker processes need).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import time
+from importlib import metadata
+
+
+def cpu_line() -> str:
+  model = platform.processor() or "unknown CPU"
+  try:
+    with open("/proc/cpuinfo") as f:
+      model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+  except (OSError, StopIteration):
+    pass
+  usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return f"CPU: {model}, {os.cpu_count()} logical cores ({usable} usable)"
+
+
+def load_line() -> str:
+  try:
+    return "load average (1 min) %.2f on %d cores" % (os.getloadavg()[0], os.cpu_count())
+  except OSError:
+    return "load average unknown"
+
+
+def dist_version(name: str) -> str:
+  try:
+    return metadata.version(name)
+  except metadata.PackageNotFoundError:
+    return "not installed"
+
+
+def versions_line(*extra: str) -> str:
+  names = ["jax", "jaxlib", "flax", "optax", *extra]
+  return "versions: python " + platform.python_version() + ", " + ", ".join(
+      f"{n} {dist_version(n)}" for n in names)
+
+
+def date_line() -> str:
+  return "date: " + datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+
+
+def median_step_seconds(step, state, steps: int, repeats: int, sync) -> tuple[object, list[float]]:
+  """Runs `state = step(state)` `repeats` times `steps` steps; returns (state, seconds per step of each repeat).
+
+  `sync(state)` must wait for the device (jax.block_until_ready, torch.cuda.synchronize):
+  without it the clock would stop when the work is queued, not when it is done.
+  """
+  times = []
+  for _ in range(repeats):
+    sync(state)
+    start = time.perf_counter()
+    for _ in range(steps):
+      state = step(state)
+    sync(state)
+    times.append((time.perf_counter() - start) / steps)
+  return state, times
+
+
+def median(values):
+  return statistics.median(values) if values else float("nan")

@@ -1,0 +1,113 @@
+"""Every benchmark in experiments/ runs in its smallest mode and prints its table, so none can rot.
+
+These check the tables' contents and shape, never speed (speed is what the
+benchmarks print). Each runs in a subprocess on one CPU device: the 8 fake
+devices of conftest.py would make every step 8 times larger. bench_train also
+gets XLA's backend optimisation level 0, which cuts its CPU compile time by
+more than half (mostly the init): its --tiny timings mean nothing anyway,
+and the program it runs is the same.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRECISIONS = ("fp32", "bf16", "fp16")
+NUMBER = re.compile(r"^\d+(\.\d+)?$")
+
+
+def run_script(script, *args, xla_flags="", timeout=420):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags, "PYTHONUNBUFFERED": "1"}
+  proc = subprocess.run([sys.executable, os.path.join("experiments", script), *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=timeout, env=env)
+  assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+  return proc.stdout
+
+
+def test_bench_train_tiny_has_every_precision_and_both_peer_ratios(tmp_path):
+  out = run_script("bench_train.py", "--tiny", "--json", str(tmp_path / "r.json"),
+                   xla_flags="--xla_backend_optimization_level=0")
+  header = next(line for line in out.splitlines() if line.strip().startswith("prec"))
+  columns = header.split()
+  assert "jaxnet/flax" in columns and "jaxnet/torch" in columns and "MFU" in columns
+  rows = {line.split()[0]: line.split() for line in out.splitlines()
+          if line.split() and line.split()[0] in PRECISIONS}
+  assert set(rows) == set(PRECISIONS), out
+  has_torch = importlib.util.find_spec("torch") is not None
+  for precision, cells in rows.items():
+    # 12 columns; "peak mem" is two tokens ("9.8 MiB").
+    assert len(cells) == 13, (precision, cells)
+    jaxnet_img_s, flax_ratio, torch_ratio = cells[2], cells[-3], cells[-1]
+    assert NUMBER.match(jaxnet_img_s) and float(jaxnet_img_s) > 0
+    assert NUMBER.match(flax_ratio) and 0.1 < float(flax_ratio) < 10, cells
+    if has_torch:
+      assert NUMBER.match(torch_ratio) and float(torch_ratio) > 0, cells
+    else:
+      assert torch_ratio == "-"
+  if not has_torch:
+    assert "torch is not installed" in out
+  assert "CPU:" in out and "devices: 1 x cpu" in out and "versions: python" in out and "date:" in out
+
+  record = json.loads((tmp_path / "r.json").read_text())
+  by_precision = {r["precision"]: r for r in record["rows"]}
+  assert set(by_precision) == set(PRECISIONS)
+  for r in by_precision.values():
+    assert r["flops_per_step_per_device"] > 0 and r["compile_s"] > 0 and r["peak_bytes"] > 0
+    assert r["jaxnet_over_flax"] == pytest.approx(r["img_s"] / r["flax_img_s"])
+    assert len(r["repeat_ms"]) == len(r["flax_repeat_ms"]) == 2
+  assert by_precision["fp16"]["skipped_steps"] >= 0  # read from jaxnet's fp16 loss-scale state
+
+
+def test_peak_table_picks_the_device_and_precision():
+  spec = importlib.util.spec_from_file_location("bench_train", os.path.join(REPO, "experiments", "bench_train.py"))
+  bench_train = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench_train)
+
+  class Args:
+    peak_tflops = peak_tflops_fp32 = None
+
+  assert bench_train.peak_for("NVIDIA H100 80GB HBM3", "bf16", Args)[0] == 989.0
+  assert bench_train.peak_for("NVIDIA H100 80GB HBM3", "fp32", Args)[0] == 494.5  # TF32
+  assert bench_train.peak_for("NVIDIA H100 PCIe", "fp16", Args)[0] == 756.0
+  assert bench_train.peak_for("NVIDIA H200", "bf16", Args)[0] == 989.0
+  assert bench_train.peak_for("NVIDIA A100-SXM4-80GB", "bf16", Args)[0] == 312.0
+  assert bench_train.peak_for("cpu", "bf16", Args)[0] is None
+  Args.peak_tflops = 100.0
+  assert bench_train.peak_for("cpu", "bf16", Args) == (100.0, "--peak-tflops")
+  assert bench_train.peak_for("cpu", "fp32", Args)[0] is None
+
+
+def test_time_to_accuracy_quick_reaches_both_targets(tmp_path):
+  out = run_script("time_to_accuracy.py", "--quick", "--json", str(tmp_path / "t.json"))
+  record = json.loads((tmp_path / "t.json").read_text())
+  runs = {r["run"]: r for r in record["results"]}
+  assert set(runs) == {"digits", "imagefolder"}
+  assert runs["digits"]["target"] == 0.97
+  for r in runs.values():
+    assert r["reached"] and r["top1"] >= r["target"], r
+    assert 0 < r["from_loop_s"] < r["from_launch_s"]
+    assert r["epochs"] > 0 and r["images_per_sec"] > 0
+    assert r["returncode"] == 0  # jaxnet took the SIGTERM as a preemption and exited cleanly
+  table = [line.split() for line in out.splitlines() if line.split()[:1] in (["digits"], ["imagefolder"])]
+  assert len(table) == 2 and all(row[3] == "yes" for row in table), out
+
+
+def test_bench_input_quick_prints_both_tables():
+  out = run_script("bench_input.py", "--quick", "--workers", "0,1")
+  assert "hardware:" in out
+  assert "PIL: full decode + crop + resize" in out
+  workers = [line.split()[0] for line in out.splitlines() if re.match(r"^\s*[01]( \(in-process\))?\s+\d", line)]
+  assert workers == ["0", "1"], out
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(REPO, "experiments", "bench_scaling.py")),
+                    reason="experiments/bench_scaling.py is not on this branch yet")
+def test_bench_scaling_quick():
+  out = run_script("bench_scaling.py", "--quick")
+  assert out.strip()
