@@ -16,7 +16,7 @@ from jaxnet.models import resnet, summary
 from jaxnet.models.batchnorm import BatchNorm
 from jaxnet.precision import LossScale
 
-import models_helpers as H
+from tests import models_helpers as H
 
 # torchvision's published parameter counts (1000 classes), e.g. the "num_params"
 # of ResNet50_Weights.IMAGENET1K_V1 etc.; our v1.5 models differ from them only

@@ -13,7 +13,7 @@ from jaxnet.data import pipeline
 from jaxnet.data.sources import ArraySource
 from jaxnet.precision import LossScale
 
-import models_helpers as H
+from tests import models_helpers as H
 
 GROWTH_INTERVAL = 2
 
