@@ -88,12 +88,14 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, workers: in
   start, end = _shard_bounds(len(source), process_index, process_count)
   shard = _Slice(source, start, end)
   _ensure_absl_flags_parsed()
-  loader = grain.DataLoader(
-      data_source=shard,
-      sampler=grain.IndexSampler(len(shard), grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
-      operations=[_eval_transform(source, image_size, crop_fraction),
-                  grain.Batch(batch, drop_remainder=False)],
-      worker_count=workers)
+  loader = []  # a process with no records (more processes than records) yields only padding
+  if len(shard):
+    loader = grain.DataLoader(
+        data_source=shard,
+        sampler=grain.IndexSampler(len(shard), grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
+        operations=[_eval_transform(source, image_size, crop_fraction),
+                    grain.Batch(batch, drop_remainder=False)],
+        worker_count=workers)
   num_batches = math.ceil(_shard_bounds(len(source), 0, process_count)[1] / batch)
   example = None
   produced = 0
