@@ -38,6 +38,7 @@ import PIL  # noqa: E402
 import simplejpeg  # noqa: E402
 from PIL import Image  # noqa: E402
 
+import benchlib  # noqa: E402  (experiments/benchlib.py, beside this script)
 from jaxnet.data.imagefolder import ImageFolderSource  # noqa: E402
 from jaxnet.data.make_imagefolder import make_imagefolder  # noqa: E402
 from jaxnet.data.transforms import TrainDecodeCrop, random_resized_crop_box  # noqa: E402
@@ -52,29 +53,12 @@ IMAGE_SIZE = 224
 BILINEAR = Image.Resampling.BILINEAR
 
 
-def hardware_line() -> str:
-  model = platform.processor() or "unknown CPU"
-  try:
-    with open("/proc/cpuinfo") as f:
-      model = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-  except (OSError, StopIteration):
-    pass
-  usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return (f"hardware: {model}, {os.cpu_count()} logical cores ({usable} usable), "
-          f"{platform.system()} {platform.machine()}")
-
-
 def versions_line() -> str:
   parts = [f"python {platform.python_version()}", f"numpy {np.__version__}",
            f"Pillow {PIL.__version__}", f"simplejpeg {simplejpeg.__version__}",
-           f"grain {getattr(grain, '__version__', None) or _dist_version('grain')}"]
+           f"grain {getattr(grain, '__version__', None) or benchlib.dist_version('grain')}"]
   parts.append(f"opencv {cv2.__version__}" if cv2 else "opencv not installed")
   return "versions: " + ", ".join(parts)
-
-
-def _dist_version(name: str) -> str:
-  from importlib.metadata import version
-  return version(name)
 
 
 # --- single-process decoders: same crop geometry, different libraries ------
@@ -161,13 +145,6 @@ def _descendants(pid: int) -> list[int]:
   return found
 
 
-def load_line() -> str:
-  try:
-    return "load average (1 min): %.2f" % os.getloadavg()[0]
-  except OSError:
-    return "load average: unknown"
-
-
 def time_loop(fn, blobs: list[bytes], seconds: float) -> tuple[float, float]:
   """(images per wall second, images per CPU second) of fn over blobs."""
   rng = np.random.default_rng(0)
@@ -194,7 +171,7 @@ def decoder_table(blobs: list[bytes], seconds: float, title: str = "1)") -> floa
   methods.append(("simplejpeg: reduced DCT + PIL resize (TrainDecodeCrop)", jaxnet_train))
   print(f"\n{title} single process, one core, {len(blobs)} JPEGs in memory, "
         f"decode + random-resized-crop + resize {IMAGE_SIZE} + flip "
-        f"(best of 3 interleaved rounds; {load_line()})", flush=True)
+        f"(best of 3 interleaved rounds; {benchlib.load_line()})", flush=True)
   # Interleaved rounds, best of each: a shared VM's noise hits all methods
   # alike instead of whichever happened to run during a hiccup.
   rounds = 3
@@ -254,7 +231,7 @@ def grain_table(root: str, workers_list: list[int], batch_size: int,
   buffer = "grain default" if prefetch_buffer is None else prefetch_buffer
   print(f"\n2) grain DataLoader: shuffled IndexSampler, TrainDecodeCrop({IMAGE_SIZE}), "
         f"Batch({batch_size}, drop_remainder=True), read prefetch buffer {buffer}; "
-        f"files read from disk; {os.cpu_count()} cores; {load_line()}")
+        f"files read from disk; {os.cpu_count()} cores; {benchlib.load_line()}")
   print(f"{'workers':>14s} {'images/s':>9s} {'per worker':>10s} {'img/CPU-s':>9s} "
         f"{'vs PIL loop':>11s} {'1st batch s':>11s}")
   for workers in workers_list:
@@ -286,7 +263,7 @@ def main(argv=None) -> None:
   batch_size = args.batch_size or (32 if quick else 128)
   workers = [int(w) for w in (args.workers or ("0,1,2" if quick else "0,1,2,4")).split(",")]
 
-  print(hardware_line())
+  print(f"hardware: {benchlib.cpu_line()}, {platform.system()} {platform.machine()}")
   print(versions_line())
   with tempfile.TemporaryDirectory() as tmp:
     root = args.dir
