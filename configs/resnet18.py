@@ -10,10 +10,10 @@ ResNet-152 ~79%); not yet measured by jaxnet.
 
 import os
 
-from jaxnet.config_base import config_from_file
+from jaxnet.config_io import from_file
 
 
 def get_config(variant: str = "standard"):
-  c = config_from_file(os.path.join(os.path.dirname(__file__), "resnet50.py"), variant)
+  c = from_file(os.path.join(os.path.dirname(__file__), "resnet50.py") + ":" + variant)
   c.model.name = "resnet18"
   return c

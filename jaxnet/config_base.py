@@ -81,13 +81,3 @@ def base_config() -> ml_collections.ConfigDict:
   c.distributed.local_device_ids = ""
   return c
 
-
-def config_from_file(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
-  """Calls `get_config(arg)` of a config file given by path (how config files reuse each other)."""
-  import importlib.util
-  import os
-  name = "jaxnet_config_" + os.path.splitext(os.path.basename(path))[0]
-  spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg) if arg is not None else module.get_config()
