@@ -19,10 +19,6 @@ from PIL import Image
 ARRAY_SOURCES = ("digits", "synthetic")
 
 
-class _EncodedSource:
-  encoded = True  # all pipeline._eval_transform asks of a source
-
-
 def load_image(image, config, channels: int) -> np.ndarray:
   """A path, bytes, PIL image or HxW[xC] array -> uint8 (image_size, image_size, channels)."""
   size = config.image_size
@@ -32,9 +28,8 @@ def load_image(image, config, channels: int) -> np.ndarray:
       pil = pil.resize((size, size), Image.BILINEAR)
     out = np.asarray(pil, np.uint8)
     return out[..., None] if channels == 1 else out
-  from jaxnet.data import pipeline
-  transform = pipeline._eval_transform(_EncodedSource(), size, config.data.eval_crop_fraction)
-  example = transform.map({"image": _to_bytes(image), "label": np.int32(0)})
+  from jaxnet.data.transforms import EvalDecodeCrop  # the pipeline's own eval transform
+  example = EvalDecodeCrop(size, config.data.eval_crop_fraction).map({"image": _to_bytes(image), "label": np.int32(0)})
   if not example["mask"]:
     raise ValueError(f"could not decode image {image if isinstance(image, str) else ''}".strip())
   out = np.asarray(example["image"], np.uint8)
