@@ -39,6 +39,7 @@ import simplejpeg  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import benchlib  # noqa: E402  (experiments/benchlib.py, beside this script)
+from jaxnet.data import pipeline  # noqa: E402
 from jaxnet.data.imagefolder import ImageFolderSource  # noqa: E402
 from jaxnet.data.make_imagefolder import make_imagefolder  # noqa: E402
 from jaxnet.data.transforms import TrainDecodeCrop, random_resized_crop_box  # noqa: E402
@@ -200,14 +201,16 @@ def grain_rate(root: str, workers: int, batch_size: int, seconds: float,
                prefetch_buffer: int | None):
   """(images/s, images per CPU-second, seconds to first batch)."""
   source = ImageFolderSource(root, "train")
-  read_options = None
-  if prefetch_buffer is not None:
-    read_options = grain.ReadOptions(prefetch_buffer_size=prefetch_buffer)
-  loader = grain.DataLoader(
-      data_source=source,
-      sampler=grain.IndexSampler(len(source), shuffle=True, num_epochs=None, seed=0),
-      operations=[TrainDecodeCrop(IMAGE_SIZE), grain.Batch(batch_size, drop_remainder=True)],
-      worker_count=workers, worker_buffer_size=2, read_options=read_options)
+  if prefetch_buffer is None:  # jaxnet's own train pipeline, exactly as training builds it
+    loader = pipeline.train_loader(source, global_batch_size=batch_size, image_size=IMAGE_SIZE,
+                                   seed=0, workers=workers)
+  else:  # the same stages with another Grain read-ahead, to compare settings
+    loader = grain.DataLoader(
+        data_source=source,
+        sampler=grain.IndexSampler(len(source), shuffle=True, num_epochs=None, seed=0),
+        operations=[TrainDecodeCrop(IMAGE_SIZE), grain.Batch(batch_size, drop_remainder=True)],
+        worker_count=workers, worker_buffer_size=2,
+        read_options=grain.ReadOptions(prefetch_buffer_size=prefetch_buffer))
   start = time.perf_counter()
   iterator = iter(loader)
   next(iterator)  # excludes worker start-up from the rate
@@ -228,7 +231,7 @@ def grain_rate(root: str, workers: int, batch_size: int, seconds: float,
 
 def grain_table(root: str, workers_list: list[int], batch_size: int,
                 seconds: float, pil_cpu_rate: float, prefetch_buffer: int | None) -> None:
-  buffer = "grain default" if prefetch_buffer is None else prefetch_buffer
+  buffer = "as jaxnet.data.pipeline.train_loader" if prefetch_buffer is None else prefetch_buffer
   print(f"\n2) grain DataLoader: shuffled IndexSampler, TrainDecodeCrop({IMAGE_SIZE}), "
         f"Batch({batch_size}, drop_remainder=True), read prefetch buffer {buffer}; "
         f"files read from disk; {os.cpu_count()} cores; {benchlib.load_line()}")
@@ -252,7 +255,7 @@ def main(argv=None) -> None:
   parser.add_argument("--batch-size", type=int, default=None)
   parser.add_argument("--seconds", type=float, default=None, help="measuring time per row")
   parser.add_argument("--prefetch-buffer", type=int, default=None,
-                      help="grain ReadOptions.prefetch_buffer_size (default: grain's)")
+                      help="grain ReadOptions.prefetch_buffer_size (default: jaxnet's pipeline as is)")
   parser.add_argument("--large", action="store_true",
                       help="also run the decoder table on 1600x1200 re-encodes")
   args = parser.parse_args(argv)
