@@ -241,7 +241,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         f"{exp.mesh.devices.size} {jax.default_backend()} device(s), precision {config.precision}",
         flush=True)
   progress = Progress(total, config.batch_size, start_step, enabled=is_chief)
-  history, eval_metrics = [], {}
+  history = []
   prefetched = collections.deque()
 
   def fill():
@@ -276,7 +276,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
       history.append(metrics)
       step += 1
 
-      log_now = step % config.log_every_steps == 0 or step == total if config.log_every_steps else step == total
+      log_now = step == total or bool(config.log_every_steps and step % config.log_every_steps == 0)
       if log_now:
         logged = _mean_metrics(history)
         history = []
@@ -321,7 +321,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   if is_chief:
     print(f"final: step {step}  test top-1 {eval_metrics['eval/top1']:.4f}  "
           f"top-5 {eval_metrics['eval/top5']:.4f}  loss {eval_metrics['eval/loss']:.4f}  "
-          f"({progress.elapsed():.1f}s)", flush=True)
+          f"({elapsed:.1f}s)", flush=True)
   return eval_metrics
 
 
