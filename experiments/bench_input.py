@@ -5,11 +5,15 @@
 
 1. Single-process decoder comparison: decode + random-resized-crop + resize to
    224 + flip with PIL, OpenCV (if installed) and simplejpeg, same crops.
-2. Grain DataLoader (shuffled IndexSampler, TrainDecodeCrop(224), Batch) for
-   each worker count; worker_count=0 runs in-process.
+2. jaxnet.data.pipeline.train_loader (Grain DataLoader: shuffled IndexSampler,
+   TrainDecodeCrop(224), Batch) for each worker count; 0 runs in-process.
 
 Files are read into memory for (1) and from disk (page cache) for (2). Without
---dir a synthetic ImageNet-sized JPEG folder is generated in a temp dir.
+--dir a synthetic ImageNet-sized JPEG folder is generated in a temp dir. In (2)
+the sampler shuffles an ImageNet-sized index space (--epoch-size, the folder's
+files repeating): Grain's IndexSampler pays a per-epoch setup, ~0.3 ms per
+record on a 200-image epoch but ~0.08 ms on ImageNet's 1.28M, so a small
+folder taken as the epoch would overstate the pipeline's overhead.
 
 Columns: images/s is wall clock; img/CPU-s is images per CPU-second of all
 processes involved (= images/s one fully used core sustains). The latter is
@@ -39,7 +43,7 @@ import simplejpeg  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import benchlib  # noqa: E402  (experiments/benchlib.py, beside this script)
-from jaxnet.data import pipeline  # noqa: E402
+from jaxnet.data import pipeline, transforms  # noqa: E402
 from jaxnet.data.imagefolder import ImageFolderSource  # noqa: E402
 from jaxnet.data.make_imagefolder import make_imagefolder  # noqa: E402
 from jaxnet.data.transforms import TrainDecodeCrop, random_resized_crop_box  # noqa: E402
@@ -59,6 +63,8 @@ def versions_line() -> str:
            f"Pillow {PIL.__version__}", f"simplejpeg {simplejpeg.__version__}",
            f"grain {getattr(grain, '__version__', None) or benchlib.dist_version('grain')}"]
   parts.append(f"opencv {cv2.__version__}" if cv2 else "opencv not installed")
+  parts.append("region decoder " + ("built" if transforms._jpeg_region else
+                                    "NOT built (full decodes)"))
   return "versions: " + ", ".join(parts)
 
 
@@ -106,6 +112,29 @@ def _flip(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def jaxnet_train(data: bytes, rng: np.random.Generator, _op=TrainDecodeCrop(IMAGE_SIZE)):
   return _op.random_map({"image": data, "label": 0}, rng)["image"]
+
+
+def jaxnet_train_full_decode(data: bytes, rng: np.random.Generator):
+  """TrainDecodeCrop as it runs when the C region decoder is not built."""
+  region, transforms._jpeg_region = transforms._jpeg_region, None
+  try:
+    return jaxnet_train(data, rng)
+  finally:
+    transforms._jpeg_region = region
+
+
+class RepeatedSource:
+  """`source`'s records repeated up to `length`: an epoch of that many records."""
+
+  def __init__(self, source, length: int):
+    self.source, self.length = source, max(length, len(source))
+    self.encoded = source.encoded
+
+  def __len__(self):
+    return self.length
+
+  def __getitem__(self, index):
+    return self.source[index % len(self.source)]
 
 
 def cpu_seconds_of_tree() -> float:
@@ -169,7 +198,9 @@ def decoder_table(blobs: list[bytes], seconds: float, title: str = "1)") -> floa
     methods += [("OpenCV: full imdecode + INTER_AREA", opencv_full),
                 ("OpenCV: IMREAD_REDUCED_2/4/8 + INTER_AREA",
                  lambda d, r: opencv_full(d, r, reduced=True))]
-  methods.append(("simplejpeg: reduced DCT + PIL resize (TrainDecodeCrop)", jaxnet_train))
+  methods.append(("jaxnet, full decode: simplejpeg + OpenCV resize", jaxnet_train_full_decode))
+  if transforms._jpeg_region is not None:
+    methods.append(("jaxnet TrainDecodeCrop: region decode + OpenCV resize", jaxnet_train))
   print(f"\n{title} single process, one core, {len(blobs)} JPEGs in memory, "
         f"decode + random-resized-crop + resize {IMAGE_SIZE} + flip "
         f"(best of 3 interleaved rounds; {benchlib.load_line()})", flush=True)
@@ -197,20 +228,13 @@ def large_copies(blobs: list[bytes]) -> list[bytes]:
           for b in blobs]
 
 
-def grain_rate(root: str, workers: int, batch_size: int, seconds: float,
-               prefetch_buffer: int | None):
+def grain_rate(root: str, workers: int, batch_size: int, seconds: float, epoch_size: int,
+               read_threads: int):
   """(images/s, images per CPU-second, seconds to first batch)."""
-  source = ImageFolderSource(root, "train")
-  if prefetch_buffer is None:  # jaxnet's own train pipeline, exactly as training builds it
-    loader = pipeline.train_loader(source, global_batch_size=batch_size, image_size=IMAGE_SIZE,
-                                   seed=0, workers=workers)
-  else:  # the same stages with another Grain read-ahead, to compare settings
-    loader = grain.DataLoader(
-        data_source=source,
-        sampler=grain.IndexSampler(len(source), shuffle=True, num_epochs=None, seed=0),
-        operations=[TrainDecodeCrop(IMAGE_SIZE), grain.Batch(batch_size, drop_remainder=True)],
-        worker_count=workers, worker_buffer_size=2,
-        read_options=grain.ReadOptions(prefetch_buffer_size=prefetch_buffer))
+  source = RepeatedSource(ImageFolderSource(root, "train"), epoch_size)
+  # jaxnet's own train pipeline, exactly as training builds it.
+  loader = pipeline.train_loader(source, global_batch_size=batch_size, image_size=IMAGE_SIZE,
+                                 seed=0, workers=workers, read_threads=read_threads)
   start = time.perf_counter()
   iterator = iter(loader)
   next(iterator)  # excludes worker start-up from the rate
@@ -229,17 +253,17 @@ def grain_rate(root: str, workers: int, batch_size: int, seconds: float,
   return rate, cpu_rate, first
 
 
-def grain_table(root: str, workers_list: list[int], batch_size: int,
-                seconds: float, pil_cpu_rate: float, prefetch_buffer: int | None) -> None:
-  buffer = "as jaxnet.data.pipeline.train_loader" if prefetch_buffer is None else prefetch_buffer
-  print(f"\n2) grain DataLoader: shuffled IndexSampler, TrainDecodeCrop({IMAGE_SIZE}), "
-        f"Batch({batch_size}, drop_remainder=True), read prefetch buffer {buffer}; "
-        f"files read from disk; {os.cpu_count()} cores; {benchlib.load_line()}")
+def grain_table(root: str, workers_list: list[int], batch_size: int, seconds: float,
+                pil_cpu_rate: float, epoch_size: int, read_threads: int) -> None:
+  print(f"\n2) jaxnet.data.pipeline.train_loader: Grain DataLoader, shuffled IndexSampler over "
+        f"{epoch_size:,} records per epoch, TrainDecodeCrop({IMAGE_SIZE}), Batch({batch_size}), "
+        f"{read_threads} read threads per worker; files read from disk; {os.cpu_count()} cores; "
+        f"{benchlib.load_line()}")
   print(f"{'workers':>14s} {'images/s':>9s} {'per worker':>10s} {'img/CPU-s':>9s} "
         f"{'vs PIL loop':>11s} {'1st batch s':>11s}")
   for workers in workers_list:
-    rate, cpu_rate, first = grain_rate(root, workers, batch_size, seconds,
-                                       prefetch_buffer)
+    rate, cpu_rate, first = grain_rate(root, workers, batch_size, seconds, epoch_size,
+                                       read_threads)
     label = f"{workers}" + (" (in-process)" if workers == 0 else "")
     print(f"{label:>14s} {rate:9.1f} {rate / max(workers, 1):10.1f} {cpu_rate:9.1f} "
           f"{rate / pil_cpu_rate:10.2f}x {first:11.2f}", flush=True)
@@ -254,8 +278,10 @@ def main(argv=None) -> None:
   parser.add_argument("--workers", default=None, help="comma list, default 0,1,2,4 (quick: 0,1,2)")
   parser.add_argument("--batch-size", type=int, default=None)
   parser.add_argument("--seconds", type=float, default=None, help="measuring time per row")
-  parser.add_argument("--prefetch-buffer", type=int, default=None,
-                      help="grain ReadOptions.prefetch_buffer_size (default: jaxnet's pipeline as is)")
+  parser.add_argument("--epoch-size", type=int, default=1_281_167,
+                      help="records per epoch for the sampler (default: ImageNet's train split)")
+  parser.add_argument("--read-threads", type=int, default=0,
+                      help="config.data.read_threads: threads per worker reading files")
   parser.add_argument("--large", action="store_true",
                       help="also run the decoder table on 1600x1200 re-encodes")
   args = parser.parse_args(argv)
@@ -273,7 +299,7 @@ def main(argv=None) -> None:
     if root is None:
       root = tmp
       per_class = 16 if quick else 100
-      print(f"generating 10 classes x {per_class} JPEGs (~500x375, q90) in {tmp}")
+      print(f"generating 10 classes x {per_class} JPEGs (~500x375, q90, 4:2:0) in {tmp}")
       make_imagefolder(tmp, classes=10, per_class=per_class, val_per_class=1,
                        verbose=False)
     source = ImageFolderSource(root, "train")
@@ -285,7 +311,8 @@ def main(argv=None) -> None:
     pil_rate = decoder_table(blobs, seconds)
     if args.large:
       decoder_table(large_copies(blobs[:20]), seconds, "1b) 1600x1200:")
-    grain_table(root, workers, batch_size, 2 * seconds, pil_rate, args.prefetch_buffer)
+    grain_table(root, workers, batch_size, 2 * seconds, pil_rate, args.epoch_size,
+                args.read_threads)
 
 
 if __name__ == "__main__":

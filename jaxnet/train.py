@@ -114,8 +114,8 @@ class Experiment:
     c = self.config
     return pipeline.train_loader(
         self.train_source, global_batch_size=c.batch_size, image_size=image_size or c.image_size,
-        seed=c.seed,
-        workers=c.data.workers, process_index=self.process_index, process_count=self.process_count)
+        seed=c.seed, workers=c.data.workers, read_threads=c.data.read_threads,
+        process_index=self.process_index, process_count=self.process_count)
 
   def evaluate(self, state: TrainState) -> dict:
     c = self.config

@@ -152,19 +152,40 @@ def test_train_crops_differ_across_rngs():
   assert all(not np.array_equal(images[0], other) for other in images[1:])
 
 
-def test_reduced_scale_train_crop_matches_full_decode(monkeypatch):
+needs_region_decoder = pytest.mark.skipif(
+    transforms._jpeg_region is None,
+    reason="jaxnet.data._jpeg_region not built (no C compiler or libjpeg-turbo headers)")
+
+
+@pytest.fixture(params=["region", "full"])
+def decode_path(request, monkeypatch):
+  """Runs a test through the C region decoder and through the full-decode fallback."""
+  if request.param == "region" and transforms._jpeg_region is None:
+    pytest.skip("jaxnet.data._jpeg_region not built")
+  if request.param == "full":
+    monkeypatch.setattr(transforms, "_jpeg_region", None)
+  return request.param
+
+
+def test_reduced_scale_train_crop_matches_full_decode(decode_path, monkeypatch):
   """A big image and a small output take the reduced decode path; the result
   must have the right size and match a full-resolution crop + resize."""
   data = jpeg_bytes(smooth_image(1200, 1600))
-  decoded_shapes = []
+  scales = []  # the DCT scale of each decode: 1 / scales[i]
   real_decode = simplejpeg.decode_jpeg
+  if decode_path == "region":
+    real_region = transforms._jpeg_region.decode_region
 
-  def spy(*args, **kwargs):
-    out = real_decode(*args, **kwargs)
-    decoded_shapes.append(out.shape)
-    return out
-
-  monkeypatch.setattr(transforms.simplejpeg, "decode_jpeg", spy)
+    def spy(data, top, left, h, w, scale_denom, fast_dct):
+      scales.append(scale_denom)
+      return real_region(data, top, left, h, w, scale_denom, fast_dct)
+    monkeypatch.setattr(transforms, "_jpeg_region", type("Spy", (), {"decode_region": staticmethod(spy)}))
+  else:
+    def spy(*args, **kwargs):
+      out = real_decode(*args, **kwargs)
+      scales.append(1200 // out.shape[0])
+      return out
+    monkeypatch.setattr(transforms.simplejpeg, "decode_jpeg", spy)
   op = TrainDecodeCrop(64)
   for seed in range(10):
     out = op.random_map({"image": data, "label": 0}, np.random.default_rng(seed))["image"]
@@ -179,7 +200,56 @@ def test_reduced_scale_train_crop_matches_full_decode(monkeypatch):
       reference = reference[:, ::-1]
     assert np.abs(out.astype(int) - reference).mean() < 3
   # Crops of >= 8% of 1600x1200 are >= ~300 px: every decode was reduced.
-  assert decoded_shapes and all(shape[0] < 1200 for shape in decoded_shapes)
+  assert len(scales) == 10 and all(scale >= 2 for scale in scales), scales
+
+
+@needs_region_decoder
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("scale", [1, 2, 4, 8])
+def test_region_decode_equals_crop_of_full_decode(mode, scale):
+  # Odd sizes and offsets off the 8/16-pixel block grid on purpose.
+  data = jpeg_bytes(np.random.default_rng(1).integers(0, 255, (301, 457, 3), np.uint8), mode=mode)
+  full = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-301 // scale),
+                                min_width=-(-457 // scale))
+  height, width = full.shape[:2]
+  rng = np.random.default_rng(scale)
+  boxes = [(0, 0, height, width), (height - 1, width - 1, 1, 1)]
+  for _ in range(20):
+    h, w = int(rng.integers(1, height + 1)), int(rng.integers(1, width + 1))
+    boxes.append((int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w))
+  for top, left, h, w in boxes:
+    for fast in (False, True):
+      rows = transforms._jpeg_region.decode_region(data, top, left, h, w, scale, fast)
+      region = np.frombuffer(rows, np.uint8).reshape(h, w, 3)
+      reference = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fast,
+                                         min_height=height, min_width=width)
+      np.testing.assert_array_equal(region, reference[top:top + h, left:left + w])
+
+
+@needs_region_decoder
+def test_region_decode_rejects_bad_input():
+  data = jpeg_bytes(smooth_image(64, 96))
+  region = transforms._jpeg_region.decode_region
+  with pytest.raises(ValueError, match="outside"):
+    region(data, 60, 0, 8, 8, 1, False)
+  with pytest.raises(ValueError, match="Not a JPEG"):
+    region(b"GIF89a" + bytes(100), 0, 0, 8, 8, 1, False)
+  # Corrupt entropy-coded data before the region is an error, not grey pixels.
+  damaged = data[:len(data) // 2] + bytes(200) + data[len(data) // 2 + 200:]
+  with pytest.raises(ValueError):
+    region(damaged, 56, 0, 8, 96, 1, False)
+
+
+def test_truncated_jpeg_is_corrupt_even_if_the_crop_is_intact(decode_path):
+  """The region decoder could decode a crop above the cut; the file is still
+  counted as corrupt, whichever crop is drawn."""
+  data = jpeg_bytes(np.random.default_rng(0).integers(0, 255, (300, 400, 3), np.uint8))
+  cut = data[: len(data) * 3 // 4]
+  # Whole-width crop of the top rows: intact in the truncated file.
+  op = TrainDecodeCrop(32, area_range=(0.1, 0.1), ratio_range=(4, 4))
+  for seed in range(5):
+    out = op.random_map({"image": cut, "label": 1}, np.random.default_rng(seed))
+    assert out["corrupt"] == 1 and not out["mask"]
 
 
 def test_flip_happens_about_half_the_time():

@@ -45,10 +45,20 @@ import logging
 import math
 from typing import Any
 
+import cv2
 import grain.python as grain
 import numpy as np
 import simplejpeg
 from PIL import Image
+
+try:  # optional C extension (setup.py): decodes only the crop
+  from jaxnet.data import _jpeg_region
+except ImportError:
+  _jpeg_region = None
+
+# One image at a time per Grain worker process: parallelism comes from the
+# workers, and OpenCV's own thread pool would only oversubscribe the cores.
+cv2.setNumThreads(1)
 
 Box = tuple[int, int, int, int]  # (top, left, height, width) in pixels
 
@@ -163,7 +173,7 @@ def center_crop_box(height: int, width: int, image_size: int,
   return (height - side) // 2, (width - side) // 2, side, side
 
 
-def _decode_crop_resize(data: bytes, image_size: int, box_fn, fast_dct: bool = False) -> Image.Image:
+def _decode_crop_resize(data: bytes, image_size: int, box_fn, fast_dct: bool = False) -> np.ndarray:
   """Decode only as many pixels as the crop needs, then resize the crop.
 
   `box_fn(height, width)` gives the crop box in full-resolution coordinates.
@@ -174,11 +184,7 @@ def _decode_crop_resize(data: bytes, image_size: int, box_fn, fast_dct: bool = F
     # Not a baseline JPEG header (PNG, garbage): decode fully (PIL path)
     # or raise CorruptImageError.
     pixels = decode_jpeg(data)
-    height, width = pixels.shape[:2]
-    top, left, h, w = box_fn(height, width)
-    return Image.fromarray(pixels).resize(
-        (image_size, image_size), Image.Resampling.BILINEAR,
-        box=(left, top, left + w, top + h))
+    return _resize_box(pixels, box_fn(*pixels.shape[:2]), image_size)
   if height * width > MAX_PIXELS:
     raise CorruptImageError(f"JPEG header claims {width}x{height} pixels")
   top, left, h, w = box_fn(height, width)
@@ -187,11 +193,63 @@ def _decode_crop_resize(data: bytes, image_size: int, box_fn, fast_dct: bool = F
   # so the reduced decode never adds upsampling.
   min_height = min(height, math.ceil(height * image_size / h))
   min_width = min(width, math.ceil(width * image_size / w))
+  if _jpeg_region is not None:
+    factor = _dct_factor(height, width, min_height, min_width)
+    crop = _decode_region(data, height, width, (top, left, h, w), factor, fast_dct)
+    if crop is not None:
+      return _resize(crop, image_size)
   pixels = decode_jpeg(data, min_height, min_width, fast_dct)
-  scale_y, scale_x = pixels.shape[0] / height, pixels.shape[1] / width
-  box = (left * scale_x, top * scale_y, (left + w) * scale_x, (top + h) * scale_y)
-  return Image.fromarray(pixels).resize((image_size, image_size),
-                                        Image.Resampling.BILINEAR, box=box)
+  if pixels.shape[:2] != (height, width):  # reduced decode: box in its pixels
+    top, left, h, w = _scale_box((top, left, h, w), pixels.shape[0] / height,
+                                 pixels.shape[1] / width, pixels.shape[:2])
+  return _resize_box(pixels, (top, left, h, w), image_size)
+
+
+def _scale_box(box: Box, scale_y: float, scale_x: float, shape) -> Box:
+  """`box` in the pixels of an image scaled by (scale_y, scale_x) of size `shape`."""
+  top, left, h, w = box
+  top, left = min(round(top * scale_y), shape[0] - 1), min(round(left * scale_x), shape[1] - 1)
+  h = min(max(1, round(h * scale_y)), shape[0] - top)
+  w = min(max(1, round(w * scale_x)), shape[1] - left)
+  return top, left, h, w
+
+
+def _decode_region(data: bytes, height: int, width: int, box: Box, factor: int,
+                   fast_dct: bool) -> np.ndarray | None:
+  """Only the crop, decoded at 1/factor scale by libjpeg-turbo; None if it refuses.
+
+  A JPEG without its end-of-image marker is truncated: it takes the full
+  decode path, which reports it corrupt, even when the crop lies in the
+  intact part (so a broken file is counted whichever crop is drawn).
+  """
+  if not data.rstrip(b"\0").endswith(b"\xff\xd9"):
+    return None
+  # libjpeg's scaled size is the ceiling of size / factor.
+  shape = (-(-height // factor), -(-width // factor))
+  top, left, h, w = _scale_box(box, 1 / factor, 1 / factor, shape)
+  try:
+    rows = _jpeg_region.decode_region(data, top, left, h, w, factor, fast_dct)
+  except ValueError:
+    return None  # CMYK, corrupt data, ...: the full decode decides
+  return np.frombuffer(rows, np.uint8).reshape(h, w, 3)
+
+
+def _resize_box(pixels: np.ndarray, box: Box, image_size: int) -> np.ndarray:
+  top, left, h, w = box
+  return _resize(pixels[top:top + h, left:left + w], image_size)
+
+
+def _resize(crop: np.ndarray, image_size: int) -> np.ndarray:
+  """Resize a crop to image_size x image_size.
+
+  Bilinear, as TF's ImageNet pipelines resize. Bilinear reads 2x2 pixels, so
+  shrinking by 2x or more would skip pixels (aliasing); those crops use area
+  averaging instead. They are rare: a reduced DCT decode has already done
+  most of any large shrink.
+  """
+  shrink = max(crop.shape[:2]) / image_size
+  interpolation = cv2.INTER_AREA if shrink >= 2 else cv2.INTER_LINEAR
+  return cv2.resize(crop, (image_size, image_size), interpolation=interpolation)
 
 
 def _output(image: np.ndarray, label, ok: bool) -> dict[str, np.ndarray]:
@@ -227,8 +285,8 @@ class TrainDecodeCrop(grain.RandomMapTransform):
     except CorruptImageError as err:
       return _corrupt_output(element, self.image_size, err)
     if rng.random() < 0.5:
-      image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return _output(np.asarray(image), element["label"], ok=True)
+      image = cv2.flip(image, 1)  # horizontal
+    return _output(image, element["label"], ok=True)
 
 
 class EvalDecodeCrop(grain.MapTransform):
@@ -246,4 +304,4 @@ class EvalDecodeCrop(grain.MapTransform):
       image = _decode_crop_resize(element["image"], self.image_size, box_fn)
     except CorruptImageError as err:
       return _corrupt_output(element, self.image_size, err)
-    return _output(np.asarray(image), element["label"], ok=True)
+    return _output(image, element["label"], ok=True)
