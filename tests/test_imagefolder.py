@@ -41,7 +41,10 @@ def test_source_lengths_labels_and_classes(folder):
 
 def test_generated_images_have_imagenet_like_sizes(folder):
   source = ImageFolderSource(folder, "train")
-  shapes = [simplejpeg.decode_jpeg_header(source[i]["image"])[:2] for i in range(len(source))]
+  headers = [simplejpeg.decode_jpeg_header(source[i]["image"]) for i in range(len(source))]
+  # Chroma subsampled 2x2 like camera and web JPEGs (ImageNet's): it sets the decode cost.
+  assert {subsampling for _, _, _, subsampling in headers} == {"420"}
+  shapes = [header[:2] for header in headers]
   for height, width in shapes:
     long_side, short_side = max(height, width), min(height, width)
     assert 300 <= short_side <= 600 and 400 <= long_side <= 600

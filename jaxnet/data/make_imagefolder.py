@@ -4,7 +4,8 @@
 
 gives DIR/train/class_XXX/*.jpg and DIR/val/class_XXX/*.jpg. Images are
 ImageNet-like in size (widths 400-600, heights 300-450, a quarter of them
-portrait) and JPEG quality 90, so decode costs are realistic. Each class has
+portrait), JPEG quality 90 with 4:2:0 chroma subsampling (as camera and web
+JPEGs, ImageNet's among them, are stored), so decode costs are realistic. Each class has
 its own colour, stripe orientation and stripe frequency; per-image jitter,
 random phase and pixel noise keep it from being trivial. The cues survive
 random-resized crops and flips, so accuracy well above chance is reachable.

@@ -1,40 +1,48 @@
 """JPEG decoding and Inception-style crops for the Grain input pipeline.
 
+How a train image is made
+-------------------------
+1. Read the JPEG header (simplejpeg) and draw the crop box from its size.
+2. Decode only that box (`_jpeg_region`, a small C extension over the
+   system's libjpeg-turbo, as TF's decode_and_crop_jpeg does): rows above the
+   box are skipped without inverse DCT, rows below it never read, and only the
+   block columns overlapping it transformed. The pixels equal those of a full
+   decode. Where the crop allows, the decode is also at 1/2, 1/4 or 1/8 scale
+   in the DCT (crop still >= image_size pixels, so no upsampling is added;
+   other M/8 scales are avoided, libjpeg-turbo decodes 7/8 or 6/8 slower than
+   full size). Train uses libjpeg-turbo's fast integer IDCT (as TF's ImageNet
+   pipelines do), eval the accurate one.
+3. Resize the crop with OpenCV: bilinear, or area averaging when shrinking 2x
+   or more (bilinear would skip pixels there).
+4. Flip half of them.
+
+Without the C extension (no compiler or libjpeg-turbo headers at install)
+step 2 decodes the whole image with simplejpeg: same result, ~25% slower.
+
 Decoder choice
 --------------
-`experiments/bench_input.py` times decode + random-resized-crop + resize to
-224 + flip, single process, in images per CPU-second (robust to the shared,
-busy VM it ran on: AMD EPYC, 2 cores; Pillow 13.0, simplejpeg 1.9.0 and
-opencv-python-headless 5.0.0, all libjpeg-turbo inside):
+`experiments/bench_input.py`, one core of a 2-core AMD EPYC VM, 2026-11-22,
+1,000 generated ~500x375 q90 4:2:0 JPEGs of ~70 KiB (ImageNet's bytes per
+pixel), decode + random-resized-crop + resize to 224 + flip, images/s:
 
-                                          ~500x375 q90    1600x1200 q90
-                                          (~100 KiB)      (~560 KiB)
-    PIL: decode + crop + resize              226              37
-    simplejpeg full decode + PIL resize      235              37
-    OpenCV imdecode + INTER_AREA             282              39
-    OpenCV IMREAD_REDUCED_2/4/8 + AREA       278              72
-    simplejpeg reduced DCT + PIL (here)      241              71
+    PIL: decode + crop + resize (antialiased)               274
+    simplejpeg full decode + PIL resize                     276
+    OpenCV imdecode + INTER_AREA                            347
+    simplejpeg full decode + OpenCV resize                  549
+    region decode + OpenCV resize (TrainDecodeCrop)         699  (2.55x PIL)
 
-All three share libjpeg-turbo, so full decodes cost the same (~2.4 ms at
-500x375); what pays is decoding at 1/2, 1/4 or 1/8 scale in the DCT when the
-crop stays >= image_size afterwards, i.e. for big images or small outputs
-(1.9x above). simplejpeg gives that plus a header read without decoding, so
-the crop is drawn first and only the needed scale decoded; other M/8 scales
-are avoided (libjpeg-turbo decodes 7/8 and 6/8 slower than 8/8). On ImageNet-
-sized images OpenCV's resize path is ~15% cheaper per image, but it is a large
-optional wheel and its INTER_AREA differs from PIL's antialiased bilinear;
-we keep simplejpeg + PIL, whose bilinear widens its support when shrinking,
-so aliasing does not depend on the decode scale.
+All of these run libjpeg-turbo inside, so full decodes cost about the same;
+what pays is (a) resizing with OpenCV, ~0.2 ms against PIL's ~1.2 ms (PIL
+converts to 4-channel and runs a wide antialiasing filter), and (b) decoding
+only the crop: Inception crops cover 8-100% of the image, and the rows below
+them are never entropy-decoded. On 1600x1200 re-encodes, where the reduced DCT
+scales matter, the same rows read 31, 39, 44 (83 with IMREAD_REDUCED), 95 and
+132 images/s. Rates scale with the JPEGs' entropy: on smoother ~40 KiB JPEGs
+of the same size, PIL 313 and TrainDecodeCrop 960 images/s.
 
-Later run on a quiet machine (2026-11-22, ~98 KiB JPEGs, images/s on one
-core): PIL 242, simplejpeg full 241, OpenCV 285, TrainDecodeCrop with the fast
-integer IDCT 281 (1.16x PIL). Decode dominates: ~2.3 ms per ~90 KiB JPEG with
-the accurate IDCT, ~1.9 ms with the fast one, while a ~40 KiB (smoother) JPEG
-of the same size decodes in ~1.2 ms, so rates depend on the images' entropy.
-
-PIL stays as the fallback for anything simplejpeg rejects (PNGs saved as
-.jpg, JPEGs with recoverable libjpeg warnings that simplejpeg's strict mode
-refuses). Data neither can decode raises `CorruptImageError`; the Grain
+PIL stays as the fallback for anything libjpeg-turbo rejects (PNGs saved as
+.jpg, JPEGs with recoverable libjpeg warnings that the strict decoders
+refuse). Data neither can decode raises `CorruptImageError`; the Grain
 transforms turn that into a masked zero image instead of killing the run.
 """
 
