@@ -2,7 +2,10 @@
 # Every GPU benchmark of experiments/ in ONE device call, outputs to $OUT.
 #
 # Here (where PyPI is reachable), from the repository root, once:
-#   bash ../shared/device/wheels.sh          # grain, tfds, ml-collections, ... into .whl/
+#   bash ../shared/device/wheels.sh simplejpeg   # grain, tfds, ml-collections, ... into .whl/
+# (not opencv-python-headless: its 61 MB wheel overflows the 64 MiB carry; the input
+# pipeline then resizes with PIL, and bench_input's header says "opencv not installed".
+# The C region decoder is not built there either: the tree is used from PYTHONPATH.)
 # Then one device call, from the repository root:
 #   run(command="bash experiments/run_gpu_benchmarks.sh", carry=[".whl"], timeout_s=600)
 # and copy the tables from $OUT/*.txt into experiments/RESULTS.md (GPU section).

@@ -15,10 +15,10 @@ from jaxnet.data.transforms import (CorruptImageError, EvalDecodeCrop, TrainDeco
 AREA, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
 
 
-def jpeg_bytes(pixels: np.ndarray, quality: int = 95, mode: str | None = None) -> bytes:
+def jpeg_bytes(pixels: np.ndarray, quality: int = 95, mode: str | None = None, **save_options) -> bytes:
   buffer = io.BytesIO()
   image = Image.fromarray(pixels)
-  (image.convert(mode) if mode else image).save(buffer, format="JPEG", quality=quality)
+  (image.convert(mode) if mode else image).save(buffer, format="JPEG", quality=quality, **save_options)
   return buffer.getvalue()
 
 
@@ -204,11 +204,17 @@ def test_reduced_scale_train_crop_matches_full_decode(decode_path, monkeypatch):
 
 
 @needs_region_decoder
-@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("variant", [
+    {},  # 4:2:0, as most camera and web JPEGs
+    {"subsampling": 0},  # 4:4:4
+    {"subsampling": 1},  # 4:2:2
+    {"progressive": True},
+    {"mode": "L"},  # greyscale, decoded to RGB
+], ids=["420", "444", "422", "progressive", "grey"])
 @pytest.mark.parametrize("scale", [1, 2, 4, 8])
-def test_region_decode_equals_crop_of_full_decode(mode, scale):
+def test_region_decode_equals_crop_of_full_decode(variant, scale):
   # Odd sizes and offsets off the 8/16-pixel block grid on purpose.
-  data = jpeg_bytes(np.random.default_rng(1).integers(0, 255, (301, 457, 3), np.uint8), mode=mode)
+  data = jpeg_bytes(np.random.default_rng(1).integers(0, 255, (301, 457, 3), np.uint8), **variant)
   full = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-301 // scale),
                                 min_width=-(-457 // scale))
   height, width = full.shape[:2]
@@ -250,6 +256,20 @@ def test_truncated_jpeg_is_corrupt_even_if_the_crop_is_intact(decode_path):
   for seed in range(5):
     out = op.random_map({"image": cut, "label": 1}, np.random.default_rng(seed))
     assert out["corrupt"] == 1 and not out["mask"]
+
+
+def test_resize_without_opencv_is_close(monkeypatch):
+  """Where the OpenCV wheel is missing, PIL resizes: same geometry, close pixels."""
+  data = jpeg_bytes(smooth_image(375, 500))
+  op = TrainDecodeCrop(64)
+  with_cv2 = [op.random_map({"image": data, "label": 0}, np.random.default_rng(s))["image"]
+              for s in range(5)]
+  monkeypatch.setattr(transforms, "cv2", None)
+  with_pil = [op.random_map({"image": data, "label": 0}, np.random.default_rng(s))["image"]
+              for s in range(5)]
+  for a, b in zip(with_cv2, with_pil):
+    assert a.shape == b.shape == (64, 64, 3)
+    assert np.abs(a.astype(int) - b).mean() < 3
 
 
 def test_flip_happens_about_half_the_time():
