@@ -39,7 +39,7 @@ static void on_message(j_common_ptr cinfo, int level) {
   if (level < 0) raise_error(cinfo);
 }
 
-static PyObject *decode_region(PyObject *self, PyObject *args) {
+static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args) {
   Py_buffer data;
   int top, left, height, width, scale_denom, fast_dct;
   if (!PyArg_ParseTuple(args, "y*iiiiip", &data, &top, &left, &height, &width,
@@ -61,16 +61,17 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
   /* Assigned after setjmp and read after longjmp: must be volatile. */
   unsigned char *volatile row = NULL;
   volatile int failed = 0;
+  memset(&cinfo, 0, sizeof cinfo);  /* safe to destroy even if creation fails */
   cinfo.err = jpeg_std_error(&err.pub);
   err.pub.error_exit = raise_error;
   err.pub.emit_message = on_message;
   err.message[0] = '\0';
 
   Py_BEGIN_ALLOW_THREADS  /* libjpeg touches no Python objects */
-  jpeg_create_decompress(&cinfo);
   if (setjmp(err.escape)) {
     failed = 1;
   } else {
+    jpeg_create_decompress(&cinfo);
     jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
     jpeg_read_header(&cinfo, TRUE);
     cinfo.out_color_space = JCS_RGB;
