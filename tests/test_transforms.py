@@ -233,6 +233,23 @@ def test_region_decode_equals_crop_of_full_decode(variant, scale):
 
 
 @needs_region_decoder
+def test_region_and_full_decode_paths_give_identical_images(monkeypatch):
+  # Sizes not divisible by the DCT factors: the reduced decodes round up, and
+  # both paths must still map the crop box to the same pixels.
+  data = jpeg_bytes(smooth_image(1203, 1605))
+  train, evaluate = TrainDecodeCrop(64), EvalDecodeCrop(64)
+
+  def outputs():
+    crops = [train.random_map({"image": data, "label": 0}, np.random.default_rng(s))["image"]
+             for s in range(10)]
+    return crops + [evaluate.map({"image": data, "label": 0})["image"]]
+  region = outputs()
+  monkeypatch.setattr(transforms, "_jpeg_region", None)
+  for a, b in zip(region, outputs()):
+    np.testing.assert_array_equal(a, b)
+
+
+@needs_region_decoder
 def test_region_decode_rejects_bad_input():
   data = jpeg_bytes(smooth_image(64, 96))
   region = transforms._jpeg_region.decode_region

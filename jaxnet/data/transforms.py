@@ -211,14 +211,17 @@ def _decode_crop_resize(data: bytes, image_size: int, box_fn, fast_dct: bool = F
     if crop is not None:
       return _resize(crop, image_size)
   pixels = decode_jpeg(data, min_height, min_width, fast_dct)
-  if pixels.shape[:2] != (height, width):  # reduced decode: box in its pixels
-    top, left, h, w = _scale_box((top, left, h, w), pixels.shape[0] / height,
-                                 pixels.shape[1] / width, pixels.shape[:2])
-  return _resize_box(pixels, (top, left, h, w), image_size)
+  box = _scale_box((top, left, h, w), height, width, pixels.shape[:2])
+  return _resize_box(pixels, box, image_size)
 
 
-def _scale_box(box: Box, scale_y: float, scale_x: float, shape) -> Box:
-  """`box` in the pixels of an image scaled by (scale_y, scale_x) of size `shape`."""
+def _scale_box(box: Box, height: int, width: int, shape) -> Box:
+  """`box` of a height x width image, in the pixels of its `shape` rescale.
+
+  Both decode paths map the box with this, so they crop the same pixels; at
+  the full size it returns the box unchanged.
+  """
+  scale_y, scale_x = shape[0] / height, shape[1] / width
   top, left, h, w = box
   top, left = min(round(top * scale_y), shape[0] - 1), min(round(left * scale_x), shape[1] - 1)
   h = min(max(1, round(h * scale_y)), shape[0] - top)
@@ -238,7 +241,7 @@ def _decode_region(data: bytes, height: int, width: int, box: Box, factor: int,
     return None
   # libjpeg's scaled size is the ceiling of size / factor.
   shape = (-(-height // factor), -(-width // factor))
-  top, left, h, w = _scale_box(box, 1 / factor, 1 / factor, shape)
+  top, left, h, w = _scale_box(box, height, width, shape)
   try:
     rows = _jpeg_region.decode_region(data, top, left, h, w, factor, fast_dct)
   except ValueError:
