@@ -30,6 +30,16 @@ def test_restored_iterator_continues_the_exact_sequence(digits, workers):
     np.testing.assert_array_equal(want["image"], got["image"])
 
 
+def test_read_threads_do_not_change_the_batches(digits):
+  """data.read_threads only reads ahead: the example sequence stays a function of the seed."""
+  def batches(read_threads):
+    return _take(iter(pipeline.train_loader(digits, global_batch_size=32, image_size=8, seed=3,
+                                            workers=0, read_threads=read_threads)), 5)
+  for inline, threaded in zip(batches(0), batches(4)):
+    np.testing.assert_array_equal(inline["label"], threaded["label"])
+    np.testing.assert_array_equal(inline["image"], threaded["image"])
+
+
 def _rows(images):
   return [x.tobytes() for x in images.reshape(len(images), -1)]
 
