@@ -37,17 +37,20 @@ def with_overrides(config, **overrides):
   return copy
 
 
-def train(config, workdir: str, steps: int | None = None) -> dict:
+def train(config, workdir: str, steps: int | None = None, accept_config_changes=()) -> dict:
   """Trains (resuming from WORKDIR's checkpoints, if any) and returns the final eval metrics.
 
   `steps` sets config.total_steps, the length of the whole run: training a
   workdir that stopped at step 100 with steps=200 resumes and runs 100 more.
+  Resuming with a config that differs from the workdir's config.json raises
+  ConfigChangedError unless every changed key may change on resume
+  (jaxnet.workdir.RESUMABLE) or is named in `accept_config_changes` (or "all").
   """
   if steps is not None:
     config = with_overrides(config, total_steps=int(steps))
   runtime.setup(config.distributed)
   from jaxnet import train as train_lib
-  return train_lib.train_and_evaluate(config, str(workdir))
+  return train_lib.train_and_evaluate(config, str(workdir), accept_config_changes)
 
 
 def evaluate(workdir: str, config=None, step: int | None = None) -> dict:

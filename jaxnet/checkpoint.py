@@ -1,23 +1,61 @@
-"""Orbax checkpoints of the train state, the data iterator's position and the config.
+"""Orbax checkpoints of the train state, the data iterator's position and the config, verified.
 
 One composite checkpoint per saved step, under WORKDIR/checkpoints/<step>/:
   state/      the TrainState pytree (params, BN stats, optimizer, loss scale, EMA, RNG, step)
   data_iter/  the Grain iterator state, one JSON file per process (Grain's orbax handler)
   config/     the resolved config as JSON, so a checkpoint says how it was made
+  checksums/  a checksum of every array in state/, computed on the device at save time
+
 Saves are asynchronous: the step's arrays are copied off the device, then written
 in a background thread while training goes on. Orbax writes into a temporary
-directory and renames it when complete, so a crash or a full disk mid-save
-leaves the previous checkpoint as the latest valid one.
+directory and renames it when complete, so a crash mid-save leaves the previous
+checkpoint as the latest. What this module adds to orbax:
+- a state with any non-finite value is never written (NonFiniteError);
+- every restore recomputes the checksums and compares them with the saved ones;
+  a checkpoint that does not match, cannot be read or is incomplete is reported
+  by step and reason, and training falls back to the newest one that verifies;
+- a failed save (a full disk, a permission error) is one clear error naming the
+  step, the path, the cause and the newest intact checkpoint;
+- rotation (keep_checkpoints) deletes only old checkpoints whose save is known to
+  have completed, so the newest intact checkpoint is never deleted.
 """
 
+import errno
+import glob
 import logging
 import os
+import shutil
+import sys
+import time
+import warnings
 
 import grain.python as grain
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
-STATE, DATA_ITER, CONFIG = "state", "data_iter", "config"
+from jaxnet.errors import NonFiniteError, UserError
+
+STATE, DATA_ITER, CONFIG, CHECKSUMS = "state", "data_iter", "config", "checksums"
+CHECKSUM_ALGORITHM = "jaxnet-fmix32-sum-v1"
+DAMAGED_DIR = "checkpoints_damaged"
+
+
+class DamagedCheckpointError(UserError):
+  """A checkpoint failed verification, could not be read, or is incomplete."""
+
+  def __init__(self, step, directory, reason):
+    self.step, self.reason = step, reason
+    super().__init__(f"checkpoint {step} in {directory} is damaged: {reason}")
+
+
+class CheckpointMismatchError(UserError):
+  """A checkpoint is intact but holds a different model or optimizer than this run builds."""
+
+
+class CheckpointSaveError(UserError):
+  """A save failed (full disk, permissions, ...); the previous checkpoint is intact."""
 
 
 class IteratorPosition:
@@ -35,56 +73,350 @@ class IteratorPosition:
     return self._state
 
 
-def make_manager(workdir: str, keep: int, async_save: bool = True) -> ocp.CheckpointManager:
-  options = ocp.CheckpointManagerOptions(
-      max_to_keep=keep or None, create=True, enable_async_checkpointing=async_save,
-      cleanup_tmp_directories=True)
-  return ocp.CheckpointManager(
-      os.path.join(os.path.abspath(workdir), "checkpoints"), options=options,
-      item_names=(STATE, DATA_ITER, CONFIG),
-      item_handlers={STATE: ocp.StandardCheckpointHandler(), DATA_ITER: grain.PyGrainCheckpointHandler(),
-                     CONFIG: ocp.JsonCheckpointHandler()})
+# ---------------------------------------------------------------------------
+# Checksums and the finiteness check: one jitted pass over the state.
+
+def leaf_name(path) -> str:
+  """'params/stem_conv/kernel' for a pytree path, whether the node is a dict or a dataclass."""
+  parts = []
+  for key in path:
+    for attr in ("key", "name", "idx"):
+      if hasattr(key, attr):
+        parts.append(str(getattr(key, attr)))
+        break
+    else:
+      parts.append(str(key))
+  return "/".join(parts)
 
 
-def save(manager: ocp.CheckpointManager, step: int, state, iterator_state: bytes, config_dict: dict) -> bool:
-  """Starts an async save of `step`. Returns False if a disk error stopped it.
+def _words(x):
+  """The array's bits as uint32 words (16- and 8-bit types widened), flattened."""
+  x = jnp.asarray(x)
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32).ravel()
+  bits = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+  return jax.lax.bitcast_convert_type(x, bits).astype(jnp.uint32).ravel()
 
-  A failed save is reported, not raised: the previous checkpoint stays intact
-  and training can go on (the next save may succeed once space is freed).
+
+def _fmix32(h):
+  # MurmurHash3's finalizer: every input bit affects every output bit.
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def _checksum(x):
+  # A sum (mod 2**32) of position-salted hashes: any changed word changes the
+  # sum except with probability 2**-32, and the sum is order-free, so XLA can
+  # compute it as one parallel reduction.
+  words = _words(x)
+  salt = jnp.arange(words.size, dtype=jnp.uint32) * jnp.uint32(0x9E3779B9)
+  return jnp.sum(_fmix32(words ^ salt), dtype=jnp.uint32)
+
+
+@jax.jit
+def _inspect(tree):
+  leaves = jax.tree.leaves(tree)
+  finite = [jnp.all(jnp.isfinite(x)) for x in leaves if jnp.issubdtype(x.dtype, jnp.inexact)]
+  all_finite = jnp.all(jnp.stack(finite)) if finite else jnp.bool_(True)
+  return all_finite, jnp.stack([_checksum(x) for x in leaves])
+
+
+def inspect(tree) -> tuple[bool, dict, list[str]]:
+  """(all floats finite, {leaf name: checksum}, names of non-finite leaves) of a pytree."""
+  paths = [leaf_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  all_finite, sums = jax.device_get(_inspect(tree))
+  checksums = {name: f"{int(s):08x}" for name, s in zip(paths, sums)}
+  bad = []
+  if not all_finite:  # rare: worth a second pass to say where
+    bad = [leaf_name(p) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+           if jnp.issubdtype(x.dtype, jnp.inexact) and not bool(jnp.all(jnp.isfinite(x)))]
+  return bool(all_finite), checksums, bad
+
+
+def verify(tree, saved: dict, step, directory) -> None:
+  """Raises DamagedCheckpointError unless `tree`'s checksums equal those saved with it."""
+  if saved.get("algorithm") != CHECKSUM_ALGORITHM:
+    raise DamagedCheckpointError(step, directory, f"unknown checksum algorithm {saved.get('algorithm')!r}")
+  _, actual, _ = inspect(tree)
+  expected = saved["leaves"]
+  wrong = sorted(k for k in set(actual) | set(expected) if actual.get(k) != expected.get(k))
+  if wrong:
+    more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+    raise DamagedCheckpointError(step, directory, f"checksum mismatch in {', '.join(wrong[:3])}{more}")
+
+
+# ---------------------------------------------------------------------------
+# The workdir's checkpoints.
+
+def _handlers():
+  return {STATE: ocp.StandardCheckpointHandler(), DATA_ITER: grain.PyGrainCheckpointHandler(),
+          CONFIG: ocp.JsonCheckpointHandler(), CHECKSUMS: ocp.JsonCheckpointHandler()}
+
+
+class Checkpoints:
+  """WORKDIR/checkpoints: verified saves and restores, failure reporting, rotation.
+
+  `read_only` (eval, predict, export) never creates, moves or deletes anything.
   """
-  try:
-    return manager.save(step, args=ocp.args.Composite(**{
-        STATE: ocp.args.StandardSave(state),
-        DATA_ITER: grain.PyGrainCheckpointSave(IteratorPosition(iterator_state)),
-        CONFIG: ocp.args.JsonSave(config_dict),
-    }))
-  except OSError as e:
-    logging.error("checkpoint at step %d FAILED (%s); the previous checkpoint (step %s) is intact. "
-                  "Free disk space in %s.", step, e, manager.latest_step(), manager.directory)
-    return False
 
+  def __init__(self, workdir: str, keep: int = 0, async_save: bool = True, read_only: bool = False):
+    self.workdir = os.path.abspath(workdir)
+    self.directory = os.path.join(self.workdir, "checkpoints")
+    self.keep, self.read_only = keep, read_only
+    _quiet_failed_saves()
+    if read_only and not os.path.isdir(self.directory):
+      raise FileNotFoundError(f"no checkpoint in {self.directory}: train first "
+                              f"(python -m jaxnet.main --config=... --workdir={workdir})")
+    with _quiet_orbax_warnings():
+      options = ocp.CheckpointManagerOptions(
+          max_to_keep=None,  # rotation is ours: see _rotate
+          create=not read_only, read_only=read_only, enable_async_checkpointing=async_save,
+          cleanup_tmp_directories=not read_only)
+      self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                           item_names=(STATE, DATA_ITER, CONFIG, CHECKSUMS),
+                                           item_handlers=_handlers())
+    self._pending = None           # step of a save that may still be in flight
+    self.newest_intact = None      # newest step known to be complete and verified
 
-def restore(manager: ocp.CheckpointManager, abstract_state, iterator, step: int | None = None):
-  """Restores `step` (default: latest) into the given shapes/shardings and iterator.
+  def steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
 
-  Returns (state, step), or (None, None) when there is no checkpoint.
-  """
-  step = manager.latest_step() if step is None else step
-  if step is None:
+  # -- saving ---------------------------------------------------------------
+
+  def save(self, step: int, state, iterator_state: bytes, config_dict: dict) -> None:
+    """Checks that `state` is finite, then starts an async save of `step`.
+
+    Raises NonFiniteError (nothing is written) or CheckpointSaveError (this save
+    or the previous one in flight failed; older checkpoints are intact).
+    """
+    self.wait()
+    finite, checksums, bad = inspect(state)
+    if not finite:
+      raise NonFiniteError(
+          f"the train state at step {step} has non-finite values ({', '.join(bad[:3])}"
+          f"{' ...' if len(bad) > 3 else ''}); it was not saved. {self.intact_sentence()}")
+    try:
+      self.manager.save(step, args=ocp.args.Composite(**{
+          STATE: ocp.args.StandardSave(state),
+          DATA_ITER: grain.PyGrainCheckpointSave(IteratorPosition(iterator_state)),
+          CONFIG: ocp.args.JsonSave(config_dict),
+          CHECKSUMS: ocp.args.JsonSave({"algorithm": CHECKSUM_ALGORITHM, "leaves": checksums}),
+      }))
+    except Exception as e:  # orbax raises many types; each becomes one clear message
+      raise self._save_failed(step, e) from e
+    self._pending = step
+
+  def wait(self) -> None:
+    """Waits for a save in flight; raises CheckpointSaveError if it failed. Then rotates."""
+    if self._pending is None:
+      return
+    step, self._pending = self._pending, None
+    try:
+      self.manager.wait_until_finished()
+      self.manager.check_for_errors()
+    except Exception as e:
+      raise self._save_failed(step, e) from e
+    if step not in self.manager.all_steps():  # orbax swallowed the failure
+      raise self._save_failed(step, RuntimeError("the checkpoint directory was not finalized"))
+    self.newest_intact = step
+    self._rotate()
+
+  def intact_sentence(self) -> str:
+    if self.newest_intact is None:
+      return "There is no intact checkpoint in this workdir yet."
+    return f"The newest intact checkpoint is step {self.newest_intact}."
+
+  def _save_failed(self, step: int, error: BaseException) -> CheckpointSaveError:
+    path = os.path.join(self.directory, str(step))
+    for partial in glob.glob(path + ".orbax-checkpoint-tmp*"):  # give the space back
+      shutil.rmtree(partial, ignore_errors=True)
+    cause = describe_os_error(error)
+    fix = "Free space there, then" if cause == "no space left on device" else "Fix that, then"
+    return CheckpointSaveError(f"checkpoint at step {step} FAILED ({cause}) writing {path}. "
+                               f"{self.intact_sentence()} {fix} rerun the same command to resume.")
+
+  def _rotate(self) -> None:
+    if not self.keep:
+      return
+    # Only completed saves count: the newest intact checkpoint is never deleted.
+    done = [s for s in self.steps() if self.newest_intact is None or s <= self.newest_intact]
+    for step in done[:-self.keep]:
+      self.manager.delete(step)
+
+  # -- restoring ------------------------------------------------------------
+
+  def restore(self, step: int, abstract_state, iterator=None):
+    """The verified state of `step` (and the iterator set to its position).
+
+    Raises CheckpointMismatchError when the checkpoint holds a different model or
+    optimizer than `abstract_state`, DamagedCheckpointError when it is damaged.
+    """
+    step_dir = os.path.join(self.directory, str(step))
+    try:
+      with _quiet_orbax_warnings():
+        metadata = self.manager.item_metadata(step)
+      saved_tree = metadata[STATE]
+    except Exception as e:
+      raise DamagedCheckpointError(step, self.directory, f"its metadata cannot be read ({_first_line(e)})")
+    if saved_tree is None:
+      raise DamagedCheckpointError(step, self.directory, "it holds no train state (empty or incomplete)")
+    _check_fits(saved_tree, abstract_state, step_dir)
+    items = {STATE: ocp.args.StandardRestore(abstract_state)}
+    if iterator is not None:
+      items[DATA_ITER] = grain.PyGrainCheckpointRestore(iterator)
+    has_checksums = os.path.isdir(os.path.join(step_dir, CHECKSUMS))
+    if has_checksums:
+      items[CHECKSUMS] = ocp.args.JsonRestore()
+    try:
+      with _quiet_orbax_warnings():
+        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    except Exception as e:
+      if "in checkpoint does not match" in str(e):  # Grain: another pipeline's iterator
+        raise CheckpointMismatchError(
+            f"the data iterator saved at step {step} in {self.directory} does not fit this run's "
+            f"input pipeline ({_first_line(e)}). Resume with the same data.source, data.dir, "
+            f"data.workers, batch_size and seed as the run that wrote it, or use a new workdir.") from e
+      raise DamagedCheckpointError(step, self.directory, f"it cannot be read ({_first_line(e)})") from e
+    if has_checksums:
+      verify(restored[STATE], restored[CHECKSUMS], step, self.directory)
+    else:
+      logging.warning("checkpoint %d in %s has no checksums (written by jaxnet before they were "
+                      "added): restored without verification", step, self.directory)
+    return restored[STATE]
+
+  def restore_newest(self, abstract_state, iterator=None):
+    """The newest checkpoint that verifies: (state, step), or (None, None) if there is none.
+
+    Damaged checkpoints are reported and moved to WORKDIR/checkpoints_damaged/
+    (so a resumed run can save those steps again); the run goes on from the
+    newest one that verifies. Raises if checkpoints exist but none verifies.
+    """
+    damaged = []
+    for step in reversed(self.steps()):
+      try:
+        state = self.restore(step, abstract_state, iterator)
+      except DamagedCheckpointError as e:
+        print(f"warning: {e}; trying the previous checkpoint", flush=True)
+        damaged.append(step)
+        continue
+      self._set_aside(damaged)
+      self.newest_intact = step
+      return state, step
+    if damaged:
+      self._set_aside(damaged)
+      raise DamagedCheckpointError(
+          ", ".join(map(str, damaged)), self.directory,
+          f"no checkpoint verifies; they were moved to {os.path.join(self.workdir, DAMAGED_DIR)}. "
+          f"Rerun to start from scratch, or use a new --workdir")
     return None, None
-  items = {STATE: ocp.args.StandardRestore(abstract_state)}
-  if iterator is not None:
-    items[DATA_ITER] = grain.PyGrainCheckpointRestore(iterator)
-  try:
-    restored = manager.restore(step, args=ocp.args.Composite(**items))
-  except ValueError as e:
-    if "in checkpoint does not match" not in str(e):
-      raise
-    raise ValueError(
-        f"the data iterator saved at step {step} in {manager.directory} does not fit this run's "
-        f"input pipeline ({str(e).splitlines()[0]}). Resume with the same data.source, data.dir, "
-        f"data.workers, batch_size and seed as the run that wrote it, or use a new workdir.") from e
-  return restored[STATE], step
+
+  def _set_aside(self, steps) -> None:
+    if not steps or self.read_only or jax.process_index() != 0:
+      return
+    target = os.path.join(self.workdir, DAMAGED_DIR)
+    os.makedirs(target, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for step in steps:
+      destination = os.path.join(target, f"{step}-{stamp}")
+      os.replace(os.path.join(self.directory, str(step)), destination)
+      print(f"moved damaged checkpoint {step} to {destination}", flush=True)
+    self.manager.reload()
+
+  def close(self) -> None:
+    try:
+      self.wait()
+    finally:
+      self.manager.close()
+
+
+def _check_fits(saved_tree, abstract_state, step_dir: str) -> None:
+  """Raises CheckpointMismatchError naming the arrays whose names or shapes differ."""
+  shapes = lambda tree: {leaf_name(p): tuple(x.shape)
+                         for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  saved, wanted = shapes(saved_tree), shapes(abstract_state)
+  if saved == wanted:
+    return
+  diffs = [f"{k}: {saved.get(k, 'absent')} in the checkpoint, {wanted.get(k, 'absent')} in this run"
+           for k in sorted(set(saved) | set(wanted)) if saved.get(k) != wanted.get(k)]
+  more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
+  raise CheckpointMismatchError(
+      f"the checkpoint in {step_dir} holds a different model or optimizer than this config builds "
+      f"({'; '.join(diffs[:3])}{more}). Use the config it was trained with (its config.json), "
+      f"or a new --workdir.")
+
+
+def describe_os_error(error: BaseException) -> str:
+  """The cause of a failed write, in words: 'no space left on device', 'permission denied', ..."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno is not None:
+      if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "no space left on device"
+      return os.strerror(error.errno).lower()
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" in text or "No space left" in text:
+      return "no space left on device"
+    if "already exists" in text:
+      return "a checkpoint of this step already exists (is another run using this workdir?)"
+    error = error.__cause__ or error.__context__
+  return _first_line(error) if error is not None else "unknown error"
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return (text.splitlines()[0] if text else type(e).__name__)[:300]
+
+
+class _DropSaveFailureNoise(logging.Filter):
+  """Drops orbax's own tracebacks of a failed background save.
+
+  Checkpoints reports each failed save once, as CheckpointSaveError; orbax
+  would log the same failure from several threads, 100+ lines each time.
+  """
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno < logging.ERROR or "orbax" not in record.pathname:
+      return True
+    return not (record.exc_info or "RESOURCE_EXHAUSTED" in record.getMessage()
+                or "Errno" in record.getMessage())
+
+
+def _is_closed_loop_noise(exc_type, exc) -> bool:
+  # tensorstore's write callbacks land on orbax's event loop after a failed save
+  # closed it; Python prints each as a traceback. They say nothing new.
+  return exc_type is RuntimeError and str(exc) == "Event loop is closed"
+
+
+def _quiet_failed_saves() -> None:
+  """Installs the filters above once per process (not with JAXNET_DEBUG=1)."""
+  if os.environ.get("JAXNET_DEBUG") or getattr(_quiet_failed_saves, "done", False):
+    return
+  _quiet_failed_saves.done = True
+  logging.getLogger("absl").addFilter(_DropSaveFailureNoise())
+  warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+  previous_hook = sys.excepthook
+
+  def excepthook(exc_type, exc, tb):
+    if not _is_closed_loop_noise(exc_type, exc):
+      previous_hook(exc_type, exc, tb)
+  sys.excepthook = excepthook
+
+
+class _quiet_orbax_warnings:
+  """Orbax logs a WARNING for every read-only manager and missing optional item: noise here."""
+
+  def __enter__(self):
+    self._logger = logging.getLogger("absl")
+    self._level = self._logger.level
+    if self._level < logging.ERROR:
+      self._logger.setLevel(logging.ERROR)
+
+  def __exit__(self, *exc):
+    self._logger.setLevel(self._level)
 
 
 def abstract(tree, shardings):
@@ -93,17 +425,37 @@ def abstract(tree, shardings):
 
 
 def load_arrays(workdir: str, step: int | None = None):
-  """The saved train state of WORKDIR as a tree of host numpy arrays (no model needed).
+  """The saved train state of WORKDIR as a tree of host numpy arrays, verified (no model needed).
 
-  For inspection, notebooks and tests. Returns (tree, step).
+  For inspection, predict/export, notebooks and tests. Returns (tree, step).
+  Raises FileNotFoundError without checkpoints, DamagedCheckpointError when the
+  checkpoint does not verify.
   """
-  manager = ocp.CheckpointManager(
-      os.path.join(os.path.abspath(workdir), "checkpoints"),
-      options=ocp.CheckpointManagerOptions(read_only=True), item_names=(STATE,),
-      item_handlers={STATE: ocp.StandardCheckpointHandler()})
-  step = manager.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")
-  tree = manager.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore()}))[STATE]
-  manager.close()
-  return tree, step
+  checkpoints = Checkpoints(workdir, read_only=True)
+  try:
+    step = checkpoints.manager.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {checkpoints.directory}: train first "
+                              f"(python -m jaxnet.main --config=... --workdir={workdir})")
+    if step not in checkpoints.steps():
+      raise FileNotFoundError(f"no checkpoint of step {step} in {checkpoints.directory}; "
+                              f"it has steps {checkpoints.steps()}")
+    step_dir = os.path.join(checkpoints.directory, str(step))
+    has_checksums = os.path.isdir(os.path.join(step_dir, CHECKSUMS))
+    items = {STATE: ocp.args.StandardRestore()}
+    if has_checksums:
+      items[CHECKSUMS] = ocp.args.JsonRestore()
+    try:
+      with _quiet_orbax_warnings():
+        restored = checkpoints.manager.restore(step, args=ocp.args.Composite(**items))
+    except Exception as e:
+      raise DamagedCheckpointError(step, checkpoints.directory, f"it cannot be read ({_first_line(e)})") from e
+    if restored[STATE] is None:
+      raise DamagedCheckpointError(step, checkpoints.directory, "it holds no train state")
+    tree = jax.tree.map(np.asarray, restored[STATE])
+    if has_checksums:
+      verify(tree, restored[CHECKSUMS], step, checkpoints.directory)
+    return tree, step
+  finally:
+    checkpoints.manager.close()
+

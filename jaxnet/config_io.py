@@ -11,13 +11,24 @@ import importlib.util
 import json
 import os
 
+import traceback
+
 import ml_collections
 
 from jaxnet.config_base import base_config
+from jaxnet.errors import UserError
 
 
-class ConfigOverrideError(ValueError):
+class ConfigOverrideError(UserError, ValueError):
   """An override names a key the config does not have, or has the wrong type."""
+
+
+class InvalidConfigError(UserError, ValueError):
+  """A config value is out of its range (batch_size=0, total_steps=-5, ...)."""
+
+
+class ConfigFileError(UserError, ValueError):
+  """A config file that cannot be run: a syntax error, an exception in get_config()."""
 
 
 def load(path: str, overrides: dict | None = None) -> ml_collections.ConfigDict:
@@ -43,8 +54,58 @@ def from_file(spec: str) -> ml_collections.ConfigDict:
     raise FileNotFoundError(f"config file {path!r} not found")
   module_spec = importlib.util.spec_from_file_location("_jaxnet_config", path)
   module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
+  try:
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+  except Exception as e:
+    raise config_file_error(path, e) from e
+
+
+def config_file_error(path: str, error: BaseException) -> ConfigFileError:
+  """'configs/x.py:12: SyntaxError: invalid syntax' for an error raised by a config file."""
+  if isinstance(error, SyntaxError):
+    return ConfigFileError(f"{error.filename or path}:{error.lineno}: SyntaxError: {error.msg}")
+  frames = [f for f in traceback.extract_tb(error.__traceback__)
+            if os.path.abspath(f.filename) == os.path.abspath(path)]
+  where = f"{path}:{frames[-1].lineno}" if frames else path
+  return ConfigFileError(f"{where}: {type(error).__name__}: {error}")
+
+
+# (key, test, what the value must be). Checked before a run writes anything.
+_RULES = (
+    ("batch_size", lambda v: v >= 1, ">= 1"),
+    ("total_steps", lambda v: v >= 0, ">= 0 (0 means num_epochs)"),
+    ("num_epochs", lambda v: v >= 0, "> 0"),
+    ("image_size", lambda v: v >= 1, ">= 1"),
+    ("log_every_steps", lambda v: v >= 0, ">= 0 (0 turns it off)"),
+    ("eval_every_steps", lambda v: v >= 0, ">= 0 (0 turns it off)"),
+    ("checkpoint_every_steps", lambda v: v >= 0, ">= 0 (0 turns it off)"),
+    ("keep_checkpoints", lambda v: v >= 1, ">= 1"),
+    ("precision", lambda v: v in ("fp32", "bf16", "fp16"), "one of fp32, bf16, fp16"),
+    ("label_smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("ema_decay", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("data.workers", lambda v: v >= 0, ">= 0"),
+    ("data.read_threads", lambda v: v >= 0, ">= 0"),
+    ("data.prefetch", lambda v: v >= 0, ">= 0"),
+    ("data.eval_batch_size", lambda v: v >= 0, ">= 0 (0 means batch_size)"),
+    ("data.eval_crop_fraction", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("optim.learning_rate", lambda v: v >= 0, ">= 0"),
+)
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Raises InvalidConfigError listing every out-of-range value (one line each)."""
+  problems = []
+  for key, ok, requirement in _RULES:
+    node = config
+    for part in key.split("."):
+      node = node[part]
+    if not ok(node):
+      problems.append(f"{key}={node!r} must be {requirement}")
+  if config.total_steps == 0 and config.num_epochs <= 0:
+    problems.append(f"num_epochs={config.num_epochs!r} must be > 0 when total_steps is 0")
+  if problems:
+    raise InvalidConfigError("invalid config: " + "; ".join(problems))
 
 
 def from_json(path: str) -> ml_collections.ConfigDict:

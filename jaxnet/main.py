@@ -7,9 +7,12 @@ naming the key: the config is locked before the overrides are applied.
 
 import os
 import sys
+import traceback
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from jaxnet import config_io, errors
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
                                           lock_config=True)
@@ -17,6 +20,10 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metr
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"],
                           "train: train (resuming if WORKDIR has checkpoints); eval: evaluate the "
                           "latest checkpoint.")
+_ACCEPT = flags.DEFINE_list(
+    "accept_config_changes", [],
+    "Resuming a workdir: config keys that may differ from its config.json (or 'all'). "
+    "Without it, a change to any key that alters training stops the run with a list of changes.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -28,26 +35,25 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   # The command line is a front end to the Python API: the same runtime setup
   # (XLA flags, compilation cache, jax.distributed) and the same training code.
-  from jaxnet import api, train
-  try:
+  from jaxnet import api
+  with errors.one_line_errors():
     if _MODE.value == "train":
-      api.train(config, workdir)
+      result = api.train(config, workdir, accept_config_changes=_ACCEPT.value)
+      if result.get("signal") == "SIGINT":
+        sys.exit(130)  # the shell's convention for a run stopped by Ctrl-C
     else:
       api.evaluate(workdir, config)
-  except (FileNotFoundError, ValueError, train.NonFiniteLossError) as e:
-    # Problems with the user's data or config: one clear message, no traceback.
-    if os.environ.get("JAXNET_DEBUG"):
-      raise
-    print(f"error: {e}", file=sys.stderr)
-    print("(set JAXNET_DEBUG=1 to see the traceback)", file=sys.stderr)
-    sys.exit(1)
 
 
 def _parse_flags(argv):
   """absl flag parsing, with config errors (a mistyped key, a wrong type) as one clear line."""
   try:
     rest = flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+  except Exception as e:  # noqa: BLE001  (anything the config file raised, too)
+    config_path = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), "")
+    if _raised_in(e, config_path.split(":")[0]):
+      print(f"error: {config_io.config_file_error(config_path.split(':')[0], e)}", file=sys.stderr)
+      sys.exit(2)
     detail = str(e)
     if detail[:1] in "'\"" and detail[-1:] == detail[:1]:
       detail = detail[1:-1].replace("\\n", " ").replace("\n", " ").replace('\\"', '"')
@@ -69,10 +75,20 @@ def _parse_flags(argv):
   return rest
 
 
+def _raised_in(error: BaseException, path: str) -> bool:
+  """Whether `error` came from running the file at `path` (a config file's own bug)."""
+  if not path or not os.path.exists(path):
+    return False
+  if isinstance(error, SyntaxError):
+    return os.path.abspath(error.filename or "") == os.path.abspath(path)
+  return any(os.path.abspath(f.filename) == os.path.abspath(path)
+             for f in traceback.extract_tb(error.__traceback__))
+
+
 def run():
   try:
     app.run(main, flags_parser=_parse_flags)
-  except KeyboardInterrupt:
+  except KeyboardInterrupt:  # Ctrl-C before training started (or outside it)
     sys.exit(130)
 
 

@@ -15,15 +15,23 @@ import numpy as np
 
 
 class MetricWriter:
+  """Appends one JSON line per step to metrics.jsonl (and scalars to TensorBoard).
+
+  Writing a step that is already the file's last line (train metrics, then the
+  eval of the same step) merges into that line, so each step has one line.
+  """
+
   def __init__(self, workdir: str, enabled: bool = True):
     self.enabled = enabled
     self._jsonl = None
     self._tb = None
+    self._last = None  # (step, record, byte offset) of the file's last line
     if enabled:
       os.makedirs(workdir, exist_ok=True)
       # Line-buffered append: a crash loses at most the line being written, and a
       # resumed run continues the same file.
-      self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", buffering=1)
+      self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a+", buffering=1)
+      self._last = _last_record(self._jsonl)
       try:
         from tensorboardX import SummaryWriter
         self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), flush_secs=30)
@@ -34,7 +42,14 @@ class MetricWriter:
     if not self.enabled:
       return
     clean = {k: _to_python(v) for k, v in metrics.items()}
-    self._jsonl.write(json.dumps({"step": int(step), **clean}) + "\n")
+    record = {"step": int(step), **clean}
+    if self._last is not None and self._last[0] == int(step):
+      _, previous, offset = self._last
+      record = {**previous, **record}
+      self._jsonl.truncate(offset)
+    offset = self._jsonl.seek(0, os.SEEK_END)
+    self._jsonl.write(json.dumps(record) + "\n")
+    self._last = (int(step), record, offset)
     if self._tb is not None:
       for key, value in clean.items():
         if isinstance(value, (int, float)) and math.isfinite(value):
@@ -50,6 +65,47 @@ class MetricWriter:
 def _to_python(value):
   value = np.asarray(value)
   return value.item() if value.size == 1 else value.tolist()
+
+
+def _last_record(f):
+  """(step, record, offset) of the last complete line of an open metrics file, or None."""
+  f.seek(0)
+  offset, last = 0, None
+  for line in iter(f.readline, ""):
+    if line.endswith("\n") and line.strip():
+      try:
+        last = (json.loads(line)["step"], json.loads(line), offset)
+      except (ValueError, KeyError):
+        last = None
+    offset = f.tell()
+  if last is not None and offset != f.tell():
+    last = None
+  return last
+
+
+def drop_records_after(workdir: str, step: int) -> int:
+  """Removes metrics.jsonl records of steps after `step` (a resumed run redoes them).
+
+  Returns how many were dropped. The file is replaced atomically.
+  """
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return 0
+  with open(path) as f:
+    lines = f.readlines()
+  keep = []
+  for line in lines:
+    try:
+      if json.loads(line)["step"] <= step:
+        keep.append(line)
+    except (ValueError, KeyError):
+      pass  # a line cut short by a crash
+  if len(keep) != len(lines):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+      f.writelines(keep)
+    os.replace(tmp, path)
+  return len(lines) - len(keep)
 
 
 def read_jsonl(workdir: str) -> list[dict]:
@@ -73,13 +129,16 @@ class Progress:
     self._last_step, self._last_time = step, now
     return rate
 
-  def report(self, step: int, metrics: dict, images_per_sec: float) -> None:
+  def report(self, step: int, metrics: dict, images_per_sec: float, window: int = 0) -> None:
+    """Prints one progress line; notes when the averages cover fewer steps than `window`."""
     if not self.enabled:
       return
     eta = (self.total_steps - step) * self.batch_size / max(images_per_sec, 1e-9)
+    steps = metrics.get("train/window_steps", window)
+    note = f"  (mean of {steps} steps)" if window and steps < window else ""
     print(f"step {step:>7}/{self.total_steps}  loss {metrics['train/loss']:.4f}  "
           f"acc {metrics['train/accuracy']:.3f}  lr {metrics['train/learning_rate']:.4g}  "
-          f"{images_per_sec:,.0f} img/s  ETA {_fmt_time(eta)}", flush=True)
+          f"{images_per_sec:,.0f} img/s  ETA {_fmt_time(eta)}{note}", flush=True)
 
   def elapsed(self) -> float:
     return time.perf_counter() - self._start_time

@@ -5,6 +5,7 @@ shardings) and data/ (batches); this file only orders them in time.
 """
 
 import collections
+import contextlib
 import json
 import logging
 import math
@@ -12,21 +13,21 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxnet import checkpoint as ckpt
-from jaxnet import models, optim, parallel, precision, steps
+from jaxnet import config_io, models, optim, parallel, precision, steps
+from jaxnet import workdir as workdir_lib
 from jaxnet.data import pipeline, sources
-from jaxnet.metrics import MetricWriter, Progress
+from jaxnet.errors import NonFiniteError, UserError
+from jaxnet.metrics import MetricWriter, Progress, drop_records_after
 from jaxnet.state import TrainState, init_state
 
 
-class NonFiniteLossError(RuntimeError):
-  pass
+NonFiniteLossError = NonFiniteError  # the name before jaxnet.errors existed
 
 
 def build_model(config, num_classes: int, bn_num_groups: int = 1):
@@ -148,37 +149,69 @@ def _compile_then_sync(jitted, args, name: str) -> None:
     parallel.sync_processes(name)
 
 
-class _Preemption:
-  """Turns SIGTERM into a flag the loop checks between steps."""
+class _StopSignals:
+  """SIGTERM (preemption) and a first Ctrl-C become a flag the loop checks between steps.
+
+  The loop then saves a checkpoint and returns. A second Ctrl-C exits at once
+  without saving (the newest complete checkpoint stays intact).
+  """
 
   def __init__(self):
-    self.requested = False
-    self._previous = None
+    self.received = None       # "SIGTERM" or "SIGINT" once one arrived
+    self._previous = {}
 
   def __enter__(self):
-    try:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # not the main thread (e.g. some notebook runners): no handler
-      self._previous = None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._previous[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread (e.g. some notebook runners): no handler
+        pass
     return self
 
   def _handle(self, signum, frame):
-    del signum, frame
-    logging.warning("SIGTERM received: saving a checkpoint and exiting after this step")
-    self.requested = True
+    del frame
+    if signum == signal.SIGINT and self.received == "SIGINT":
+      print("second Ctrl-C: exiting now without saving", file=sys.stderr, flush=True)
+      os._exit(130)
+    self.received = signal.Signals(signum).name
+    how = "press Ctrl-C again to quit without saving" if signum == signal.SIGINT else "then exiting"
+    print(f"{self.received} received: saving a checkpoint after this step ({how})",
+          file=sys.stderr, flush=True)
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for sig, previous in self._previous.items():
+      signal.signal(sig, previous)
 
-  def should_stop(self, step: int, sync: bool) -> bool:
+  def should_stop(self, sync: bool) -> bool:
     if jax.process_count() == 1:
-      return self.requested
+      return self.received is not None
     if not sync:
       return False
     # Every process must stop at the same step, or the collective save would hang.
     from jax.experimental import multihost_utils
-    return bool(np.any(multihost_utils.process_allgather(np.array(self.requested))))
+    return bool(np.any(multihost_utils.process_allgather(np.array(self.received is not None))))
+
+
+def _raise_if_non_finite(history: list[dict], last_step: int, checkpoints, fp16: bool) -> None:
+  """Stops the run at the first step of `history` whose loss or gradient norm is not finite.
+
+  The values stay on the device until here (a log step or a save), so the check
+  costs no host sync per step. fp16 runs skip steps with non-finite gradients by
+  design (loss scaling), so only their loss is checked.
+  """
+  if not history:
+    return
+  values = jax.device_get([(m["train/loss"], m["train/grad_norm"]) for m in history])
+  for i, (loss, grad_norm) in enumerate(values):
+    if np.isfinite(loss) and (fp16 or np.isfinite(grad_norm)):
+      continue
+    step = last_step - len(history) + 1 + i
+    raise NonFiniteError(
+        f"training diverged at step {step}, the first step with a non-finite loss or gradient "
+        f"(train/loss {float(loss)}, grad_norm {float(grad_norm)}); training stopped and nothing "
+        f"from step {step} on was saved. "
+        f"{checkpoints.intact_sentence()} Lower optim.learning_rate, add optim.warmup_epochs or "
+        f"optim.grad_clip_norm, or use precision=bf16/fp32 instead of fp16.")
 
 
 def _mean_metrics(history: list[dict]) -> dict:
@@ -193,9 +226,8 @@ def _mean_metrics(history: list[dict]) -> dict:
   return out
 
 
-def _write_run_info(workdir: str, config, exp: Experiment) -> None:
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2))
+def _write_run_info(workdir: str, config, exp: Experiment, changes: dict, step) -> None:
+  workdir_lib.record_config(workdir, config.to_json_best_effort(indent=2), changes, step)
   try:
     rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
                          cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
@@ -214,26 +246,70 @@ def _write_run_info(workdir: str, config, exp: Experiment) -> None:
     json.dump({"num_classes": exp.num_classes, "class_names": exp.class_names}, f, indent=2)
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
-  """Trains (resuming from WORKDIR/checkpoints if present) and returns the final eval metrics."""
+def _check_workdir_path(workdir: str) -> None:
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise UserError(f"--workdir {workdir} is a file, not a directory: give a directory "
+                    f"(it is created if missing)")
+
+
+def _lock_workdir(stack: contextlib.ExitStack, workdir: str) -> None:
+  """Process 0 locks the workdir; every process stops if it could not."""
+  error = None
+  if jax.process_index() == 0:
+    try:
+      stack.enter_context(workdir_lib.WorkdirLock(workdir))
+    except workdir_lib.WorkdirLockedError as e:
+      error = e
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    if np.any(multihost_utils.process_allgather(np.array(error is not None))):
+      raise error or workdir_lib.WorkdirLockedError(f"process 0 could not lock {workdir}")
+  elif error is not None:
+    raise error
+
+
+def _has_checkpoints(workdir: str) -> bool:
+  directory = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(directory) and any(d.isdigit() for d in os.listdir(directory))
+
+
+def train_and_evaluate(config, workdir: str, accept_config_changes=()) -> dict:
+  """Trains (resuming from WORKDIR/checkpoints if present) and returns the final eval metrics.
+
+  `accept_config_changes`: config keys (or "all") that may differ from the
+  workdir's config.json on resume, beyond those that always may (workdir.RESUMABLE).
+  """
+  config_io.validate(config)
+  _check_workdir_path(workdir)
   os.makedirs(workdir, exist_ok=True)
+  with contextlib.ExitStack() as stack:
+    _lock_workdir(stack, workdir)
+    signals = stack.enter_context(_StopSignals())
+    return _train(config, workdir, tuple(accept_config_changes), signals)
+
+
+def _train(config, workdir: str, accept: tuple, signals: _StopSignals) -> dict:
+  config_dict = json.loads(config.to_json_best_effort())
+  # Before anything is written: is this the run the checkpoints came from?
+  changes = workdir_lib.check_config(workdir, config_dict, accept) if _has_checkpoints(workdir) else {}
   exp = Experiment(config, workdir)
   is_chief = exp.process_index == 0
-  writer = MetricWriter(workdir, enabled=is_chief)
-  if is_chief:
-    _write_run_info(workdir, config, exp)
-  manager = ckpt.make_manager(workdir, config.keep_checkpoints, config.async_checkpointing)
-  config_dict = json.loads(config.to_json_best_effort())
+  checkpoints = ckpt.Checkpoints(workdir, config.keep_checkpoints, config.async_checkpointing)
 
   image_size = exp.train_image_size(0)
   loader_iter = iter(exp.train_loader(image_size))
-  state, start_step = ckpt.restore(manager, exp.abstract_state, loader_iter)
+  state, start_step = checkpoints.restore_newest(exp.abstract_state, loader_iter)
   if state is None:
     state, start_step = exp.init_state(), 0
     logging.info("no checkpoint in %s: starting from scratch", workdir)
   else:
     print(f"resumed from checkpoint at step {start_step} in {workdir}/checkpoints", flush=True)
   iterator_state = loader_iter.get_state()
+  if is_chief:
+    _write_run_info(workdir, config, exp, changes, start_step)
+    # Records past the restored step describe a model that no longer exists.
+    drop_records_after(workdir, start_step)
+  writer = MetricWriter(workdir, enabled=is_chief)
 
   total = exp.total_steps
   print(f"training {config.model.name} on {config.data.source}: {total} steps "
@@ -243,6 +319,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   progress = Progress(total, config.batch_size, start_step, enabled=is_chief)
   history = []
   prefetched = collections.deque()
+  fp16 = exp.policy.uses_loss_scale
 
   def fill():
     # Batches go to the devices ahead of the step that uses them (transfers are
@@ -252,13 +329,14 @@ def train_and_evaluate(config, workdir: str) -> dict:
       prefetched.append((parallel.to_global(local, exp.batch_sharding), loader_iter.get_state()))
 
   def save(step):
-    return ckpt.save(manager, step, state, iterator_state, config_dict)
+    _raise_if_non_finite(history, step, checkpoints, fp16)
+    checkpoints.save(step, state, iterator_state, config_dict)
 
-  step = start_step
-  if step < total:
-    fill()
-    _compile_then_sync(exp.train_step, (state, prefetched[0][0]), "train_step compiled")
-  with _Preemption() as preemption:
+  try:
+    step = start_step
+    if step < total:
+      fill()
+      _compile_then_sync(exp.train_step, (state, prefetched[0][0]), "train_step compiled")
     while step < total:
       if exp.train_image_size(step) != image_size:
         # Progressive resizing: a new loader at the new size continues from the
@@ -276,70 +354,85 @@ def train_and_evaluate(config, workdir: str) -> dict:
       history.append(metrics)
       step += 1
 
+      record = {}
       log_now = step == total or bool(config.log_every_steps and step % config.log_every_steps == 0)
       if log_now:
-        logged = _mean_metrics(history)
+        _raise_if_non_finite(history, step, checkpoints, fp16)
+        record = _mean_metrics(history)
+        record["train/window_steps"] = len(history)  # fewer than log_every_steps after a resume
         history = []
-        if not math.isfinite(logged["train/loss"]):
-          raise NonFiniteLossError(
-              f"train/loss is {logged['train/loss']} at step {step}. The last checkpoint "
-              f"(step {manager.latest_step()}) is intact. Lower optim.learning_rate, add "
-              f"optim.warmup_epochs or optim.grad_clip_norm, or use precision=bf16/fp32 instead of fp16.")
-        logged["train/images_per_sec"] = progress.rate(step)
-        logged["train/epoch"] = step / exp.steps_per_epoch
-        logged["time"] = progress.elapsed()  # seconds since this process started training
-        progress.report(step, logged, logged["train/images_per_sec"])
-        writer.write(step, logged)
+        record["train/images_per_sec"] = progress.rate(step)
+        record["train/epoch"] = step / exp.steps_per_epoch
+        record["time"] = progress.elapsed()  # seconds since this process started training
+        progress.report(step, record, record["train/images_per_sec"], config.log_every_steps)
 
       if config.eval_every_steps and step % config.eval_every_steps == 0 and step != total:
         eval_metrics = exp.evaluate(state)
-        writer.write(step, {**eval_metrics, "time": progress.elapsed()})
+        record.update(eval_metrics, time=progress.elapsed())
         if is_chief:
           print(f"eval at step {step}: top1 {eval_metrics['eval/top1']:.4f}  "
                 f"loss {eval_metrics['eval/loss']:.4f}", flush=True)
+      if record:
+        writer.write(step, record)  # one line per step: train and eval metrics together
 
       if config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0 and step != total:
         save(step)
 
-      if preemption.should_stop(step, sync=log_now):
+      if signals.should_stop(sync=log_now):
         save(step)
-        manager.wait_until_finished()
-        print(f"preempted: checkpoint saved at step {step}; rerun the same command to resume",
-              flush=True)
-        writer.close()
-        manager.close()
-        return {"preempted_at_step": step}
+        checkpoints.wait()
+        print(f"{'interrupted' if signals.received == 'SIGINT' else 'preempted'}: checkpoint saved "
+              f"at step {step}; rerun the same command to resume", flush=True)
+        return {"preempted_at_step": step, "signal": signals.received}
 
-  if step > start_step or manager.latest_step() != step:
-    save(step)
-  eval_metrics = exp.evaluate(state)
-  elapsed = progress.elapsed()
-  writer.write(step, {**eval_metrics, "train/elapsed_sec": elapsed, "time": elapsed})
-  manager.wait_until_finished()
-  manager.close()
-  writer.close()
-  if is_chief:
-    print(f"final: step {step}  test top-1 {eval_metrics['eval/top1']:.4f}  "
-          f"top-5 {eval_metrics['eval/top5']:.4f}  loss {eval_metrics['eval/loss']:.4f}  "
-          f"({elapsed:.1f}s)", flush=True)
-  return eval_metrics
+    if step > start_step or checkpoints.newest_intact != step:
+      save(step)
+    eval_metrics = exp.evaluate(state)
+    elapsed = progress.elapsed()
+    checkpoints.wait()
+    # Merges into the final step's line (MetricWriter keeps one line per step).
+    writer.write(step, {**eval_metrics, "train/elapsed_sec": elapsed, "time": elapsed})
+    if is_chief:
+      print(f"final: step {step}  test top-1 {eval_metrics['eval/top1']:.4f}  "
+            f"top-5 {eval_metrics['eval/top5']:.4f}  loss {eval_metrics['eval/loss']:.4f}  "
+            f"({elapsed:.1f}s)", flush=True)
+    return eval_metrics
+  finally:
+    writer.close()
+    try:
+      checkpoints.close()
+    except UserError:
+      if sys.exc_info()[0] is None:  # not already failing: this is the error to report
+        raise
 
 
 def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
-  """`--mode=eval`: evaluates the latest (or given) checkpoint of WORKDIR and records eval metrics."""
-  exp = Experiment(config, workdir, need_train_data=False)
-  manager = ckpt.make_manager(workdir, config.keep_checkpoints, async_save=False)
-  if manager.latest_step() is None:
-    raise FileNotFoundError(f"no checkpoint in {os.path.join(workdir, 'checkpoints')}: train first "
-                            f"(python -m jaxnet.main --config=... --workdir={workdir})")
-  state, step = ckpt.restore(manager, exp.abstract_state, None, step)
+  """`--mode=eval`: evaluates the latest (or given) checkpoint of WORKDIR and records eval metrics.
+
+  Reads the workdir only, apart from appending to metrics.jsonl (skipped with a
+  warning where the workdir is read-only). A damaged checkpoint is an error.
+  """
+  config_io.validate(config)
+  checkpoints = ckpt.Checkpoints(workdir, read_only=True)
+  try:
+    step = checkpoints.manager.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {checkpoints.directory}: train first "
+                              f"(python -m jaxnet.main --config=... --workdir={workdir})")
+    exp = Experiment(config, workdir, need_train_data=False)
+    state = checkpoints.restore(step, exp.abstract_state)
+  finally:
+    checkpoints.manager.close()
   metrics = exp.evaluate(state)
   if exp.process_index == 0:
-    writer = MetricWriter(workdir)
-    writer.write(step, metrics)
-    writer.close()
     print(f"eval of checkpoint {step}: top-1 {metrics['eval/top1']:.4f}  top-5 "
           f"{metrics['eval/top5']:.4f}  loss {metrics['eval/loss']:.4f}  "
           f"({metrics['eval/examples']} examples)", flush=True)
-  manager.close()
+    try:
+      writer = MetricWriter(workdir)
+      writer.write(step, metrics)
+      writer.close()
+    except OSError as e:
+      print(f"warning: could not record the eval metrics in {workdir}/metrics.jsonl "
+            f"({e.strerror or e})", file=sys.stderr, flush=True)
   return metrics

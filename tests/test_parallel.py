@@ -383,9 +383,9 @@ def test_two_processes_train_like_one(one_device, multihost_run):
   assert json.loads((workdir / "environment.json").read_text())["process_count"] == 2
 
   # The checkpoint the two processes wrote together restores in this single process.
-  manager = ckpt.make_manager(str(workdir), keep=2, async_save=False)
-  restored, step = ckpt.restore(manager, exp.abstract_state, None)
-  manager.close()
+  checkpoints = ckpt.Checkpoints(str(workdir), read_only=True)
+  restored, step = checkpoints.restore_newest(exp.abstract_state)
+  checkpoints.close()
   assert step == STEPS and int(restored.step) == STEPS
   assert rel_diff(jax.device_get(restored.params), ref_params) <= REL_TOL
   assert rel_diff(jax.device_get(restored.batch_stats), ref_stats) <= REL_TOL

@@ -120,14 +120,14 @@ def test_loss_scale_is_saved_in_checkpoints(tmp_path):
   src = ArraySource(np.zeros((4, 8, 8, 1), np.uint8), np.zeros(4, np.int32), 10)
   it = iter(pipeline.train_loader(src, global_batch_size=2, image_size=8, seed=0, workers=0))
   next(it)
-  manager = ckpt.make_manager(str(tmp_path), keep=1, async_save=False)
-  assert ckpt.save(manager, 3, state, it.get_state(), {"precision": "fp16"})
-  manager.wait_until_finished()
+  checkpoints = ckpt.Checkpoints(str(tmp_path), keep=1, async_save=False)
+  checkpoints.save(3, state, it.get_state(), {"precision": "fp16"})
+  checkpoints.wait()
   fresh = LossScale.create(2.0**15, GROWTH_INTERVAL)
   target = state.replace(loss_scale=fresh)   # what a restarted run would build from the config
   abstract = ckpt.abstract(target, jax.tree.map(lambda x: x.sharding, target))
-  restored, step = ckpt.restore(manager, abstract, None)
-  manager.close()
+  restored, step = checkpoints.restore_newest(abstract)
+  checkpoints.close()
   assert step == 3
   assert float(restored.loss_scale.scale) == 2.0**10
   assert int(restored.loss_scale.good_steps) == 1 and int(restored.loss_scale.skipped_steps) == 1

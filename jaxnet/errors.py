@@ -1,0 +1,36 @@
+"""Errors a user can act on, and how the command-line tools report them.
+
+The command line prints a UserError's message as one line and exits non-zero,
+without a traceback (JAXNET_DEBUG=1 shows it). Each message says what happened
+and what to do about it.
+"""
+
+
+import contextlib
+import os
+import sys
+
+
+class UserError(Exception):
+  """A problem with the config, the workdir or the data, explained in the message."""
+
+
+class NonFiniteError(UserError):
+  """Training produced a non-finite loss, gradient or state; nothing non-finite was saved."""
+
+
+@contextlib.contextmanager
+def one_line_errors(*also):
+  """For command-line entry points: a UserError (or FileNotFoundError, ValueError, or
+  a type in `also`) is printed as one line on stderr and exits with status 1.
+
+  JAXNET_DEBUG=1 lets the exception through, with its traceback.
+  """
+  try:
+    yield
+  except (UserError, FileNotFoundError, ValueError, *also) as e:
+    if os.environ.get("JAXNET_DEBUG"):
+      raise
+    print(f"error: {e}", file=sys.stderr)
+    print("(set JAXNET_DEBUG=1 to see the traceback)", file=sys.stderr)
+    sys.exit(1)

@@ -1,0 +1,158 @@
+"""What a training run checks before it writes to its workdir: the lock and the config.
+
+- One training run per workdir: the run holds an OS lock (`fcntl.flock`) on
+  WORKDIR/lock for its whole life. The OS drops it when the process ends, even
+  on `kill -9`, so a lock is never stale. A second run exits at once, naming the
+  holder. Multi-host runs: process 0 holds it.
+- A resumed run must be the same experiment: its config is compared with the
+  workdir's config.json before anything is written. Keys that only change how
+  the run is carried out (RESUMABLE) may change and are recorded in
+  config_history.jsonl; any other change stops the run with a list of the changes.
+"""
+
+import datetime
+import fcntl
+import json
+import logging
+import os
+import socket
+
+from jaxnet.errors import UserError
+
+LOCK_FILE, CONFIG_FILE, HISTORY_FILE = "lock", "config.json", "config_history.jsonl"
+ABSENT = object()  # a key one of two configs does not have
+
+# Keys that may change between a run and its resume: cadence, length, input
+# throughput and checkpoint handling. They do not change what a step computes.
+RESUMABLE = (
+    "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "total_steps", "num_epochs",
+    "keep_checkpoints", "async_checkpointing", "data.workers", "data.read_threads",
+    "data.prefetch", "data.eval_batch_size", "distributed.*",
+)
+
+
+class WorkdirLockedError(UserError):
+  pass
+
+
+class ConfigChangedError(UserError):
+  pass
+
+
+class WorkdirLock:
+  """An exclusive lock on WORKDIR/lock for a training run (a context manager)."""
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, LOCK_FILE)
+    self._file = None
+
+  def __enter__(self):
+    f = open(self.path, "a+")
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      f.seek(0)
+      holder = f.read().strip() or "unknown process"
+      f.close()
+      raise WorkdirLockedError(
+          f"{os.path.dirname(self.path)} is in use by another training run ({holder}). Wait for "
+          f"it to finish or stop it, or train in another --workdir.") from None
+    except OSError as e:  # e.g. an NFS mount without lock support
+      logging.warning("could not lock %s (%s): nothing stops a second run from using this workdir "
+                      "at the same time", self.path, e)
+      f.close()
+      return self
+    f.seek(0)
+    f.truncate()
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    f.write(f"host {socket.gethostname()}, PID {os.getpid()}, started {started}\n")
+    f.flush()
+    self._file = f
+    return self
+
+  def __exit__(self, *exc):
+    if self._file is not None:
+      fcntl.flock(self._file, fcntl.LOCK_UN)
+      self._file.close()
+      self._file = None
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+  """{"optim": {"name": "sgd"}} -> {"optim.name": "sgd"} (JSON values, lists for tuples)."""
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(flatten(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+def _resumable(key: str) -> bool:
+  return any(key == k or (k.endswith(".*") and key.startswith(k[:-1])) for k in RESUMABLE)
+
+
+def config_changes(old: dict, new: dict, defaults: dict | None = None) -> dict:
+  """{key: (old, new)} for every flattened key whose value differs.
+
+  Keys that only one side has are changes too, except where a newer jaxnet added
+  a key at its default (`defaults`, flattened) or dropped one.
+  """
+  a, b, defaults = flatten(old), flatten(new), defaults or {}
+  changes = {}
+  for k in sorted(set(a) | set(b)):
+    if k not in b or (k not in a and k in defaults and b[k] == defaults[k]):
+      continue
+    if a.get(k, ABSENT) != b[k]:
+      changes[k] = (a.get(k, ABSENT), b[k])
+  return changes
+
+
+def check_config(workdir: str, config_dict: dict, accept: tuple[str, ...] = ()) -> dict:
+  """Compares a resuming run's config with WORKDIR/config.json; returns the accepted changes.
+
+  Raises ConfigChangedError listing every change that is neither RESUMABLE nor
+  named in `accept` (keys, or "all"). Writes nothing.
+  """
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    old = json.load(f)
+  from jaxnet.config_base import base_config
+  defaults = json.loads(base_config().to_json_best_effort())
+  changes = config_changes(old, config_dict, flatten(defaults))
+  refused = {k: v for k, v in changes.items()
+             if not _resumable(k) and "all" not in accept and k not in accept}
+  if refused:
+    lines = "\n".join(f"  {k}: {_show(a)} -> {_show(b)}" for k, (a, b) in refused.items())
+    raise ConfigChangedError(
+        f"this config differs from the one {workdir} was trained with:\n{lines}\n"
+        f"Train in a new --workdir, or accept the changes for this workdir with "
+        f"--accept_config_changes={','.join(refused)}")
+  return changes
+
+
+def record_config(workdir: str, config_json: str, changes: dict, step: int | None) -> None:
+  """Writes config.json (atomically) and appends accepted changes to config_history.jsonl."""
+  if changes:
+    entry = {"time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+             "resumed_from_step": step, "changes": {k: [None if a is ABSENT else a, b] for k, (a, b) in changes.items()}}
+    with open(os.path.join(workdir, HISTORY_FILE), "a") as f:
+      f.write(json.dumps(entry) + "\n")
+    print("config changes accepted on resume: " +
+          ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items()), flush=True)
+  write_atomically(os.path.join(workdir, CONFIG_FILE), config_json)
+
+
+def write_atomically(path: str, text: str) -> None:
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def _show(value) -> str:
+  if value is ABSENT:
+    return "(absent)"
+  return repr(value) if isinstance(value, str) else json.dumps(value)
