@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxnet.errors import NonFiniteError, UserError
+from jaxnet.errors import DIVERGED_HINT, NonFiniteError, UserError
 
 STATE, DATA_ITER, CONFIG, CHECKSUMS = "state", "data_iter", "config", "checksums"
 CHECKSUM_ALGORITHM = "jaxnet-fmix32-sum-v1"
@@ -196,8 +196,9 @@ class Checkpoints:
     finite, checksums, bad = inspect(state)
     if not finite:
       raise NonFiniteError(
-          f"the train state at step {step} has non-finite values ({', '.join(bad[:3])}"
-          f"{' ...' if len(bad) > 3 else ''}); it was not saved. {self.intact_sentence()}")
+          f"training diverged: the train state at step {step} has non-finite values "
+          f"({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); it was not saved. "
+          f"{self.intact_sentence()} {DIVERGED_HINT}")
     try:
       self.manager.save(step, args=ocp.args.Composite(**{
           STATE: ocp.args.StandardSave(state),
@@ -372,17 +373,21 @@ def _first_line(e: BaseException) -> str:
 
 
 class _DropSaveFailureNoise(logging.Filter):
-  """Drops orbax's own tracebacks of a failed background save.
+  """Drops orbax's (and asyncio's) own tracebacks of a failed background save.
 
   Checkpoints reports each failed save once, as CheckpointSaveError; orbax
   would log the same failure from several threads, 100+ lines each time.
   """
 
   def filter(self, record: logging.LogRecord) -> bool:
-    if record.levelno < logging.ERROR or "orbax" not in record.pathname:
+    if record.levelno < logging.ERROR:
       return True
-    return not (record.exc_info or "RESOURCE_EXHAUSTED" in record.getMessage()
-                or "Errno" in record.getMessage())
+    message = record.getMessage()
+    if record.name == "asyncio":  # "Task exception was never retrieved" of a failed write
+      return not any(s in message for s in ("RESOURCE_EXHAUSTED", "No space left", "Errno"))
+    if "orbax" not in record.pathname:
+      return True
+    return not (record.exc_info or "RESOURCE_EXHAUSTED" in message or "Errno" in message)
 
 
 def _is_closed_loop_noise(exc_type, exc) -> bool:
@@ -396,7 +401,8 @@ def _quiet_failed_saves() -> None:
   if os.environ.get("JAXNET_DEBUG") or getattr(_quiet_failed_saves, "done", False):
     return
   _quiet_failed_saves.done = True
-  logging.getLogger("absl").addFilter(_DropSaveFailureNoise())
+  for name in ("absl", "asyncio"):
+    logging.getLogger(name).addFilter(_DropSaveFailureNoise())
   warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
   previous_hook = sys.excepthook
 

@@ -19,6 +19,10 @@ class NonFiniteError(UserError):
   """Training produced a non-finite loss, gradient or state; nothing non-finite was saved."""
 
 
+DIVERGED_HINT = ("Lower optim.learning_rate, add optim.warmup_epochs or optim.grad_clip_norm, "
+                 "or use precision=bf16/fp32 instead of fp16.")
+
+
 @contextlib.contextmanager
 def one_line_errors(*also):
   """For command-line entry points: a UserError (or FileNotFoundError, ValueError, or

@@ -87,10 +87,11 @@ def main(argv=None):
                       help="comma-separated backends to lower for, e.g. cpu,cuda (default: this one)")
   args = parser.parse_args(argv)
 
-  from jaxnet import api
-  predictor = api.restore(args.workdir, step=args.step)
-  platforms = args.platforms.split(",") if args.platforms else None
-  save(predictor, args.out, platforms)
+  from jaxnet import api, errors
+  with errors.one_line_errors():
+    predictor = api.restore(args.workdir, step=args.step)
+    platforms = args.platforms.split(",") if args.platforms else None
+    save(predictor, args.out, platforms)
   print(f"exported step {predictor.step} of {args.workdir} to {args.out} "
         f"(input uint8 (batch, {', '.join(map(str, predictor.image_shape))}))")
   return 0

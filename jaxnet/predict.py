@@ -19,9 +19,10 @@ def main(argv=None):
   parser.add_argument("images", nargs="+", metavar="IMAGE")
   args = parser.parse_args(argv)
 
-  from jaxnet import api
-  model = api.restore(args.workdir, step=args.step)
-  results = model.predict(args.images, top_k=args.top)
+  from jaxnet import api, errors
+  with errors.one_line_errors():
+    model = api.restore(args.workdir, step=args.step)
+    results = model.predict(args.images, top_k=args.top)
   for path, top in zip(args.images, results):
     print(path)
     for name, prob in top:

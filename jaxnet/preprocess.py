@@ -15,6 +15,8 @@ import os
 import numpy as np
 from PIL import Image
 
+from jaxnet.errors import UserError
+
 # Sources whose records are decoded arrays rather than JPEG bytes (see data/sources.py).
 ARRAY_SOURCES = ("digits", "synthetic")
 
@@ -31,7 +33,7 @@ def load_image(image, config, channels: int) -> np.ndarray:
   from jaxnet.data.transforms import EvalDecodeCrop  # the pipeline's own eval transform
   example = EvalDecodeCrop(size, config.data.eval_crop_fraction).map({"image": _to_bytes(image), "label": np.int32(0)})
   if not example["mask"]:
-    raise ValueError(f"could not decode image {image if isinstance(image, str) else ''}".strip())
+    raise ImageReadError(f"could not decode image {image if isinstance(image, str) else ''}".strip())
   out = np.asarray(example["image"], np.uint8)
   if channels == 1 and out.shape[-1] == 3:
     out = np.asarray(Image.fromarray(out).convert("L"), np.uint8)[..., None]
@@ -42,13 +44,26 @@ def load_batch(images, config, channels: int) -> np.ndarray:
   return np.stack([load_image(im, config, channels) for im in images])
 
 
+class ImageReadError(UserError, ValueError):
+  """An image to predict on is missing or is not an image."""
+
+
+def _open_file(path) -> Image.Image:
+  if not os.path.exists(path):
+    raise ImageReadError(f"image file {path} not found")
+  try:
+    with Image.open(path) as im:
+      im.load()
+      return im
+  except (OSError, Image.DecompressionBombError) as e:
+    raise ImageReadError(f"{path} is not an image that PIL can read ({e})") from None
+
+
 def _to_pil(image) -> Image.Image:
   if isinstance(image, Image.Image):
     return image
   if isinstance(image, (str, os.PathLike)):
-    with Image.open(image) as im:
-      im.load()
-      return im
+    return _open_file(image)
   if isinstance(image, bytes):
     return Image.open(io.BytesIO(image))
   array = np.asarray(image)
@@ -61,6 +76,8 @@ def _to_bytes(image) -> bytes:
   if isinstance(image, bytes):
     return image
   if isinstance(image, (str, os.PathLike)):
+    if not os.path.exists(image):
+      raise ImageReadError(f"image file {image} not found")
     with open(image, "rb") as f:
       return f.read()
   buffer = io.BytesIO()

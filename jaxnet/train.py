@@ -22,7 +22,7 @@ from jaxnet import checkpoint as ckpt
 from jaxnet import config_io, models, optim, parallel, precision, steps
 from jaxnet import workdir as workdir_lib
 from jaxnet.data import pipeline, sources
-from jaxnet.errors import NonFiniteError, UserError
+from jaxnet.errors import DIVERGED_HINT, NonFiniteError, UserError
 from jaxnet.metrics import MetricWriter, Progress, drop_records_after
 from jaxnet.state import TrainState, init_state
 
@@ -210,8 +210,7 @@ def _raise_if_non_finite(history: list[dict], last_step: int, checkpoints, fp16:
         f"training diverged at step {step}, the first step with a non-finite loss or gradient "
         f"(train/loss {float(loss)}, grad_norm {float(grad_norm)}); training stopped and nothing "
         f"from step {step} on was saved. "
-        f"{checkpoints.intact_sentence()} Lower optim.learning_rate, add optim.warmup_epochs or "
-        f"optim.grad_clip_norm, or use precision=bf16/fp32 instead of fp16.")
+        f"{checkpoints.intact_sentence()} {DIVERGED_HINT}")
 
 
 def _mean_metrics(history: list[dict]) -> dict:

@@ -8,13 +8,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_main(workdir, *overrides, config="configs/digits.py", mode="train", env=None,
-             check=True, timeout=600, python_prefix=()):
-  """Runs `python -m jaxnet.main` in a subprocess; returns the CompletedProcess."""
+             check=True, timeout=600, python_prefix=(), flags=()):
+  """Runs `python -m jaxnet.main` in a subprocess; returns the CompletedProcess.
+
+  `overrides` are config keys (`"total_steps=20"`); `flags` other flags, whole.
+  """
   cmd = [sys.executable, *python_prefix]
   if not python_prefix:
     cmd += ["-m", "jaxnet.main"]
   cmd += [f"--config={config}", f"--workdir={workdir}", f"--mode={mode}",
-          *[f"--config.{o}" for o in overrides]]
+          *flags, *[f"--config.{o}" for o in overrides]]
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                         env={**os.environ, **(env or {})})
   if check and proc.returncode != 0:

@@ -1,0 +1,390 @@
+"""A workdir never loses or poisons a model: ordinary mishaps, one test each.
+
+Process boundaries matter for most of these (a lock, a kill, a signal, a full
+disk), so they run `python -m jaxnet.main` on digits with tiny runs.
+"""
+
+import ast
+import contextlib
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxnet import api, checkpoint as ckpt, config_io, errors
+from jaxnet import workdir as workdir_lib
+from jaxnet.metrics import read_jsonl
+from tests.helpers import REPO, run_main
+
+ARGS = ("total_steps=20", "log_every_steps=5", "checkpoint_every_steps=10", "eval_every_steps=0",
+        "batch_size=32")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A finished 20-step run with checkpoints 10 and 20; tests work on copies of it."""
+  workdir = tmp_path_factory.mktemp("trained") / "w"
+  run_main(workdir, *ARGS)
+  return workdir
+
+
+def _copy(trained, tmp_path):
+  shutil.copytree(trained, tmp_path / "w")
+  return tmp_path / "w"
+
+
+def _popen(workdir, *overrides):
+  """Starts a training run in the background; its stdout goes to a file (see _wait_until)."""
+  cmd = [sys.executable, "-m", "jaxnet.main", "--config=configs/digits.py", f"--workdir={workdir}",
+         *[f"--config.{o}" for o in overrides]]
+  log = open(f"{workdir}.out", "w+")
+  proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.PIPE, text=True)
+  proc.log = log
+  return proc
+
+
+def _wait_until(proc, condition, what, limit=300):
+  deadline = time.time() + limit
+  while not condition():
+    if proc.poll() is not None:
+      raise AssertionError(f"the run ended before {what}: {proc.stderr.read()[-3000:]}")
+    assert time.time() < deadline, f"no {what} after {limit} s"
+    time.sleep(0.2)
+
+
+def _printed(proc, prefix):
+  return lambda: any(l.startswith(prefix) for l in open(proc.log.name))
+
+
+def _finish(proc, timeout):
+  _, err = proc.communicate(timeout=timeout)
+  return open(proc.log.name).read(), err
+
+
+def _assert_one_clear_line(proc):
+  assert proc.returncode not in (0, None), proc.stdout[-2000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  errors_printed = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors_printed) == 1, proc.stderr[-3000:]
+  return errors_printed[0]
+
+
+# 1 -------------------------------------------------------------------------
+
+def test_second_run_on_a_held_workdir_exits_naming_the_holder(tmp_path):
+  workdir = tmp_path / "w"
+  first = _popen(workdir, "total_steps=100000", "log_every_steps=1", "checkpoint_every_steps=2",
+                 "batch_size=32")
+  try:
+    _wait_until(first, _printed(first, "step"), "a progress line")
+    second = run_main(workdir, "total_steps=60", "optim.learning_rate=0.8", check=False)
+    line = _assert_one_clear_line(second)
+    assert "in use by another training run" in line and f"PID {first.pid}" in line, line
+    assert first.poll() is None  # the first run was not disturbed
+    _wait_until(first, lambda: any(d.isdigit() for d in os.listdir(workdir / "checkpoints")),
+                "a checkpoint")
+  finally:
+    first.send_signal(signal.SIGKILL)
+    first.communicate()
+  # kill -9 leaves no stale lock: the same command resumes from a checkpoint.
+  third = run_main(workdir, "total_steps=1", "log_every_steps=1", "checkpoint_every_steps=2",
+                   "batch_size=32")
+  assert "resumed from checkpoint at step" in third.stdout
+
+
+# 2 -------------------------------------------------------------------------
+
+def test_checksums_detect_a_flipped_bit():
+  tree = {"w": jnp.arange(1000, dtype=jnp.float32), "b": jnp.ones(3, jnp.bfloat16), "s": jnp.int32(7)}
+  finite, sums, _ = ckpt.inspect(tree)
+  assert finite and set(sums) == {"w", "b", "s"}
+  words = np.asarray(tree["w"]).view(np.uint32).copy()
+  for position, bit in [(0, 0), (500, 17), (999, 31)]:
+    flipped = words.copy()
+    flipped[position] ^= np.uint32(1 << bit)
+    changed = {**tree, "w": jnp.asarray(flipped.view(np.float32))}
+    assert ckpt.inspect(changed)[1]["w"] != sums["w"]
+  # Swapping two values changes the sum too (positions are salted).
+  swapped = {**tree, "w": tree["w"].at[0].set(1.0).at[1].set(0.0)}
+  assert ckpt.inspect(swapped)[1]["w"] != sums["w"]
+  with pytest.raises(ckpt.DamagedCheckpointError, match="checksum mismatch in w"):
+    ckpt.verify(swapped, {"algorithm": ckpt.CHECKSUM_ALGORITHM, "leaves": sums}, 5, "dir")
+
+
+def _flip_bytes_of_largest_file(directory):
+  files = [f for f in glob.glob(f"{directory}/**/*", recursive=True) if os.path.isfile(f)]
+  largest = max(files, key=os.path.getsize)
+  data = bytearray(open(largest, "rb").read())
+  middle = len(data) // 2
+  for i in range(middle, middle + 300):
+    data[i] ^= 0x5A
+  open(largest, "wb").write(bytes(data))
+
+
+def test_damaged_checkpoints_are_reported_and_skipped(trained, tmp_path):
+  workdir = _copy(trained, tmp_path)
+  _flip_bytes_of_largest_file(workdir / "checkpoints" / "20" / "state")
+  os.makedirs(workdir / "checkpoints" / "999")  # empty: as a half-copied directory looks
+
+  evaluated = run_main(workdir, mode="eval", check=False)
+  line = _assert_one_clear_line(evaluated)
+  assert "checkpoint 999" in line and "damaged" in line
+  with pytest.raises(ckpt.DamagedCheckpointError, match="checkpoint 20 .* damaged"):
+    ckpt.load_arrays(workdir, 20)
+
+  resumed = run_main(workdir, *ARGS[1:], "total_steps=30", "keep_checkpoints=1")
+  assert "checkpoint 999" in resumed.stdout and "checkpoint 20" in resumed.stdout
+  assert "resumed from checkpoint at step 10" in resumed.stdout
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["30"]  # rotation kept the newest
+  assert len(os.listdir(workdir / "checkpoints_damaged")) == 2
+  tree, step = ckpt.load_arrays(workdir)
+  assert step == 30 and all(np.all(np.isfinite(x)) for x in jax.tree.leaves(tree["params"]))
+
+
+# 3 -------------------------------------------------------------------------
+
+def test_non_finite_state_is_never_saved(tmp_path):
+  checkpoints = ckpt.Checkpoints(str(tmp_path / "unit"), keep=2, async_save=False)
+  state = {"params": {"w": jnp.array([1.0, jnp.nan])}, "step": jnp.int32(3)}
+  with pytest.raises(errors.NonFiniteError, match=r"step 3 has non-finite values \(params/w\)"):
+    checkpoints.save(3, state, b"", {})
+  checkpoints.close()
+  assert not os.listdir(tmp_path / "unit" / "checkpoints")
+
+  workdir = tmp_path / "diverged"
+  proc = run_main(workdir, "total_steps=40", "optim.learning_rate=1e6", "log_every_steps=10",
+                  "checkpoint_every_steps=5", "batch_size=32", check=False)
+  line = _assert_one_clear_line(proc)
+  assert "training diverged" in line and "learning_rate" in line, line
+  # The first step with a non-finite loss or gradient, or the save that found a
+  # non-finite state (BN variances can overflow before the loss does).
+  first_bad = int(line.split(" at step ")[1].split(",")[0].split(" ")[0])
+  assert first_bad <= 10  # found before the step-10 log line, by the save at step 5 or 10
+  saved = [int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()]
+  assert all(s < first_bad for s in saved)
+  for step in saved:
+    tree, _ = ckpt.load_arrays(workdir, step)
+    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(tree) if x.dtype.kind == "f")
+  newest = max(saved) if saved else None
+  assert (f"newest intact checkpoint is step {newest}" if saved else "no intact checkpoint") in line
+
+
+# 4 -------------------------------------------------------------------------
+
+def test_resume_with_a_changed_config(trained, tmp_path):
+  workdir = _copy(trained, tmp_path)
+  config_before = (workdir / "config.json").read_bytes()
+  def digits(*overrides):  # the config the command line builds from these overrides
+    pairs = (o.split("=") for o in (*ARGS, *overrides))
+    return api.load_config(os.path.join(REPO, "configs/digits.py"),
+                           {k: v if v.isalnum() and not v.isdigit() else ast.literal_eval(v)
+                            for k, v in pairs})
+
+  with pytest.raises(workdir_lib.ConfigChangedError) as refused:
+    api.train(digits("image_size=32", "batch_size=16", "precision=bf16", "label_smoothing=0.1",
+                     "model.name=resnet18"), workdir)
+  message = str(refused.value)
+  for change in ("image_size: 16 -> 32", "batch_size: 32 -> 16", "precision: 'fp32' -> 'bf16'",
+                 "label_smoothing: 0.0 -> 0.1", "model.name: 'resnet_tiny' -> 'resnet18'"):
+    assert change in message, message
+  assert "new --workdir" in message and "--accept_config_changes=" in message
+  assert (workdir / "config.json").read_bytes() == config_before
+
+  # On the command line: one short message, no orbax dump, nothing written.
+  proc = run_main(workdir, *ARGS, "optim.name=adamw", check=False)
+  _assert_one_clear_line(proc)
+  assert "optim.name: 'sgd' -> 'adamw'" in proc.stderr and len(proc.stderr.splitlines()) < 8
+  assert (workdir / "config.json").read_bytes() == config_before
+
+  # Cadence and length may change; the change is recorded.
+  api.train(digits("total_steps=25", "log_every_steps=25"), workdir)
+  history = [json.loads(l) for l in open(workdir / "config_history.jsonl")]
+  assert history[-1]["changes"] == {"log_every_steps": [5, 25], "total_steps": [20, 25]}
+  assert history[-1]["resumed_from_step"] == 20
+  assert json.load(open(workdir / "config.json"))["total_steps"] == 25
+
+  # A key that alters training goes ahead once accepted.
+  changed = digits("total_steps=26", "log_every_steps=25", "optim.learning_rate=0.2")
+  with pytest.raises(workdir_lib.ConfigChangedError, match="optim.learning_rate: 0.4 -> 0.2"):
+    api.train(changed, workdir)
+  api.train(changed, workdir, accept_config_changes=["optim.learning_rate"])
+  assert json.load(open(workdir / "config.json"))["optim"]["learning_rate"] == 0.2
+  assert ckpt.load_arrays(workdir)[1] == 26
+
+
+# 5 -------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _tmpfs(path, size):
+  os.makedirs(path)
+  if shutil.which("mount") is None or os.geteuid() != 0:
+    pytest.skip("mounting a small tmpfs needs root and mount(8)")
+  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                           capture_output=True, text=True)
+  if mounted.returncode != 0:
+    pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+  try:
+    yield path
+  finally:
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_full_disk_stops_cleanly_and_keeps_the_newest_checkpoint(tmp_path):
+  # One digits checkpoint takes ~1.1 MB: the first fits, the second does not.
+  with _tmpfs(tmp_path / "small", "1700k") as mount:
+    workdir = mount / "w"
+    proc = run_main(workdir, "total_steps=40", "log_every_steps=10", "checkpoint_every_steps=5",
+                    "keep_checkpoints=1", "batch_size=32", check=False)
+    line = _assert_one_clear_line(proc)
+    assert "checkpoint at step 10 FAILED (no space left on device)" in line, line
+    assert f"writing {workdir}/checkpoints/10" in line and "newest intact checkpoint is step 5" in line
+    assert len(proc.stderr.splitlines()) <= 3, proc.stderr  # no orbax tracebacks
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["5"]
+    _, step = ckpt.load_arrays(workdir)
+    assert step == 5
+
+
+def test_read_only_workdir_still_evaluates(trained, tmp_path):
+  with _tmpfs(tmp_path / "ro", "8m") as mount:
+    shutil.copytree(trained, mount / "w")
+    subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+    proc = run_main(mount / "w", mode="eval")
+    assert "eval of checkpoint 20: top-1" in proc.stdout
+    assert "could not record the eval metrics" in proc.stderr
+
+
+def describe(error):
+  return ckpt.describe_os_error(error)
+
+
+def test_save_errors_name_their_cause():
+  import errno
+  assert describe(OSError(errno.ENOSPC, "x")) == "no space left on device"
+  assert describe(ValueError("RESOURCE_EXHAUSTED: Failed writing")) == "no space left on device"
+  assert describe(OSError(errno.EACCES, "x")) == "permission denied"
+  wrapped = RuntimeError("save failed")
+  wrapped.__cause__ = OSError(errno.EROFS, "x")
+  assert describe(wrapped) == "read-only file system"
+  assert "already exists" in describe(ValueError("Destination /w/checkpoints/8 already exists"))
+
+
+# 6 -------------------------------------------------------------------------
+
+def test_ctrl_c_saves_then_exits(tmp_path):
+  proc = _popen(tmp_path / "once", "total_steps=100000", "log_every_steps=1",
+                "checkpoint_every_steps=0", "batch_size=32")
+  _wait_until(proc, _printed(proc, "step"), "a progress line")
+  proc.send_signal(signal.SIGINT)
+  out, err = _finish(proc, 300)
+  assert proc.returncode == 130, err[-3000:]
+  assert "Traceback" not in err
+  assert "interrupted: checkpoint saved at step" in out
+  stopped = int(out.split("checkpoint saved at step ")[1].split(";")[0])
+  _, step = ckpt.load_arrays(tmp_path / "once")
+  assert step == stopped
+
+
+
+def test_a_second_ctrl_c_exits_at_once(monkeypatch, capsys):
+  from jaxnet import train
+  exits = []
+  monkeypatch.setattr(os, "_exit", exits.append)
+  with train._StopSignals() as signals:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.1)  # Python runs the handler between bytecodes
+    assert signals.received == "SIGINT" and signals.should_stop(sync=False) and not exits
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.1)
+  assert exits == [130]
+  assert "second Ctrl-C: exiting now without saving" in capsys.readouterr().err
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+# 7 -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("override,message", [
+    ({"batch_size": 0}, "batch_size=0 must be >= 1"),
+    ({"batch_size": -1}, "batch_size=-1 must be >= 1"),
+    ({"total_steps": -5}, "total_steps=-5 must be >= 0"),
+    ({"total_steps": 0, "num_epochs": 0.0}, "num_epochs=0.0 must be > 0"),
+    ({"keep_checkpoints": 0}, "keep_checkpoints=0 must be >= 1"),
+    ({"image_size": 0}, "image_size=0 must be >= 1"),
+])
+def test_bad_values_are_refused_before_anything_is_written(tmp_path, override, message):
+  config = api.load_config(os.path.join(REPO, "configs/digits.py"), override)
+  workdir = tmp_path / "never"
+  with pytest.raises(config_io.InvalidConfigError, match=message.replace("(", r"\(")):
+    api.train(config, workdir)
+  assert not workdir.exists()
+
+
+def test_bad_input_on_the_command_line_is_one_line(tmp_path):
+  proc = run_main(tmp_path / "w", "batch_size=0", check=False)
+  assert "batch_size=0 must be >= 1" in _assert_one_clear_line(proc)
+  assert not (tmp_path / "w").exists()
+
+  bad_config = tmp_path / "bad.py"
+  bad_config.write_text("from jaxnet.config_base import base_config\n\ndef get_config(:\n  pass\n")
+  proc = run_main(tmp_path / "w", config=str(bad_config), check=False)
+  assert f"{bad_config}:3: SyntaxError" in _assert_one_clear_line(proc)
+
+  a_file = tmp_path / "file"
+  a_file.write_text("")
+  with pytest.raises(errors.UserError, match="is a file, not a directory"):
+    api.train(api.load_config(os.path.join(REPO, "configs/digits.py")), a_file)
+
+  missing = tmp_path / "missing"
+  with pytest.raises(FileNotFoundError, match="no checkpoint"):
+    api.evaluate(missing, api.load_config(os.path.join(REPO, "configs/digits.py")))
+  assert not missing.exists()
+
+
+def test_predict_and_export_errors_are_one_line(trained, tmp_path, capsys):
+  from jaxnet import export, predict
+  not_an_image = tmp_path / "notes.png"
+  not_an_image.write_text("hello")
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  cases = [
+      (predict.main, [f"--workdir={trained}", str(tmp_path / "nope.png")], "nope.png not found"),
+      (predict.main, [f"--workdir={trained}", str(not_an_image)], "not an image"),
+      (predict.main, [f"--workdir={empty}", str(not_an_image)], "config.json not found"),
+      (export.main, [f"--workdir={empty}", f"--out={tmp_path / 'm.jax'}"], "config.json not found"),
+  ]
+  for entry, argv, expected in cases:
+    with pytest.raises(SystemExit) as stopped:
+      entry(argv)
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and expected in err, err
+  shutil.copy(trained / "config.json", empty / "config.json")
+  with pytest.raises(SystemExit):
+    export.main([f"--workdir={empty}", f"--out={tmp_path / 'm.jax'}"])
+  assert "no checkpoint" in capsys.readouterr().err
+
+
+# 8 -------------------------------------------------------------------------
+
+def test_metrics_have_one_line_per_step_after_a_resume(trained, tmp_path):
+  workdir = _copy(trained, tmp_path)
+  # As if the run was killed while writing its final checkpoint.
+  shutil.rmtree(workdir / "checkpoints" / "20")
+  proc = run_main(workdir, *ARGS[1:], "total_steps=20", "log_every_steps=4")
+  assert "resumed from checkpoint at step 10" in proc.stdout
+  assert "(mean of 2 steps)" in proc.stdout  # steps 11-12: the first window after the resume
+  records = read_jsonl(workdir)
+  steps = [r["step"] for r in records]
+  assert len(steps) == len(set(steps)), steps
+  assert steps == [5, 10, 12, 16, 20]
+  by_step = {r["step"]: r for r in records}
+  assert by_step[12]["train/window_steps"] == 2 and by_step[16]["train/window_steps"] == 4
+  assert "eval/top1" in by_step[20] and "train/loss" in by_step[20]  # one line, both kinds
