@@ -23,11 +23,14 @@ LOCK_FILE, CONFIG_FILE, HISTORY_FILE = "lock", "config.json", "config_history.js
 ABSENT = object()  # a key one of two configs does not have
 
 # Keys that may change between a run and its resume: cadence, length, input
-# throughput and checkpoint handling. They do not change what a step computes.
+# throughput and checkpoint handling. They change neither what a step computes nor
+# which examples it sees. data.workers is not among them: Grain batches inside each
+# worker, so the worker count decides which examples share a batch, and the saved
+# iterator position only fits the same count.
 RESUMABLE = (
     "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "total_steps", "num_epochs",
-    "keep_checkpoints", "async_checkpointing", "data.workers", "data.read_threads",
-    "data.prefetch", "data.eval_batch_size", "distributed.*",
+    "keep_checkpoints", "async_checkpointing", "data.read_threads", "data.prefetch",
+    "data.eval_batch_size", "distributed.*",
 )
 
 
