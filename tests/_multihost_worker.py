@@ -16,7 +16,7 @@ import numpy as np
 from jaxnet import checkpoint
 
 
-def _save_with_replica(manager, step, state, *args, **kwargs):
+def _save_with_replica(self, step, state, *args, **kwargs):
   import jax
   flat = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
@@ -25,12 +25,11 @@ def _save_with_replica(manager, step, state, *args, **kwargs):
     for other in shards[1:]:
       np.testing.assert_array_equal(other, shards[0], err_msg=jax.tree_util.keystr(path))
     flat[jax.tree_util.keystr(path)] = shards[0]
-  workdir = os.path.dirname(os.path.abspath(manager.directory))
-  np.savez(os.path.join(workdir, f"replica_{step}_process{jax.process_index()}.npz"), **flat)
-  return _original_save(manager, step, state, *args, **kwargs)
+  np.savez(os.path.join(self.workdir, f"replica_{step}_process{jax.process_index()}.npz"), **flat)
+  return _original_save(self, step, state, *args, **kwargs)
 
 
-_original_save = checkpoint.save
-checkpoint.save = _save_with_replica
+_original_save = checkpoint.Checkpoints.save
+checkpoint.Checkpoints.save = _save_with_replica
 sys.argv = ["jaxnet.main"] + sys.argv[1:]
 runpy.run_module("jaxnet.main", run_name="__main__", alter_sys=True)
