@@ -116,37 +116,37 @@ def test_eight_devices_train_like_one(one_device, eight_devices):
   """K steps on 8 devices end where K steps on 1 device end (same init, same batches).
 
   The two differ only in float32 summation order (one reduction over the batch
-  vs 8 partial sums and an all-reduce), ~1e-6 relative per step. A caveat
-  found while building this: if some ReLU input lands within that rounding
-  of 0, the two runs take different sides of the kink and from then on
-  diverge for real (1e-4 -> 1e-1 within a few steps, for any tolerance). That
-  is float arithmetic, not a parallelism bug; the configuration here (seed 0,
-  the first 4 digits batches, lr 0.05) is one where no ReLU sits that close to
-  0, so the trajectories must agree to 1e-5. The per-step test below holds
-  regardless.
+  vs 8 partial sums and an all-reduce), ~1e-6 relative per step. But training
+  is chaotic at ReLU kinks: when a ReLU input lands within that rounding of 0,
+  the runs take different sides of the kink and diverge for real (1e-6 -> 1e-2
+  in a step) -- float arithmetic, not a parallelism bug, and whether it happens
+  depends on library versions. So the bar at each step is the larger of 1e-5 and
+  twice the divergence of a 1-device run whose initial weights were moved by one
+  float32 ulp: a missing or wrong all-reduce would differ by far more at the first
+  step already. The per-step test below holds without this allowance.
   """
   init = one_device["init"]
-  final_1 = params_and_stats(one_device["states"][-1])
-  final_8 = params_and_stats(eight_devices["states"][-1])
+  ulp = init.replace(params=jax.tree.map(lambda x: np.nextafter(x, np.float32(np.inf)), init.params))
+  _, perturbed, _ = run_steps(one_device["exp"], ulp, one_device["batches"])
   # Not vacuous: the steps moved the weights far beyond float32 rounding.
   kernels = lambda params: [p for p in jax.tree.leaves(params) if p.ndim > 1]
-  moved = rel_diff(kernels(final_1[0]), kernels(init.params))
+  moved = rel_diff(kernels(one_device["states"][-1].params), kernels(init.params))
   assert moved > 1e-3, moved
 
-  params_diff = rel_diff(final_8[0], final_1[0])
-  stats_diff = rel_diff(final_8[1], final_1[1])
-  # The momentum buffers are the accumulated gradients: this compares the
-  # updates themselves, not just weights dominated by their shared init.
-  # (Differencing fp32 weights to get the update would not do: a BN scale of
-  # ~1 moved by 1e-3 keeps only ~4 significant digits of the move.)
-  momentum_diff = rel_diff(one_device["states"][-1].opt_state, eight_devices["states"][-1].opt_state)
-  print(f"\n1 vs 8 devices after {STEPS} steps: params rel diff {params_diff:.2e}, "
-        f"batch_stats rel diff {stats_diff:.2e}, momentum rel diff {momentum_diff:.2e} "
-        f"(kernels moved {moved:.1e})")
-  assert params_diff <= REL_TOL
-  assert stats_diff <= REL_TOL
-  assert momentum_diff <= REL_TOL
-  np.testing.assert_allclose(eight_devices["losses"], one_device["losses"], rtol=REL_TOL)
+  for i, (one, eight, nudged) in enumerate(zip(one_device["states"], eight_devices["states"], perturbed)):
+    chaos = rel_diff(nudged.params, one.params)
+    bar = max(REL_TOL, 2 * chaos)
+    params_diff = rel_diff(eight.params, one.params)
+    stats_diff = rel_diff(eight.batch_stats, one.batch_stats)
+    # The momentum buffers are the accumulated gradients: this compares the
+    # updates themselves, not just weights dominated by their shared init.
+    momentum_diff = rel_diff(eight.opt_state, one.opt_state)
+    print(f"step {i + 1}: 1 vs 8 devices params {params_diff:.2e}, batch_stats {stats_diff:.2e}, "
+          f"momentum {momentum_diff:.2e}; 1 ulp of init moves params {chaos:.2e}")
+    if i == 0:
+      assert chaos < REL_TOL  # one step cannot amplify an ulp past rounding
+    assert params_diff <= bar and momentum_diff <= max(bar, 2 * rel_diff(nudged.opt_state, one.opt_state))
+    assert stats_diff <= max(bar, 2 * rel_diff(nudged.batch_stats, one.batch_stats))
 
 
 def test_each_step_on_eight_devices_matches_one_device(one_device, eight_devices):
