@@ -27,6 +27,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every_steps = 1000  # 0: only the final checkpoint
   c.keep_checkpoints = 3
   c.async_checkpointing = True
+  # (first, last): trace steps first..last (1-based) with jax.profiler into
+  # WORKDIR/tensorboard for TensorBoard's profile plugin. Empty: no trace.
+  c.profile_steps = ()
 
   c.model = ml_collections.ConfigDict()
   c.model.name = "resnet50"

@@ -102,6 +102,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
       node = node[part]
     if not ok(node):
       problems.append(f"{key}={node!r} must be {requirement}")
+  profile = tuple(config.profile_steps)
+  if profile and not (len(profile) == 2 and 1 <= profile[0] <= profile[1]):
+    problems.append(f"profile_steps={profile!r} must be (first, last) with 1 <= first <= last")
   if config.total_steps == 0 and config.num_epochs <= 0:
     problems.append(f"num_epochs={config.num_epochs!r} must be > 0 when total_steps is 0")
   if problems:

@@ -32,7 +32,8 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   config = _CONFIG.value
   workdir = _WORKDIR.value
-  logging.set_verbosity(logging.WARNING)
+  if not _verbosity_given(sys.argv):
+    logging.set_verbosity(logging.WARNING)  # absl's INFO default would print orbax's chatter
   # The command line is a front end to the Python API: the same runtime setup
   # (XLA flags, compilation cache, jax.distributed) and the same training code.
   from jaxnet import api
@@ -73,6 +74,10 @@ def _parse_flags(argv):
     print(f"error: could not load --config: {str(e).splitlines()[-1].strip()}", file=sys.stderr)
     sys.exit(2)
   return rest
+
+
+def _verbosity_given(argv) -> bool:
+  return any(a.split("=")[0] in ("--verbosity", "-v", "--v") for a in argv[1:])
 
 
 def _raised_in(error: BaseException, path: str) -> bool:

@@ -55,6 +55,11 @@ class MetricWriter:
         if isinstance(value, (int, float)) and math.isfinite(value):
           self._tb.add_scalar(key, value, int(step))
 
+  def write_config(self, config_json: str) -> None:
+    """The run's config as TensorBoard text (Text tab), so a curve says how it was made."""
+    if self._tb is not None:
+      self._tb.add_text("config", "```\n" + config_json + "\n```", 0)
+
   def close(self) -> None:
     if self._jsonl:
       self._jsonl.close()

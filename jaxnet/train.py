@@ -24,10 +24,16 @@ from jaxnet import workdir as workdir_lib
 from jaxnet.data import pipeline, sources
 from jaxnet.errors import DIVERGED_HINT, NonFiniteError, UserError
 from jaxnet.metrics import MetricWriter, Progress, drop_records_after
+from jaxnet.profiling import StepProfiler
 from jaxnet.state import TrainState, init_state
 
 
 NonFiniteLossError = NonFiniteError  # the name before jaxnet.errors existed
+
+# The train step runs under jax.transfer_guard at this level. Tests set
+# JAXNET_TRANSFER_GUARD=disallow, so an implicit host<->device copy in the hot
+# loop (a Python scalar or numpy array passed to the step) fails them.
+_TRANSFER_GUARD = os.environ.get("JAXNET_TRANSFER_GUARD", "allow")
 
 
 def build_model(config, num_classes: int, bn_num_groups: int = 1):
@@ -192,6 +198,14 @@ class _StopSignals:
     return bool(np.any(multihost_utils.process_allgather(np.array(self.received is not None))))
 
 
+def itstime(step: int, every: int, total: int) -> bool:
+  """Whether a periodic action runs after `step`: every `every` steps (0: never), not at `total`.
+
+  The final step is always logged, evaluated and saved, once, by the loop's end.
+  """
+  return bool(every) and step % every == 0 and step != total
+
+
 def _raise_if_non_finite(history: list[dict], last_step: int, checkpoints, fp16: bool) -> None:
   """Stops the run at the first step of `history` whose loss or gradient norm is not finite.
 
@@ -309,6 +323,7 @@ def _train(config, workdir: str, accept: tuple, signals: _StopSignals) -> dict:
     # Records past the restored step describe a model that no longer exists.
     drop_records_after(workdir, start_step)
   writer = MetricWriter(workdir, enabled=is_chief)
+  writer.write_config(config.to_json_best_effort(indent=2))
 
   total = exp.total_steps
   print(f"training {config.model.name} on {config.data.source}: {total} steps "
@@ -319,6 +334,7 @@ def _train(config, workdir: str, accept: tuple, signals: _StopSignals) -> dict:
   history = []
   prefetched = collections.deque()
   fp16 = exp.policy.uses_loss_scale
+  profiler = StepProfiler(config.profile_steps, os.path.join(workdir, "tensorboard"), enabled=is_chief)
 
   def fill():
     # Batches go to the devices ahead of the step that uses them (transfers are
@@ -349,12 +365,14 @@ def _train(config, workdir: str, accept: tuple, signals: _StopSignals) -> dict:
           print(f"step {step}: training resolution is now {image_size}px", flush=True)
       fill()
       batch, iterator_state = prefetched.popleft()
-      state, metrics = exp.train_step(state, batch)
+      with profiler.step(step + 1) as traced, jax.transfer_guard(_TRANSFER_GUARD):
+        state, metrics = exp.train_step(state, batch)
+        traced.append(state)
       history.append(metrics)
       step += 1
 
       record = {}
-      log_now = step == total or bool(config.log_every_steps and step % config.log_every_steps == 0)
+      log_now = step == total or itstime(step, config.log_every_steps, total)
       if log_now:
         _raise_if_non_finite(history, step, checkpoints, fp16)
         record = _mean_metrics(history)
@@ -365,7 +383,7 @@ def _train(config, workdir: str, accept: tuple, signals: _StopSignals) -> dict:
         record["time"] = progress.elapsed()  # seconds since this process started training
         progress.report(step, record, record["train/images_per_sec"], config.log_every_steps)
 
-      if config.eval_every_steps and step % config.eval_every_steps == 0 and step != total:
+      if itstime(step, config.eval_every_steps, total):  # the final eval comes after the loop
         eval_metrics = exp.evaluate(state)
         record.update(eval_metrics, time=progress.elapsed())
         if is_chief:
@@ -374,7 +392,7 @@ def _train(config, workdir: str, accept: tuple, signals: _StopSignals) -> dict:
       if record:
         writer.write(step, record)  # one line per step: train and eval metrics together
 
-      if config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0 and step != total:
+      if itstime(step, config.checkpoint_every_steps, total):  # so does the final save
         save(step)
 
       if signals.should_stop(sync=log_now):
@@ -397,6 +415,7 @@ def _train(config, workdir: str, accept: tuple, signals: _StopSignals) -> dict:
             f"({elapsed:.1f}s)", flush=True)
     return eval_metrics
   finally:
+    profiler.stop()
     writer.close()
     try:
       checkpoints.close()

@@ -30,7 +30,7 @@ ABSENT = object()  # a key one of two configs does not have
 RESUMABLE = (
     "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "total_steps", "num_epochs",
     "keep_checkpoints", "async_checkpointing", "data.read_threads", "data.prefetch",
-    "data.eval_batch_size", "distributed.*",
+    "data.eval_batch_size", "profile_steps", "distributed.*",
 )
 
 

@@ -17,6 +17,9 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 os.environ.setdefault("JAXNET_COMPILATION_CACHE",
                       os.path.join(tempfile.gettempdir(), "jaxnet-test-xla-cache"))
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+# Every training loop in the tests (in-process and CLI subprocesses) runs its
+# step under jax.transfer_guard("disallow"): an implicit host<->device copy fails.
+os.environ.setdefault("JAXNET_TRANSFER_GUARD", "disallow")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:

@@ -170,3 +170,32 @@ def test_every_config_documents_its_command():
     assert f"python -m jaxnet.main --config=configs/{name}" in doc, name
     assert "Expect" in doc and "Meant for" in doc, name
     module.get_config()  # builds without error
+
+
+def test_the_step_runs_under_a_transfer_guard():
+  import jax
+  from jaxnet import train
+  assert train._TRANSFER_GUARD == "disallow"  # set by tests/conftest.py for every run
+  add_one = jax.jit(lambda x: x + 1)
+  with jax.transfer_guard(train._TRANSFER_GUARD):
+    with pytest.raises(Exception, match="host-to-device"):
+      add_one(np.ones(3, np.float32))  # what an implicit copy in the loop would do
+
+
+def test_profile_verbosity_and_config_in_tensorboard(tmp_path):
+  import glob
+  import gzip
+  proc = run_main(tmp_path, "total_steps=4", "log_every_steps=2", "profile_steps=(2, 3)",
+                  "checkpoint_every_steps=0", "batch_size=16", flags=("--verbosity=0",))
+  assert "profile of steps 2-3 written to" in proc.stdout
+  assert "starting from scratch" in proc.stderr  # an INFO line: --verbosity is respected
+  runs = glob.glob(str(tmp_path / "tensorboard" / "plugins" / "profile" / "*"))
+  assert len(runs) == 1 and glob.glob(f"{runs[0]}/*.xplane.pb")
+  traces = glob.glob(f"{runs[0]}/*.trace.json.gz")
+  if traces:  # jax versions that also write the Chrome trace: the annotated steps are in it
+    events = json.load(gzip.open(traces[0]))["traceEvents"]
+    assert sorted(e["args"]["step_num"] for e in events if e.get("name") == "train") == ["2", "3"]
+  else:
+    assert b"step_num" in open(glob.glob(f"{runs[0]}/*.xplane.pb")[0], "rb").read()
+  events_file = glob.glob(str(tmp_path / "tensorboard" / "events.out.tfevents*"))[0]
+  assert b"resnet_tiny" in open(events_file, "rb").read()  # the config, as TensorBoard text
