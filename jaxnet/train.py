@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxnet import checkpoint as ckpt
-from jaxnet import models, optim, parallel, precision, steps
+from jaxnet import models, optim, parallel, precision, steps, xla_flags
 from jaxnet.data import pipeline, sources
 from jaxnet.metrics import MetricWriter, Progress
 from jaxnet.state import TrainState, init_state
@@ -27,6 +27,10 @@ from jaxnet.state import TrainState, init_state
 
 class NonFiniteLossError(RuntimeError):
   pass
+
+
+class NonFiniteEvalError(NonFiniteLossError):
+  """An evaluation whose loss is inf/NaN: its numbers are wrong, so it is an error, never a metric."""
 
 
 def build_model(config, num_classes: int, bn_num_groups: int = 1):
@@ -131,8 +135,16 @@ class Experiment:
       sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
     sums = jax.device_get(sums)
     count = max(float(sums["count"]), 1.0)
-    return {"eval/loss": float(sums["loss"]) / count, "eval/top1": float(sums["top1"]) / count,
-            "eval/top5": float(sums["top5"]) / count, "eval/examples": int(sums["count"])}
+    metrics = {"eval/loss": float(sums["loss"]) / count, "eval/top1": float(sums["top1"]) / count,
+               "eval/top5": float(sums["top5"]) / count, "eval/examples": int(sums["count"])}
+    if not math.isfinite(metrics["eval/loss"]):
+      platform = self.mesh.devices.flat[0].platform
+      raise NonFiniteEvalError(
+          f"eval/loss is {metrics['eval/loss']} (precision {c.precision}, backend {platform}, "
+          f"{metrics['eval/examples']} examples): the evaluation is wrong and was not recorded. "
+          f"{xla_flags.ynn_hint(c.precision, platform)}Weights that are inf/NaN do this too, and so "
+          f"do fp16 activations beyond 65504: compare with config.precision=fp32.")
+    return metrics
 
 
 def _compile_then_sync(jitted, args, name: str) -> None:
