@@ -324,10 +324,12 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   if step > start_step or manager.latest_step() != step:
     save(step)
-  eval_metrics = exp.evaluate(state)
+  try:
+    eval_metrics = exp.evaluate(state)
+  finally:
+    manager.wait_until_finished()  # a failing eval (NonFiniteEvalError) still leaves the checkpoint
   elapsed = progress.elapsed()
   writer.write(step, {**eval_metrics, "train/elapsed_sec": elapsed, "time": elapsed})
-  manager.wait_until_finished()
   manager.close()
   writer.close()
   if is_chief:
