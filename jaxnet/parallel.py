@@ -18,6 +18,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxnet import xla_flags
+
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
 
@@ -168,11 +170,9 @@ def set_default_xla_flags() -> None:
 
   A flag the user already set in XLA_FLAGS wins. Must run before jax starts a backend.
   """
-  import importlib.util
   if os.environ.get("JAX_PLATFORMS", "").lower() == "cpu":
     return
-  if not any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin")):
+  if not xla_flags.installed(xla_flags.GPU_PLUGINS):
     return
-  current = os.environ.get("XLA_FLAGS", "")
-  extra = [f for f in default_xla_flags("gpu").split() if f.split("=")[0] not in current]
-  os.environ["XLA_FLAGS"] = " ".join([current] + extra).strip()
+  os.environ["XLA_FLAGS"] = xla_flags.merge(os.environ.get("XLA_FLAGS", ""),
+                                            default_xla_flags("gpu").split())

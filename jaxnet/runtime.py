@@ -24,7 +24,8 @@ def setup(distributed_config=None) -> None:
   """
   global _configured, _distributed
   if not _configured:
-    from jaxnet import parallel
+    from jaxnet import parallel, xla_flags
+    xla_flags.apply()  # CPU workarounds for known XLA bugs of this jaxlib
     parallel.set_default_xla_flags()
     import jax
     # Persistent compilation cache: a rerun (resume, eval, the next experiment)

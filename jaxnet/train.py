@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxnet import checkpoint as ckpt
-from jaxnet import config_io, models, optim, parallel, precision, steps
+from jaxnet import config_io, models, optim, parallel, precision, steps, xla_flags
 from jaxnet import workdir as workdir_lib
 from jaxnet.data import pipeline, sources
 from jaxnet.errors import DIVERGED_HINT, NonFiniteError, UserError
@@ -34,6 +34,10 @@ NonFiniteLossError = NonFiniteError  # the name before jaxnet.errors existed
 # JAXNET_TRANSFER_GUARD=disallow, so an implicit host<->device copy in the hot
 # loop (a Python scalar or numpy array passed to the step) fails them.
 _TRANSFER_GUARD = os.environ.get("JAXNET_TRANSFER_GUARD", "allow")
+
+
+class NonFiniteEvalError(NonFiniteLossError):
+  """An evaluation whose loss is inf/NaN: its numbers are wrong, so it is an error, never a metric."""
 
 
 def build_model(config, num_classes: int, bn_num_groups: int = 1):
@@ -138,8 +142,16 @@ class Experiment:
       sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
     sums = jax.device_get(sums)
     count = max(float(sums["count"]), 1.0)
-    return {"eval/loss": float(sums["loss"]) / count, "eval/top1": float(sums["top1"]) / count,
-            "eval/top5": float(sums["top5"]) / count, "eval/examples": int(sums["count"])}
+    metrics = {"eval/loss": float(sums["loss"]) / count, "eval/top1": float(sums["top1"]) / count,
+               "eval/top5": float(sums["top5"]) / count, "eval/examples": int(sums["count"])}
+    if not math.isfinite(metrics["eval/loss"]):
+      platform = self.mesh.devices.flat[0].platform
+      raise NonFiniteEvalError(
+          f"eval/loss is {metrics['eval/loss']} (precision {c.precision}, backend {platform}, "
+          f"{metrics['eval/examples']} examples): the evaluation is wrong and was not recorded. "
+          f"{xla_flags.ynn_hint(c.precision, platform)}Weights that are inf/NaN do this too, and so "
+          f"do fp16 activations beyond 65504: compare with config.precision=fp32.")
+    return metrics
 
 
 def _compile_then_sync(jitted, args, name: str) -> None:

@@ -66,6 +66,18 @@ def test_eval_mode_reproduces_final_eval(quick_start):
   assert "eval of checkpoint 120: top-1" in proc.stdout
 
 
+def test_non_finite_eval_is_an_error_naming_precision_and_backend(quick_start):
+  """A NaN evaluation (here: BN epsilon -1e9 makes every rsqrt NaN) fails; it is never recorded."""
+  workdir, _ = quick_start
+  before = read_jsonl(workdir)
+  proc = run_main(workdir, "precision=fp16", "model.bn_epsilon=-1e9", mode="eval", check=False)
+  assert proc.returncode == 1, proc.stdout[-2000:]
+  error = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(error) == 1 and "Traceback" not in proc.stderr, proc.stderr
+  assert "eval/loss is nan (precision fp16, backend cpu, 359 examples)" in error[0]
+  assert read_jsonl(workdir) == before
+
+
 def test_resume_is_exact(tmp_path):
   """2N steps straight through == N steps, stop, resume to 2N (params and losses)."""
   args = ("total_steps=12", "log_every_steps=1", "checkpoint_every_steps=6", "eval_every_steps=0",
