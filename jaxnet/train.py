@@ -23,6 +23,7 @@ from jaxnet import models, optim, parallel, precision, steps
 from jaxnet.data import pipeline, sources
 from jaxnet.metrics import MetricWriter, Progress
 from jaxnet.state import TrainState, init_state
+from jaxnet.weights import pretrained
 
 
 class NonFiniteLossError(RuntimeError):
@@ -39,7 +40,8 @@ def build_model(config, num_classes: int, bn_num_groups: int = 1):
       config.model.name, num_classes=num_classes,
       dtype=precision.get_policy(config.precision).compute_dtype,
       bn_momentum=config.model.bn_momentum, bn_epsilon=config.model.bn_epsilon,
-      bn_num_groups=bn_num_groups, zero_init_last_bn=config.model.zero_init_last_bn)
+      bn_num_groups=bn_num_groups, zero_init_last_bn=config.model.zero_init_last_bn,
+      freeze_bn_stats=config.model.freeze_bn_stats)
 
 
 class Experiment:
@@ -100,7 +102,10 @@ class Experiment:
                              out_shardings=replicated)
 
   def init_state(self) -> TrainState:
-    return self._init()
+    state = self._init()
+    if self.config.init.weights:  # fine-tuning: params and BN statistics from pretrained weights
+      state = pretrained.initialise(state, self.config)
+    return state
 
   def train_image_size(self, step: int) -> int:
     """The training resolution at `step` under config.progressive_resizing."""
@@ -123,7 +128,8 @@ class Experiment:
     for local in pipeline.eval_batches(
         self.eval_source, global_batch_size=c.data.eval_batch_size or c.batch_size,
         image_size=c.image_size, workers=c.data.workers, process_index=self.process_index,
-        process_count=self.process_count, crop_fraction=c.data.eval_crop_fraction):
+        process_count=self.process_count, crop_fraction=c.data.eval_crop_fraction,
+        interpolation=c.data.eval_interpolation):
       batch = parallel.to_global(local, self.batch_sharding)
       if sums is None:
         _compile_then_sync(self.eval_step, (state, batch), "eval_step compiled")
@@ -217,6 +223,7 @@ def _write_run_info(workdir: str, config, exp: Experiment) -> None:
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains (resuming from WORKDIR/checkpoints if present) and returns the final eval metrics."""
   os.makedirs(workdir, exist_ok=True)
+  config = pretrained.resolve_config(config, workdir)  # the preprocessing init.weights expect
   exp = Experiment(config, workdir)
   is_chief = exp.process_index == 0
   writer = MetricWriter(workdir, enabled=is_chief)
@@ -327,6 +334,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
 def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
   """`--mode=eval`: evaluates the latest (or given) checkpoint of WORKDIR and records eval metrics."""
+  config = pretrained.resolve_config(config, workdir)
   exp = Experiment(config, workdir, need_train_data=False)
   manager = ckpt.make_manager(workdir, config.keep_checkpoints, async_save=False)
   if manager.latest_step() is None:
