@@ -4,7 +4,9 @@ huggingface_hub (the optional extra `jaxnet[hub]`) downloads into its cache
 (~/.cache/huggingface), so later runs read the cached file without network.
 """
 
+import contextlib
 import json
+import logging
 
 PREFIX = "hf-hub:"
 
@@ -14,7 +16,7 @@ def is_hub_spec(spec: str) -> bool:
 
 
 def fetch(spec: str) -> tuple[str, dict]:
-  """(local path of the repository's model.safetensors, timm's pretrained_cfg or {})."""
+  """(local path of the repository's model.safetensors, timm's pretrained_cfg)."""
   repo = spec[len(PREFIX):]
   if repo.count("/") != 1:
     raise ValueError(f"init.weights={spec!r}: a hub spec is hf-hub:OWNER/NAME, "
@@ -25,8 +27,8 @@ def fetch(spec: str) -> tuple[str, dict]:
     raise ValueError(f"init.weights={spec} needs huggingface_hub: pip install 'jaxnet[hub]' (or "
                      f"download model.safetensors yourself and set init.weights to its path)") from None
   try:
-    weights = hf_hub_download(repo, "model.safetensors")
-    config = hf_hub_download(repo, "config.json")
+    with _quiet_hub():
+      weights, config = (_download(hf_hub_download, repo, name) for name in ("model.safetensors", "config.json"))
   # Failures come from several layers (HTTP client, hub errors, the offline
   # switch, the cache on disk); each gets the same one-line answer.
   except Exception as e:  # noqa: BLE001
@@ -36,4 +38,27 @@ def fetch(spec: str) -> tuple[str, dict]:
         f"model.safetensors from https://huggingface.co/{repo} on another machine and set "
         f"init.weights to its path.") from None
   with open(config) as f:
-    return weights, json.load(f).get("pretrained_cfg", {})
+    config = json.load(f)
+  # timm's config.json nests the preprocessing under "pretrained_cfg"; older
+  # uploads are that dict alone.
+  return weights, config.get("pretrained_cfg", config)
+
+
+def _download(hf_hub_download, repo: str, filename: str) -> str:
+  """The cached copy if there is one (no network, no retries), else a download."""
+  try:
+    return hf_hub_download(repo, filename, local_files_only=True)
+  except Exception:  # noqa: BLE001  (not cached: each hub version names this differently)
+    return hf_hub_download(repo, filename)
+
+
+@contextlib.contextmanager
+def _quiet_hub():
+  """huggingface_hub logs a warning per retry; the error we raise says what happened."""
+  logger = logging.getLogger("huggingface_hub")
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)

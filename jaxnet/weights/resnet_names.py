@@ -114,7 +114,7 @@ def to_torchvision(variables: dict[Path, np.ndarray]) -> dict[str, np.ndarray]:
     if name is None:
       unmapped.append("/".join(path))
       continue
-    out[name] = np.ascontiguousarray(to_torch_layout(path, np.asarray(array)))
+    out[name] = np.array(to_torch_layout(path, np.asarray(array)), order="C")
     if name.endswith(".running_var"):
       out[name[:-len("running_var")] + "num_batches_tracked"] = np.zeros((), np.int64)
   if unmapped:

@@ -40,7 +40,8 @@ def write(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -
   if not path.endswith(SAFETENSORS):
     raise ValueError(f"{path}: weights are written as .safetensors; name the file *.safetensors")
   from safetensors.numpy import save_file
-  save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, path, metadata=metadata)
+  # np.array(order="C"), not ascontiguousarray, which turns 0-d counters into shape (1,).
+  save_file({k: np.array(v, order="C") for k, v in tensors.items()}, path, metadata=metadata)
 
 
 def _check_exists(path: str) -> None:
