@@ -4,9 +4,9 @@ huggingface_hub (the optional extra `jaxnet[hub]`) downloads into its cache
 (~/.cache/huggingface), so later runs read the cached file without network.
 """
 
-import contextlib
 import json
-import logging
+
+from jaxnet.quiet import quiet_logger
 
 PREFIX = "hf-hub:"
 
@@ -27,8 +27,10 @@ def fetch(spec: str) -> tuple[str, dict]:
     raise ValueError(f"init.weights={spec} needs huggingface_hub: pip install 'jaxnet[hub]' (or "
                      f"download model.safetensors yourself and set init.weights to its path)") from None
   try:
-    with _quiet_hub():
-      weights, config = (_download(hf_hub_download, repo, name) for name in ("model.safetensors", "config.json"))
+    # huggingface_hub logs a warning per retry; the error raised below says what happened.
+    with quiet_logger("huggingface_hub"):
+      weights = _download(hf_hub_download, repo, "model.safetensors")
+      config_path = _download(hf_hub_download, repo, "config.json")
   # Failures come from several layers (HTTP client, hub errors, the offline
   # switch, the cache on disk); each gets the same one-line answer.
   except Exception as e:  # noqa: BLE001
@@ -37,7 +39,7 @@ def fetch(spec: str) -> tuple[str, dict]:
         f"{str(e).splitlines()[0] if str(e) else 'no detail'}). Without network access, download "
         f"model.safetensors from https://huggingface.co/{repo} on another machine and set "
         f"init.weights to its path.") from None
-  with open(config) as f:
+  with open(config_path) as f:
     config = json.load(f)
   # timm's config.json nests the preprocessing under "pretrained_cfg"; older
   # uploads are that dict alone.
@@ -51,14 +53,3 @@ def _download(hf_hub_download, repo: str, filename: str) -> str:
   except Exception:  # noqa: BLE001  (not cached: each hub version names this differently)
     return hf_hub_download(repo, filename)
 
-
-@contextlib.contextmanager
-def _quiet_hub():
-  """huggingface_hub logs a warning per retry; the error we raise says what happened."""
-  logger = logging.getLogger("huggingface_hub")
-  level = logger.level
-  logger.setLevel(logging.ERROR)
-  try:
-    yield
-  finally:
-    logger.setLevel(level)

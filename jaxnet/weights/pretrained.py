@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 
+from jaxnet.quiet import quiet_logger
 from jaxnet.weights import hub, preprocessing, resnet_names, tensor_files
 from jaxnet.weights.preprocessing import Preprocessing
 
@@ -64,7 +65,8 @@ def load(spec: str) -> Source:
   if _is_workdir(spec):
     from jaxnet import checkpoint, config_io, steps
     config = config_io.load(spec)
-    tree, _ = checkpoint.load_arrays(spec)
+    with quiet_logger("absl"):  # orbax warns that a read-only manager is read-only
+      tree, _ = checkpoint.load_arrays(spec)
     variables = steps.eval_variables(tree["params"], tree["ema_params"], tree["batch_stats"],
                                      use_ema=config.ema_decay > 0)
     flat = {p: np.asarray(x, np.float32) for p, x in flatten_dict(variables).items()}
