@@ -18,9 +18,10 @@ batch 64 by docs/models.md's measure (4.10 GiB at batch 32), so a 16 GB GPU
 should hold it.
 Expect: not measured by jaxnet on a real dataset yet (the machines it was built
 on had no network to fetch the weights). What is measured is the mechanism, at
-small scale: tests/test_finetune.py starts resnet_tiny from weights exported by a
-run on one generated folder, on another with different classes, and it beats
-the same run from scratch (numbers in docs/models.md, "Fine-tuning").
+small scale: notebooks/finetune.ipynb (run by tests/test_notebooks.py) starts
+resnet_tiny from weights exported by a run on one generated folder, on another
+with different classes, and it beats the same run from scratch (numbers in
+docs/models.md, "Fine-tuning").
 """
 
 from jaxnet.config_base import base_config
