@@ -83,7 +83,7 @@ def main():
     check_timm(name, tensors, logits)
   check_eval_transform()
   np.savez(OUT, **out)
-  print(f"wrote {OUT} ({os.path.getsize(OUT)} bytes)")
+  print(f"wrote {os.path.relpath(OUT, REPO)} ({os.path.getsize(OUT)} bytes)")
 
 
 if __name__ == "__main__":
