@@ -34,9 +34,12 @@ class Preprocessing:
     return json.dumps(dataclasses.asdict(self))
 
   @classmethod
-  def from_json(cls, text: str) -> "Preprocessing":
-    d = json.loads(text)
+  def from_dict(cls, d: dict) -> "Preprocessing":
     return cls(tuple(d["mean"]), tuple(d["std"]), float(d["crop_fraction"]), d["interpolation"])
+
+  @classmethod
+  def from_json(cls, text: str) -> "Preprocessing":
+    return cls.from_dict(json.loads(text))
 
 
 # torchvision's ImageNet weights (and timm's `tv_in1k` copies of them).

@@ -112,7 +112,7 @@ def resolve_config(config, workdir: str, log=print):
     with open(record) as f:
       saved = json.load(f)
     if saved.get("weights") == spec:
-      prep = Preprocessing.from_json(json.dumps(saved["preprocessing"]))
+      prep = Preprocessing.from_dict(saved["preprocessing"])
   if prep is None:
     prep, origin = preprocessing_of(spec)
     if jax.process_index() == 0:

@@ -63,4 +63,4 @@ def _read_torch(path: str) -> dict[str, np.ndarray]:
     state = state["state_dict"]  # a training checkpoint wrapping the state dict
   # nn.DataParallel saves every name with a "module." prefix.
   return {name.removeprefix("module."): (t.float() if t.is_floating_point() else t).numpy()
-          for name, t in state.items()}
+          for name, t in state.items() if isinstance(t, torch.Tensor)}
