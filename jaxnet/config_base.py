@@ -38,6 +38,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.bn_epsilon = 1e-5
   c.model.bn_group_size = 0        # BN statistics over groups of this many devices; 0 = global batch
   c.model.zero_init_last_bn = True
+  c.model.freeze_bn_stats = False  # True: training too normalises with (and keeps) the BN running
+                                   # statistics, e.g. to fine-tune with small batches
+
+  # Initial weights (fine-tuning); used only when a run starts, never on resume.
+  c.init = ml_collections.ConfigDict()
+  c.init.weights = ""              # "": random init | FILE.safetensors | FILE.pth (needs torch) |
+                                   # a jaxnet WORKDIR | hf-hub:timm/NAME (needs huggingface_hub)
+  c.init.keep_head = True          # keep the source's classifier if its class count matches;
+                                   # a different count always re-initialises it
+  c.init.preprocessing = "weights"  # weights: data.mean/std/eval_crop_fraction/eval_interpolation
+                                   # become what the weights expect | config: keep the config's
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "synthetic"      # digits | synthetic | imagefolder | tfds
@@ -50,6 +61,7 @@ def base_config() -> ml_collections.ConfigDict:
                                    # cheapest from local disk; raise to ~16 for GCS/NFS
   c.data.eval_batch_size = 0       # 0: batch_size
   c.data.eval_crop_fraction = 0.875  # eval: resize to image_size / this, center-crop image_size
+  c.data.eval_interpolation = "bilinear"  # eval resize filter (antialiased): bilinear | bicubic
   c.data.num_classes = 1000        # synthetic only
   c.data.synthetic_size = 10_000   # synthetic only: examples per epoch
   c.data.mean = (0.485, 0.456, 0.406)  # per-channel, of pixels in [0, 1]

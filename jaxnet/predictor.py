@@ -6,9 +6,7 @@ read without the optimizer or the dataset (classes.json, written at train time,
 says how many classes there are and their names).
 """
 
-import contextlib
 import json
-import logging
 import os
 
 import jax
@@ -16,6 +14,7 @@ import numpy as np
 
 from jaxnet import checkpoint as ckpt
 from jaxnet import config_io, precision, preprocess, steps
+from jaxnet.quiet import quiet_logger
 
 
 class Predictor:
@@ -62,7 +61,7 @@ def restore(workdir: str, step: int | None = None, config=None) -> Predictor:
   info = _class_info(workdir, config)
   from jaxnet import train
   model = train.build_model(config, info["num_classes"])
-  with _quiet_absl():  # orbax warns that a read-only manager is read-only
+  with quiet_logger("absl"):  # orbax warns that a read-only manager is read-only
     tree, step = ckpt.load_arrays(workdir, step)
   variables = steps.eval_variables(tree["params"], tree["ema_params"], tree["batch_stats"],
                                    use_ema=config.ema_decay > 0)
@@ -91,14 +90,3 @@ def _check_matches_model(model, variables, input_shape, workdir):
   if shapes(dict(expected)) != shapes(dict(variables)):
     raise ValueError(f"the checkpoint in {workdir} does not match the model its config.json builds "
                      f"({model.__class__.__name__}); was config.json edited after training?")
-
-
-@contextlib.contextmanager
-def _quiet_absl():
-  logger = logging.getLogger("absl")
-  level = logger.level
-  logger.setLevel(logging.ERROR)
-  try:
-    yield
-  finally:
-    logger.setLevel(level)

@@ -5,7 +5,9 @@ Prediction must see images the way eval saw them:
     image_size (digits: bilinear upsampling of the 8x8 originals), so a file is
     converted to the model's channels (L or RGB) and resized the same way;
   encoded sources (imagefolder, tfds) go through the input pipeline's own eval
-    transform (decode, resize, center crop of config.data.eval_crop_fraction).
+    transform (decode, resize the shorter side to image_size /
+    config.data.eval_crop_fraction with config.data.eval_interpolation,
+    center crop), torchvision's reference eval transform.
 Normalization (mean/std) is not done here: it is part of the model function.
 """
 
@@ -31,7 +33,8 @@ def load_image(image, config, channels: int) -> np.ndarray:
     out = np.asarray(pil, np.uint8)
     return out[..., None] if channels == 1 else out
   from jaxnet.data.transforms import EvalDecodeCrop  # the pipeline's own eval transform
-  example = EvalDecodeCrop(size, config.data.eval_crop_fraction).map({"image": _to_bytes(image), "label": np.int32(0)})
+  op = EvalDecodeCrop(size, config.data.eval_crop_fraction, config.data.eval_interpolation)
+  example = op.map({"image": _to_bytes(image), "label": np.int32(0)})
   if not example["mask"]:
     raise ImageReadError(f"could not decode image {image if isinstance(image, str) else ''}".strip())
   out = np.asarray(example["image"], np.uint8)

@@ -26,6 +26,7 @@ from jaxnet.errors import DIVERGED_HINT, NonFiniteError, UserError
 from jaxnet.metrics import MetricWriter, Progress, drop_records_after
 from jaxnet.profiling import StepProfiler
 from jaxnet.state import TrainState, init_state
+from jaxnet.weights import pretrained
 
 
 NonFiniteLossError = NonFiniteError  # the name before jaxnet.errors existed
@@ -50,7 +51,8 @@ def build_model(config, num_classes: int, bn_num_groups: int = 1):
       config.model.name, num_classes=num_classes,
       dtype=precision.get_policy(config.precision).compute_dtype,
       bn_momentum=config.model.bn_momentum, bn_epsilon=config.model.bn_epsilon,
-      bn_num_groups=bn_num_groups, zero_init_last_bn=config.model.zero_init_last_bn)
+      bn_num_groups=bn_num_groups, zero_init_last_bn=config.model.zero_init_last_bn,
+      freeze_bn_stats=config.model.freeze_bn_stats)
 
 
 class Experiment:
@@ -111,7 +113,10 @@ class Experiment:
                              out_shardings=replicated)
 
   def init_state(self) -> TrainState:
-    return self._init()
+    state = self._init()
+    if self.config.init.weights:  # fine-tuning: params and BN statistics from pretrained weights
+      state = pretrained.initialise(state, self.config)
+    return state
 
   def train_image_size(self, step: int) -> int:
     """The training resolution at `step` under config.progressive_resizing."""
@@ -134,7 +139,8 @@ class Experiment:
     for local in pipeline.eval_batches(
         self.eval_source, global_batch_size=c.data.eval_batch_size or c.batch_size,
         image_size=c.image_size, workers=c.data.workers, process_index=self.process_index,
-        process_count=self.process_count, crop_fraction=c.data.eval_crop_fraction):
+        process_count=self.process_count, crop_fraction=c.data.eval_crop_fraction,
+        interpolation=c.data.eval_interpolation):
       batch = parallel.to_global(local, self.batch_sharding)
       if sums is None:
         _compile_then_sync(self.eval_step, (state, batch), "eval_step compiled")
@@ -314,6 +320,7 @@ def train_and_evaluate(config, workdir: str, accept_config_changes=()) -> dict:
 
 
 def _train(config, workdir: str, accept: tuple, signals: _StopSignals) -> dict:
+  config = pretrained.resolve_config(config, workdir)  # the preprocessing init.weights expect
   config_dict = json.loads(config.to_json_best_effort())
   # Before anything is written: is this the run the checkpoints came from?
   changes = workdir_lib.check_config(workdir, config_dict, accept) if _has_checkpoints(workdir) else {}
@@ -444,6 +451,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
   """
   config_io.validate(config)
   checkpoints = ckpt.Checkpoints(workdir, read_only=True)
+  config = pretrained.resolve_config(config, workdir)
   try:
     step = checkpoints.manager.latest_step() if step is None else step
     if step is None:

@@ -140,3 +140,24 @@ def test_export_round_trips_logits(workdir, test_set, tmp_path):
     assert np.max(np.abs(got - want)) <= 1e-5
   with pytest.raises(TypeError, match="uint8"):
     loaded(images[:2].astype(np.float32))
+
+
+def test_workdir_as_init_weights_and_torchvision_export(workdir, tmp_path):
+  """A workdir is an `init.weights` source, directly or through its torchvision export."""
+  from flax.traverse_util import flatten_dict
+  from jaxnet.weights import pretrained
+  from jaxnet.weights.preprocessing import Preprocessing
+  restored = flatten_dict(api.restore(str(workdir)).variables)
+  shapes = {p: tuple(x.shape) for p, x in restored.items()}
+  assert pretrained.preprocessing_of(str(workdir))[0] == Preprocessing((0.2,), (0.35,), 0.875, "bilinear")
+  out = str(tmp_path / "digits.safetensors")
+  assert export.main([f"--workdir={workdir}", "--format=torchvision", f"--out={out}"]) == 0
+  for source in (str(workdir), out):
+    values, reason = pretrained.fill(shapes, pretrained.load(source), keep_head=True)
+    assert reason is None and set(values) == set(shapes)
+    for path, value in values.items():
+      np.testing.assert_array_equal(value, restored[path], err_msg=f"{source}: {path}")
+  # The export carries the run's preprocessing: one grey channel, digits' mean/std.
+  assert pretrained.preprocessing_of(out)[0] == Preprocessing((0.2,), (0.35,), 0.875, "bilinear")
+  with pytest.raises(SystemExit):  # argparse: the torchvision format is a .safetensors file
+    export.main([f"--workdir={workdir}", "--format=torchvision", f"--out={tmp_path / 'x.pt'}"])

@@ -10,7 +10,7 @@ from PIL import Image
 
 from jaxnet.data import transforms
 from jaxnet.data.transforms import (CorruptImageError, EvalDecodeCrop, TrainDecodeCrop,
-                                    center_crop_box, decode_jpeg, random_resized_crop_box)
+                                    decode_jpeg, eval_crop_geometry, random_resized_crop_box)
 
 AREA, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
 
@@ -78,11 +78,16 @@ def test_fallback_is_center_crop_clamped_to_ratio():
   assert random_resized_crop_box(rng, 375, 500, attempts=0) == (0, 0, 375, 500)
 
 
-def test_center_crop_box_matches_resize_256_crop_224():
-  # Shorter side 375 -> 256 means a 224 crop covers 224 / 256 * 375 = 328 px.
-  assert center_crop_box(375, 500, 224) == (23, 86, 328, 328)
-  assert center_crop_box(500, 375, 224) == (86, 23, 328, 328)
-  assert center_crop_box(100, 100, 64, crop_fraction=1.0) == (0, 0, 100, 100)
+def test_eval_geometry_is_resize_256_then_center_crop_224():
+  # 375x500: the shorter side becomes 256, the longer int(256 * 500 / 375) = 341;
+  # the crop starts at round(32 / 2) = 16 and round(117 / 2) = round(58.5) = 58 (half to even).
+  assert eval_crop_geometry(375, 500, 224) == ((256, 341), (16, 58))
+  assert eval_crop_geometry(500, 375, 224) == ((341, 256), (58, 16))
+  assert eval_crop_geometry(100, 100, 64, crop_fraction=1.0) == ((64, 64), (0, 0))
+  # timm's crop_pct 0.95 at 224: floor(224 / 0.95) = 235.
+  assert eval_crop_geometry(300, 300, 224, crop_fraction=0.95) == ((235, 235), (6, 6))
+  with pytest.raises(ValueError, match="eval_crop_fraction"):
+    eval_crop_geometry(300, 300, 224, crop_fraction=1.5)
 
 
 # --- decode_jpeg ------------------------------------------------------------

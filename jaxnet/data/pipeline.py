@@ -29,11 +29,11 @@ def _train_transform(source, image_size: int):
   return TrainDecodeCrop(image_size)
 
 
-def _eval_transform(source, image_size: int, crop_fraction: float):
+def _eval_transform(source, image_size: int, crop_fraction: float, interpolation: str):
   if not source.encoded:
     return ArrayToExample()
   from jaxnet.data.transforms import EvalDecodeCrop
-  return EvalDecodeCrop(image_size, crop_fraction)
+  return EvalDecodeCrop(image_size, crop_fraction, interpolation)
 
 
 def _ensure_absl_flags_parsed():
@@ -76,7 +76,7 @@ def train_loader(source, *, global_batch_size: int, image_size: int, seed: int, 
 
 def eval_batches(source, *, global_batch_size: int, image_size: int, workers: int = 0,
                  process_index: int = 0, process_count: int = 1,
-                 crop_fraction: float = 0.875) -> Iterator[dict]:
+                 crop_fraction: float = 0.875, interpolation: str = "bilinear") -> Iterator[dict]:
   """Every example of `source` exactly once, in fixed-size batches.
 
   The last batch is padded (mask=False), and a process whose shard is shorter
@@ -94,7 +94,7 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, workers: in
     loader = grain.DataLoader(
         data_source=shard,
         sampler=grain.IndexSampler(len(shard), grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
-        operations=[_eval_transform(source, image_size, crop_fraction),
+        operations=[_eval_transform(source, image_size, crop_fraction, interpolation),
                     grain.Batch(batch, drop_remainder=False)],
         worker_count=workers)
   num_batches = math.ceil(_shard_bounds(len(source), 0, process_count)[1] / batch)
@@ -105,7 +105,7 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, workers: in
     produced += 1
     yield _pad(local, batch)
   if example is None:  # this process's shard is empty: take the layout from one record
-    example = _eval_transform(source, image_size, crop_fraction).map(source[0])
+    example = _eval_transform(source, image_size, crop_fraction, interpolation).map(source[0])
   for _ in range(num_batches - produced):
     yield _pad({k: np.asarray(v)[None][:0] for k, v in example.items()}, batch)
 

@@ -24,6 +24,7 @@ class BatchNorm(nn.Module):
   dtype: jnp.dtype = jnp.float32      # compute/output dtype
   scale_init: nn.initializers.Initializer = nn.initializers.ones
   num_groups: int = 1                 # statistics over this many batch chunks
+  frozen: bool = False                # train=True also uses, and leaves unchanged, the running stats
 
   @nn.compact
   def __call__(self, x, train: bool):
@@ -34,7 +35,7 @@ class BatchNorm(nn.Module):
     bias = self.param("bias", nn.initializers.zeros, (features,), jnp.float32)
 
     x32 = x.astype(jnp.float32)
-    if train:
+    if train and not self.frozen:
       groups = self.num_groups
       if x.shape[0] % groups:
         raise ValueError(f"batch {x.shape[0]} does not split into {groups} BN groups")

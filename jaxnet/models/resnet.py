@@ -1,5 +1,11 @@
 """ResNet v1.5 (stride on the 3x3 conv of bottlenecks) in NHWC.
 
+Padding is symmetric, k // 2 on every side of a k x k window, as in
+torchvision: a stride-2 3x3 conv or max-pool on an even-sized input pads one
+pixel before and one after, where "SAME" would pad 0 before and 1 after. With
+it, `resnetN` computes what torchvision's `resnetN` does for the same weights
+(tests/test_torch_reference.py).
+
 Two stems: `imagenet` (7x7/2 conv + 3x3/2 max-pool, for 224px inputs) and
 `small` (one 3x3/1 conv, no pool, for 32x32 and smaller inputs such as CIFAR
 or the 16x16 digits quick start).
@@ -16,6 +22,12 @@ from jaxnet.models.batchnorm import BatchNorm
 
 # He-normal fan-out init, as in the reference ResNet implementations.
 conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+
+
+def _conv(features, kernel_size, strides=(1, 1), **kwargs):
+  """nn.Conv padded k // 2 on each side (torchvision's padding), not "SAME"."""
+  pad = [(k // 2, k // 2) for k in kernel_size]
+  return nn.Conv(features, kernel_size, strides, padding=pad, **kwargs)
 
 
 def _last_bn_init(zero_init_last: bool):
@@ -72,18 +84,19 @@ class ResNet(nn.Module):
   bn_epsilon: float = 1e-5
   bn_num_groups: int = 1
   zero_init_last_bn: bool = True
+  freeze_bn_stats: bool = False       # BN normalises with its running statistics in training too
 
   @nn.compact
   def __call__(self, x, train: bool):
-    conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype, param_dtype=jnp.float32,
-                             kernel_init=conv_init, padding="SAME")
+    conv = functools.partial(_conv, use_bias=False, dtype=self.dtype, param_dtype=jnp.float32,
+                             kernel_init=conv_init)
     norm = functools.partial(BatchNorm, momentum=self.bn_momentum, epsilon=self.bn_epsilon,
-                             dtype=self.dtype, num_groups=self.bn_num_groups)
+                             dtype=self.dtype, num_groups=self.bn_num_groups, frozen=self.freeze_bn_stats)
     x = x.astype(self.dtype)
     if self.stem == "imagenet":
-      x = conv(self.width, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], name="stem_conv")(x)
+      x = conv(self.width, (7, 7), (2, 2), name="stem_conv")(x)
       x = nn.relu(norm(name="stem_bn")(x, train))
-      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))  # pads with -inf
     elif self.stem == "small":
       x = conv(self.width, (3, 3), name="stem_conv")(x)
       x = nn.relu(norm(name="stem_bn")(x, train))

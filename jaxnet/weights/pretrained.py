@@ -1,0 +1,193 @@
+"""`config.init`: start a run from pretrained weights (fine-tuning).
+
+`init.weights` names the source: a torchvision/timm-named .safetensors file
+(read with numpy), a .pth state dict (read with torch, when installed), a jaxnet
+workdir (its latest checkpoint, EMA params if it kept an EMA), or
+`hf-hub:OWNER/NAME` (through huggingface_hub). Every variable of the model must
+come from the source, except the classifier head when it is re-initialised, and
+every source tensor must be used; otherwise one error lists each missing,
+unused and misshapen tensor.
+
+The head is kept when `init.keep_head` is on and the class counts match; else
+the fresh random head stays and a line says why. The optimizer state is not
+touched: SGD/LARS momentum and Adam moments start at zero whatever the params.
+Only a run that starts fresh is initialised this way; a resumed run restores
+its checkpoint.
+"""
+
+import dataclasses
+import json
+import os
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax.traverse_util import flatten_dict, unflatten_dict
+
+from jaxnet.quiet import quiet_logger
+from jaxnet.weights import hub, preprocessing, resnet_names, tensor_files
+from jaxnet.weights.preprocessing import Preprocessing
+
+Path = tuple[str, ...]
+
+
+class WeightsMismatchError(ValueError):
+  """The source's tensors do not fit the model's variables."""
+
+
+@dataclasses.dataclass
+class Source:
+  variables: dict[Path, np.ndarray]     # flat jaxnet variables, jaxnet layouts, float32
+  unknown: list[str]                    # source tensors that map to no jaxnet variable
+  describe: Callable[[Path], str]       # a variable's name in the source's own terms
+
+
+def _describe_torch(path: Path) -> str:
+  return f"{resnet_names.torch_name(path)} ({'/'.join(path[1:])})"
+
+
+def _describe_jaxnet(path: Path) -> str:
+  return "/".join(path)
+
+
+def _is_workdir(spec: str) -> bool:
+  if not os.path.isdir(spec):
+    return False
+  if not os.path.exists(os.path.join(spec, "config.json")):
+    raise FileNotFoundError(f"init.weights={spec} is a directory without config.json: give a jaxnet "
+                            f"workdir, a .safetensors/.pth file or hf-hub:OWNER/NAME")
+  return True
+
+
+def load(spec: str) -> Source:
+  """The variables of `spec` (a file, a jaxnet workdir or hf-hub:OWNER/NAME)."""
+  if _is_workdir(spec):
+    from jaxnet import checkpoint, config_io, steps
+    config = config_io.load(spec)
+    with quiet_logger("absl"):  # orbax warns that a read-only manager is read-only
+      tree, _ = checkpoint.load_arrays(spec)
+    variables = steps.eval_variables(tree["params"], tree["ema_params"], tree["batch_stats"],
+                                     use_ema=config.ema_decay > 0)
+    flat = {p: np.asarray(x, np.float32) for p, x in flatten_dict(variables).items()}
+    return Source(flat, [], _describe_jaxnet)
+  path = hub.fetch(spec)[0] if hub.is_hub_spec(spec) else spec
+  tensors, _ = tensor_files.read(path)
+  flat, unknown = resnet_names.from_torchvision(tensors)
+  return Source(flat, unknown, _describe_torch)
+
+
+def preprocessing_of(spec: str) -> tuple[Preprocessing, str]:
+  """(the preprocessing `spec`'s weights expect, where that came from); reads no tensors."""
+  if _is_workdir(spec):
+    from jaxnet import config_io
+    return preprocessing.of_config(config_io.load(spec)), f"the config of {spec}"
+  if hub.is_hub_spec(spec):
+    cfg = hub.fetch(spec)[1]
+    if "mean" in cfg:
+      return preprocessing.from_timm(cfg), f"timm's pretrained_cfg of {spec}"
+    return preprocessing.TORCHVISION, f"torchvision's ImageNet eval ({spec} records none)"
+  recorded = tensor_files.read_metadata(spec).get("preprocessing")
+  if recorded:
+    return Preprocessing.from_json(recorded), f"the metadata of {spec}"
+  return preprocessing.TORCHVISION, f"torchvision's ImageNet eval ({spec} records none)"
+
+
+def resolve_config(config, workdir: str, log=print):
+  """`config` with the preprocessing its init weights expect (a copy; `config` if unchanged).
+
+  With `init.weights` set and `init.preprocessing="weights"`, data.mean, .std,
+  .eval_crop_fraction and .eval_interpolation become the weights' values, which
+  are recorded in WORKDIR/preprocessing.json: a resumed run, `--mode=eval` and
+  `jaxnet.predict` then use them without reading the weights again.
+  """
+  spec, mode = config.init.weights, config.init.preprocessing
+  if mode not in ("weights", "config"):
+    raise ValueError(f"init.preprocessing must be 'weights' or 'config', got {mode!r}")
+  if not spec or mode == "config":
+    return config
+  record = os.path.join(workdir, preprocessing.FILE)
+  prep = None
+  if os.path.exists(record):
+    with open(record) as f:
+      saved = json.load(f)
+    if saved.get("weights") == spec:
+      prep = Preprocessing.from_dict(saved["preprocessing"])
+  if prep is None:
+    prep, origin = preprocessing_of(spec)
+    if jax.process_index() == 0:
+      os.makedirs(workdir, exist_ok=True)
+      with open(record, "w") as f:
+        json.dump({"weights": spec, "origin": origin, "preprocessing": dataclasses.asdict(prep)},
+                  f, indent=2)
+    log(f"init: preprocessing from {origin}: mean {prep.mean}, std {prep.std}, eval crop fraction "
+        f"{prep.crop_fraction}, {prep.interpolation} (set init.preprocessing=config to keep data.*)")
+  if prep == preprocessing.of_config(config):
+    return config
+  resolved = config.copy_and_resolve_references()
+  preprocessing.set_in_config(resolved, prep)
+  resolved.lock()
+  return resolved
+
+
+def _head_reason(target: dict[Path, tuple], source: dict[Path, np.ndarray],
+                 keep_head: bool) -> str | None:
+  """Why the fresh head stays (None: the source's head is loaded). `target` maps paths to shapes."""
+  head = [p for p in target if p[1] == "head"]
+  if not head:
+    return None
+  if not keep_head:
+    return "init.keep_head=False"
+  if not any(p[1] == "head" for p in source):
+    return "the weights have no classifier"
+  bias = ("params", "head", "bias")
+  if bias in source and bias in target and source[bias].shape != tuple(target[bias]):
+    return f"the weights have {source[bias].shape[0]} classes, this run {target[bias][0]}"
+  return None
+
+
+def fill(target: dict[Path, tuple], source: Source, keep_head: bool, spec: str = "the weights"):
+  """The source's value for each target path -> ({path: array}, head_reason).
+
+  `target` maps paths to shapes. Paths of a re-initialised head are left out
+  of the result. Raises WeightsMismatchError listing every problem at once.
+  """
+  reason = _head_reason(target, source.variables, keep_head)
+  skip = {p for p in (*target, *source.variables) if reason and p[1] == "head"}
+  missing = [p for p in target if p not in source.variables and p not in skip]
+  unused = [p for p in source.variables if p not in target and p not in skip]
+  misshapen = [p for p in target if p in source.variables and p not in skip
+               and tuple(source.variables[p].shape) != tuple(target[p])]
+  if missing or unused or misshapen or source.unknown:
+    lines = [f"{spec} does not fit the model:"]
+    lines += [f"  missing from the weights: {source.describe(p)} {tuple(target[p])}" for p in missing]
+    lines += [f"  not used by the model: {source.describe(p)}" for p in unused]
+    lines += [f"  not used by the model: {name}" for name in source.unknown]
+    lines += [f"  shape differs: {source.describe(p)} is {tuple(source.variables[p].shape)}, the model "
+              f"needs {tuple(target[p])} (jaxnet layout)" for p in misshapen]
+    lines.append(f"({len(lines) - 1} problems; is config.model.name the architecture of the weights?)")
+    raise WeightsMismatchError("\n".join(lines))
+  return {p: source.variables[p] for p in target if p not in skip}, reason
+
+
+def _place(value: np.ndarray, like: jax.Array) -> jax.Array:
+  """`value` as a global array with `like`'s dtype and sharding (multi-host safe)."""
+  value = np.asarray(value, like.dtype)
+  return jax.make_array_from_callback(like.shape, like.sharding, lambda index: value[index])
+
+
+def initialise(state, config, log=print):
+  """A fresh TrainState with params and BN statistics from `config.init.weights`."""
+  spec = config.init.weights
+  source = load(spec)
+  target = flatten_dict({"params": state.params, "batch_stats": state.batch_stats})
+  values, reason = fill({p: x.shape for p, x in target.items()}, source, config.init.keep_head,
+                        f"init.weights={spec}")
+  new = unflatten_dict({p: _place(values[p], x) if p in values else x for p, x in target.items()})
+  if jax.process_index() == 0:
+    head = f"; classifier head re-initialised: {reason}" if reason else ""
+    log(f"init: {len(values)} of {len(target)} variables from {spec}{head}")
+  # The EMA starts at the initial params, in buffers of its own: the train
+  # step donates the state, and one buffer cannot be donated twice.
+  ema = jax.tree.map(jnp.copy, new["params"])
+  return state.replace(params=new["params"], batch_stats=new["batch_stats"], ema_params=ema)

@@ -1,0 +1,65 @@
+"""Seeded ResNet weights under torchvision's names, drawn with numpy alone.
+
+experiments/make_reference_logits.py draws them for torchvision's resnet18 and
+resnet50 and stores only the logits (tests/data/torchvision_resnet_logits.npz);
+tests/test_torch_reference.py draws the same tensors without torch and checks
+that jaxnet, loading them from a .safetensors file, computes those logits.
+
+The draw, one generator `np.random.default_rng(seed)`:
+  1. the input, `INPUT_SHAPE` (NCHW) standard normal, float32;
+  2. the tensors in sorted name order (not state_dict order, so both sides need
+     only agree on the names), each by the rule for its name and shape:
+       conv / fc `weight`       normal(0, sqrt(2 / fan_in)), fan_in = prod(shape[1:])
+       BN `weight`              uniform(0.5, 1.5), but uniform(0.1, 0.3) for the last BN
+                                of each residual branch (a block's highest bnK) and of
+                                each projection shortcut (downsample.1), so that the
+                                residual stream does not double at every block
+       any `bias`               normal(0, 0.1)
+       BN `running_mean`        normal(0, 0.1)
+       BN `running_var`         uniform(0.5, 1.5)
+       BN `num_batches_tracked` 0 (int64), nothing drawn
+     These keep activations O(1) through the network in eval mode, and every BN
+     statistic differs from its init, so a BN mapped to the wrong place shows.
+"""
+
+import numpy as np
+
+SEED = 20260518
+INPUT_SHAPE = (2, 3, 64, 64)   # 64 px: even sizes at every stride-2 layer, where padding matters
+
+
+def draw(shapes: dict[str, tuple[int, ...]], seed: int = SEED) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+  """(input NCHW, {name: tensor}) for a state dict with these names and shapes."""
+  rng = np.random.default_rng(seed)
+  images = rng.standard_normal(INPUT_SHAPE).astype(np.float32)
+  small_bns = _small_bns(shapes)
+  tensors = {}
+  for name in sorted(shapes):
+    shape, leaf = tuple(shapes[name]), name.rsplit(".", 1)[-1]
+    if leaf == "num_batches_tracked":
+      tensors[name] = np.zeros(shape, np.int64)
+      continue
+    if leaf == "weight" and len(shape) > 1:
+      value = rng.normal(0.0, np.sqrt(2.0 / np.prod(shape[1:])), shape)
+    elif leaf == "weight" and name.rsplit(".", 1)[0] in small_bns:
+      value = rng.uniform(0.1, 0.3, shape)
+    elif leaf in ("weight", "running_var"):
+      value = rng.uniform(0.5, 1.5, shape)
+    elif leaf in ("bias", "running_mean"):
+      value = rng.normal(0.0, 0.1, shape)
+    else:
+      raise ValueError(f"no drawing rule for {name}")
+    tensors[name] = value.astype(np.float32)
+  return images, tensors
+
+
+
+def _small_bns(names) -> set[str]:
+  """The BN modules drawn with small weights: each block's last bnK and its downsample.1."""
+  blocks = {}
+  for name in names:
+    parts = name.split(".")
+    if parts[0].startswith("layer") and parts[2].startswith("bn"):
+      blocks.setdefault(".".join(parts[:2]), []).append(int(parts[2][2:]))
+  return ({f"{block}.bn{max(ks)}" for block, ks in blocks.items()} |
+          {f"{block}.downsample.1" for block in blocks})

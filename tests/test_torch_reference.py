@@ -1,0 +1,55 @@
+"""jaxnet's ResNets compute what torchvision's compute, for the same weights.
+
+tests/data/torchvision_resnet_logits.npz holds torchvision's fp32 eval-mode
+logits for seeded weights (experiments/make_reference_logits.py, run once where
+torch is installed). Here the same tensors are drawn with numpy
+(tests/reference_weights.py), written to a .safetensors file and loaded through
+`init.weights`'s own path (jaxnet.weights.pretrained), without torch.
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.traverse_util import flatten_dict, unflatten_dict
+from safetensors.numpy import save_file
+
+from jaxnet import models
+from jaxnet.weights import pretrained, resnet_names
+from tests import reference_weights
+
+LOGITS = os.path.join(os.path.dirname(__file__), "data", "torchvision_resnet_logits.npz")
+
+
+def model_shapes(model, size: int = 64) -> dict:
+  """{jaxnet path: shape} of `model`'s variables, from shapes alone."""
+  abstract = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)),
+                                               train=False))
+  return {p: tuple(x.shape) for p, x in flatten_dict(abstract).items()}
+
+
+def torchvision_shapes(shapes: dict) -> dict:
+  """The torchvision state-dict names and shapes of jaxnet variables with these shapes."""
+  return {resnet_names.torch_name(p): resnet_names.to_torch_layout(p, np.empty(s, bool)).shape
+          for p, s in shapes.items()}
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet50"])
+def test_logits_equal_torchvision_for_the_same_weights(name, tmp_path):
+  model = models.create(name, num_classes=1000)
+  shapes = model_shapes(model)
+  images, tensors = reference_weights.draw(torchvision_shapes(shapes))
+  path = str(tmp_path / f"{name}.safetensors")
+  save_file(tensors, path)
+
+  values, head_reason = pretrained.fill(shapes, pretrained.load(path), keep_head=True)
+  assert head_reason is None and set(values) == set(shapes)  # every variable, head included
+  # Eager (un-jitted) apply: no compile, fast enough at 64 px on the CPU.
+  logits = np.asarray(model.apply(unflatten_dict(values), images.transpose(0, 2, 3, 1), train=False))
+
+  reference = np.load(LOGITS)[name]
+  assert logits.shape == reference.shape == (2, 1000)
+  assert np.abs(reference).max() > 0.5  # the reference is not degenerate
+  assert np.abs(logits - reference).max() <= 1e-4

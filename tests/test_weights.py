@@ -1,0 +1,143 @@
+"""Weights in and out (jaxnet/weights): round trip, head re-initialisation, mismatch
+reports, files jaxnet refuses, hub specs without network. No torch needed."""
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+from flax.traverse_util import unflatten_dict
+from safetensors.numpy import load_file, save_file
+
+from jaxnet import models
+from jaxnet.weights import export, hub, pretrained, tensor_files
+from jaxnet.weights.preprocessing import Preprocessing
+from tests import reference_weights
+from tests.helpers import REPO
+from tests.test_torch_reference import model_shapes, torchvision_shapes
+
+
+def drawn_file(tmp_path, name="resnet18", num_classes=1000):
+  """A torchvision-named .safetensors of seeded weights for `name`; returns (path, tensors, shapes)."""
+  shapes = model_shapes(models.create(name, num_classes=num_classes), size=32)
+  names = torchvision_shapes(shapes)
+  # A complete torchvision state dict has each BN's counter too.
+  names.update({n.replace("running_var", "num_batches_tracked"): () for n in names if "running_var" in n})
+  _, tensors = reference_weights.draw(names)
+  path = str(tmp_path / f"{name}_{num_classes}.safetensors")
+  save_file(tensors, path, metadata={"note": "drawn"})
+  return path, tensors, shapes
+
+
+def test_round_trip_gives_identical_tensors(tmp_path):
+  path, tensors, shapes = drawn_file(tmp_path)
+  values, reason = pretrained.fill(shapes, pretrained.load(path), keep_head=True)
+  assert reason is None
+  out = export.torchvision_tensors(unflatten_dict(values))
+  tensor_files.write(str(tmp_path / "out.safetensors"), out, {})
+  back = load_file(str(tmp_path / "out.safetensors"))
+  assert set(back) == set(tensors) and len(back) == 122  # torchvision resnet18's state dict
+  for name, value in tensors.items():
+    assert back[name].dtype == value.dtype and back[name].shape == value.shape, name
+    np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+
+def test_head_is_reinitialised_when_classes_differ_or_asked(tmp_path):
+  path, tensors, _ = drawn_file(tmp_path, num_classes=1000)
+  shapes = model_shapes(models.create("resnet18", num_classes=7), size=32)
+  source = pretrained.load(path)
+  values, reason = pretrained.fill(shapes, source, keep_head=True)
+  assert reason == "the weights have 1000 classes, this run 7"
+  assert set(shapes) - set(values) == {("params", "head", "kernel"), ("params", "head", "bias")}
+  np.testing.assert_array_equal(values[("params", "stem_conv", "kernel")],
+                                tensors["conv1.weight"].transpose(2, 3, 1, 0))
+  same_classes = model_shapes(models.create("resnet18", num_classes=1000), size=32)
+  values, reason = pretrained.fill(same_classes, source, keep_head=False)
+  assert reason == "init.keep_head=False" and ("params", "head", "bias") not in values
+
+
+def test_mismatched_architecture_lists_every_problem_in_one_error(tmp_path):
+  path, _, _ = drawn_file(tmp_path, "resnet18")
+  shapes = model_shapes(models.create("resnet34", num_classes=1000), size=32)
+  with pytest.raises(pretrained.WeightsMismatchError) as info:
+    pretrained.fill(shapes, pretrained.load(path), keep_head=True, spec="init.weights=r18")
+  message = str(info.value)
+  # resnet34 has 3, 4, 6, 3 blocks where resnet18 has 2 of each: 8 more blocks of 2 convs
+  # and 2 BNs (4 tensors each), 10 tensors per block.
+  assert message.count("missing from the weights") == 80
+  assert "missing from the weights: layer3.5.conv2.weight (stage3_block6/Conv_1/kernel) (3, 3, 256, 256)" in message
+  assert message.startswith("init.weights=r18 does not fit the model:")
+  assert "(80 problems;" in message
+
+
+def test_unknown_and_misshapen_tensors_are_reported(tmp_path):
+  path, tensors, shapes = drawn_file(tmp_path)
+  tensors = dict(tensors, **{"layer1.0.se.fc.weight": np.zeros((4, 4), np.float32)})
+  tensors["layer2.0.conv1.weight"] = np.zeros((128, 64, 1, 1), np.float32)
+  save_file(tensors, path)
+  with pytest.raises(pretrained.WeightsMismatchError) as info:
+    pretrained.fill(shapes, pretrained.load(path), keep_head=True)
+  message = str(info.value)
+  assert "not used by the model: layer1.0.se.fc.weight" in message
+  assert ("shape differs: layer2.0.conv1.weight (stage2_block1/Conv_0/kernel) is (1, 1, 64, 128), "
+          "the model needs (3, 3, 64, 128)") in message
+  assert "(2 problems;" in message
+
+
+def test_pth_without_torch_suggests_safetensors(tmp_path, monkeypatch):
+  path = tmp_path / "resnet50.pth"
+  path.write_bytes(b"not read")
+  monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` fails, as where it is not installed
+  with pytest.raises(ValueError, match=r"needs torch, which is not installed.*\.safetensors"):
+    pretrained.load(str(path))
+
+
+def test_missing_file_and_unknown_format(tmp_path):
+  with pytest.raises(FileNotFoundError, match="weights file .* not found"):
+    pretrained.load(str(tmp_path / "nope.safetensors"))
+  (tmp_path / "w.npz").write_bytes(b"")
+  with pytest.raises(ValueError, match="unknown weights format"):
+    pretrained.load(str(tmp_path / "w.npz"))
+  with pytest.raises(FileNotFoundError, match="directory without config.json"):
+    pretrained.load(str(tmp_path))
+
+
+def test_hub_spec_without_huggingface_hub(monkeypatch):
+  monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+  with pytest.raises(ValueError, match=r"needs huggingface_hub: pip install 'jaxnet\[hub\]'"):
+    hub.fetch("hf-hub:timm/resnet18.tv_in1k")
+  with pytest.raises(ValueError, match="hf-hub:OWNER/NAME"):
+    hub.fetch("hf-hub:resnet18")
+
+
+def test_hub_spec_offline_fails_with_one_line(tmp_path):
+  """The command line, with the hub unreachable: one error line, exit 1, no traceback."""
+  env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+  proc = subprocess.run(
+      [sys.executable, "-m", "jaxnet.main", "--config=configs/digits.py", f"--workdir={tmp_path / 'w'}",
+       "--config.init.weights=hf-hub:timm/resnet18.tv_in1k"],
+      cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+  assert proc.returncode == 1
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "Traceback" not in proc.stderr
+  assert errors[0].startswith("error: cannot fetch hf-hub:timm/resnet18.tv_in1k from the Hugging Face Hub")
+  assert "set init.weights to its path" in errors[0]
+
+
+def test_hub_spec_reads_timm_preprocessing(tmp_path, monkeypatch):
+  """A stand-in huggingface_hub serves a timm-style repository: weights and config.json."""
+  path, _, _ = drawn_file(tmp_path)
+  config = tmp_path / "config.json"
+  config.write_text(json.dumps({"architecture": "resnet18", "num_classes": 1000, "pretrained_cfg": {
+      "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "crop_pct": 0.95,
+      "interpolation": "bicubic", "crop_mode": "center"}}))
+  files = {"model.safetensors": path, "config.json": str(config)}
+  fake = types.SimpleNamespace(hf_hub_download=lambda repo, name, **kw: files[name])
+  monkeypatch.setitem(sys.modules, "huggingface_hub", fake)
+  prep, origin = pretrained.preprocessing_of("hf-hub:timm/resnet18.a1_in1k")
+  assert prep == Preprocessing((0.5, 0.5, 0.5), (0.25, 0.25, 0.25), 0.95, "bicubic")
+  assert origin == "timm's pretrained_cfg of hf-hub:timm/resnet18.a1_in1k"
+  assert len(pretrained.load("hf-hub:timm/resnet18.a1_in1k").variables) == 102
