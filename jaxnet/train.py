@@ -34,12 +34,18 @@ def build_model(config, num_classes: int, bn_num_groups: int = 1):
 
   bn_num_groups only changes how training computes BN statistics, not the
   variables, so inference can rebuild the model with the default of 1.
+  Each model gets the config.model options it has (BN settings).
   """
-  return models.create(
-      config.model.name, num_classes=num_classes,
-      dtype=precision.get_policy(config.precision).compute_dtype,
-      bn_momentum=config.model.bn_momentum, bn_epsilon=config.model.bn_epsilon,
-      bn_num_groups=bn_num_groups, zero_init_last_bn=config.model.zero_init_last_bn)
+  m = config.model
+  accepts = models.options(m.name)
+  if m.bn_group_size and "bn_num_groups" not in accepts:
+    raise ValueError(f"config.model.bn_group_size={m.bn_group_size}, but {m.name} has no batch norm; "
+                     "leave it at 0")
+  given = dict(bn_momentum=m.bn_momentum, bn_epsilon=m.bn_epsilon, bn_num_groups=bn_num_groups,
+               zero_init_last_bn=m.zero_init_last_bn)
+  return models.create(m.name, num_classes=num_classes,
+                       dtype=precision.get_policy(config.precision).compute_dtype,
+                       **{k: v for k, v in given.items() if k in accepts})
 
 
 class Experiment:
