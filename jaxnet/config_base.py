@@ -35,6 +35,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.bn_epsilon = 1e-5
   c.model.bn_group_size = 0        # BN statistics over groups of this many devices; 0 = global batch
   c.model.zero_init_last_bn = True
+  # The bn_* and zero_init keys apply to models with batch norm (ResNets) and are
+  # not passed to the others (AlexNet, ViT); bn_group_size != 0 there is an error.
+  c.model.vit_flavour = "timm"     # ViTs: timm (class token, learned position embedding)
+                                   # | plain (big_vision: global average pool, sin-cos)
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "synthetic"      # digits | synthetic | imagefolder | tfds

@@ -34,7 +34,7 @@ def build_model(config, num_classes: int, bn_num_groups: int = 1):
 
   bn_num_groups only changes how training computes BN statistics, not the
   variables, so inference can rebuild the model with the default of 1.
-  Each model gets the config.model options it has (BN settings).
+  Each model gets the config.model options it has (BN settings, ViT flavour).
   """
   m = config.model
   accepts = models.options(m.name)
@@ -42,7 +42,7 @@ def build_model(config, num_classes: int, bn_num_groups: int = 1):
     raise ValueError(f"config.model.bn_group_size={m.bn_group_size}, but {m.name} has no batch norm; "
                      "leave it at 0")
   given = dict(bn_momentum=m.bn_momentum, bn_epsilon=m.bn_epsilon, bn_num_groups=bn_num_groups,
-               zero_init_last_bn=m.zero_init_last_bn)
+               zero_init_last_bn=m.zero_init_last_bn, flavour=m.vit_flavour)
   return models.create(m.name, num_classes=num_classes,
                        dtype=precision.get_policy(config.precision).compute_dtype,
                        **{k: v for k, v in given.items() if k in accepts})

@@ -46,4 +46,4 @@ def options(name: str) -> set[str]:
 
 
 # Importing the model files fills the registry.
-from jaxnet.models import alexnet, resnet  # noqa: E402,F401
+from jaxnet.models import alexnet, resnet, vit  # noqa: E402,F401
