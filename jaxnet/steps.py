@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxnet import mixing
 from jaxnet import precision as precision_lib
 from jaxnet.state import TrainState, step_key
 
@@ -40,19 +41,24 @@ def _masked_mean(values, mask):
 
 
 def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_classes: int,
-                    mean, std, label_smoothing: float = 0.0, ema_decay: float = 0.0):
+                    mean, std, label_smoothing: float = 0.0, ema_decay: float = 0.0,
+                    mix: mixing.Mix | None = None):
   """Returns `train_step(state, batch) -> (state, metrics)`.
 
   `batch` holds `image` (uint8 NHWC), `label`, `mask` and `corrupt`; examples
   with mask=False (unreadable images) contribute nothing to loss or gradients.
-  Randomness (dropout) comes from `state.step_key(state)`: seed and step only.
+  `mix` (mixup/cutmix) blends images and targets on the device; train/accuracy
+  still counts the argmax against each example's own label.
+  Randomness (dropout, mix) comes from `state.step_key(state)`: seed and step only.
   """
 
   def loss_fn(params, state, batch, key):
     dropout_key, mix_key = jax.random.split(key)
-    del mix_key  # for mixup (next)
     targets = soft_targets(batch["label"], num_classes, label_smoothing)
-    images = normalize(batch["image"], mean, std, policy.compute_dtype)
+    images = batch["image"]
+    if mix is not None and mix.active:
+      images, targets = mix.apply(mix_key, images.astype(jnp.float32), targets, batch["mask"])
+    images = normalize(images, mean, std, policy.compute_dtype)
     logits, updates = model.apply(
         {"params": params, "batch_stats": state.batch_stats}, images, train=True,
         mutable=["batch_stats"], rngs={"dropout": dropout_key})

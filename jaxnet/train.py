@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxnet import checkpoint as ckpt
-from jaxnet import models, optim, parallel, precision, steps
+from jaxnet import mixing, models, optim, parallel, precision, steps
 from jaxnet.data import pipeline, sources
 from jaxnet.metrics import MetricWriter, Progress
 from jaxnet.state import TrainState, init_state
@@ -96,7 +96,8 @@ class Experiment:
     norm = dict(num_classes=self.num_classes, mean=tuple(config.data.mean), std=tuple(config.data.std))
     train_step = steps.make_train_step(self.model, self.tx, self.schedule, self.policy,
                                        label_smoothing=config.label_smoothing,
-                                       ema_decay=config.ema_decay, **norm)
+                                       ema_decay=config.ema_decay, mix=mixing.Mix(**config.mix),
+                                       **norm)
     eval_step = steps.make_eval_step(self.model, self.policy, use_ema=config.ema_decay > 0, **norm)
     # Jitted once, with explicit shardings; the old state's buffers are donated
     # so params and optimizer state are updated in place.
@@ -121,7 +122,8 @@ class Experiment:
     return pipeline.train_loader(
         self.train_source, global_batch_size=c.batch_size, image_size=image_size or c.image_size,
         seed=c.seed, workers=c.data.workers, read_threads=c.data.read_threads,
-        process_index=self.process_index, process_count=self.process_count)
+        process_index=self.process_index, process_count=self.process_count,
+        randaug=(c.data.randaug_num_ops, c.data.randaug_magnitude))
 
   def evaluate(self, state: TrainState) -> dict:
     c = self.config
