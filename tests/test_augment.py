@@ -139,6 +139,18 @@ def test_operation_values():
   assert box.all(axis=-1).sum() == box[..., 0].sum() > 0
 
 
+@pytest.mark.parametrize("name", ["color", "contrast", "brightness", "sharpness"])
+def test_blends_agree_with_pil_imageenhance(name):
+  from PIL import Image, ImageEnhance
+  op = {o.__name__: o for o in randaugment.OPS}[name]
+  pil = getattr(ImageEnhance, name.capitalize())
+  for image in _images(2):
+    for level in (0.2, 1.0):
+      ref = np.asarray(pil(Image.fromarray(image.squeeze(-1) if image.shape[-1] == 1 else image))
+                       .enhance(0.1 + 1.8 * level)).reshape(image.shape)
+      assert np.abs(op(image, level, None).astype(int) - ref).max() <= 2, (name, level, image.shape)
+
+
 def test_rand_augment_is_a_function_of_the_generator_seed():
   image = _images(1)[0]
   run = lambda seed: randaugment.rand_augment(image, 2, 10, np.random.Generator(np.random.Philox(key=seed)))

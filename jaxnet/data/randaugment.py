@@ -22,7 +22,9 @@ that big_vision's `randaug(2, 10)` (and the ViT recipes tuned with it) use:
   Cutout        a grey square of side 2 * 40/224 * level of the image size
 
 Signs are random. Geometric operations fill with grey (128) and sample the
-nearest pixel. TF gives translation and cutout in pixels (100 and 40); they
+nearest pixel. The blends (Color .. Sharpness) and point operations run in OpenCV
+when it is installed (within 2 intensity levels of PIL's ImageEnhance, which is
+the fallback): RandAugment(2, 10) then costs ~0.5 ms per 224px image. TF gives translation and cutout in pixels (100 and 40); they
 are scaled here with the image size so that 224px images match TF.
 
 Randomness comes only from the generator Grain hands each record, seeded by
@@ -38,6 +40,8 @@ from typing import Any
 import grain.python as grain
 import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
+
+from jaxnet.data.transforms import cv2  # None without OpenCV (then numpy)
 
 GREY = 128
 MAX_MAGNITUDE = 10
@@ -82,24 +86,55 @@ def rotate(image, level, rng):
                            fillcolor=fill), image)
 
 
+# Point operations as 256-entry lookup tables: one gather per image.
+_VALUES = np.arange(256, dtype=np.int32)
+
+
+def _lookup(image, table):
+  table = np.asarray(table, np.uint8)
+  if cv2 is not None:  # ~4x faster than np.take
+    return cv2.LUT(image, table).reshape(image.shape)
+  return np.take(table, image)
+
+
 def posterize(image, level, rng):
   shift = 8 - max(int(4 * level), 1)
-  return (image >> shift) << shift
+  return _lookup(image, (_VALUES >> shift) << shift)
 
 
 def solarize(image, level, rng):
-  return np.where(image >= int(256 * level), 255 - image, image).astype(np.uint8)
+  return _lookup(image, np.where(_VALUES >= int(256 * level), 255 - _VALUES, _VALUES))
 
 
 def solarize_add(image, level, rng):
-  added = np.minimum(image.astype(np.int16) + int(110 * level), 255).astype(np.uint8)
-  return np.where(image < 128, added, image)
+  return _lookup(image, np.where(_VALUES < 128, np.minimum(_VALUES + int(110 * level), 255), _VALUES))
 
 
-def _enhance(kind):
+def _degenerate(kind: str, image: np.ndarray) -> np.ndarray:
+  """The image that `kind`'s factor blends away from (PIL ImageEnhance's definitions)."""
+  grey = image[..., 0] if image.shape[-1] == 1 else cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
+  if kind == "color":
+    return np.repeat(grey[..., None], image.shape[-1], axis=-1)
+  if kind == "contrast":
+    return np.full_like(image, int(grey.mean() + 0.5))
+  if kind == "brightness":
+    return np.zeros_like(image)
+  # sharpness: a 3x3 smoothing (centre weight 5, total 13), the border left as it is
+  smooth = cv2.filter2D(image, -1, np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], np.float32) / 13,
+                        borderType=cv2.BORDER_REPLICATE).reshape(image.shape)
+  smooth[0], smooth[-1], smooth[:, 0], smooth[:, -1] = image[0], image[-1], image[:, 0], image[:, -1]
+  return smooth
+
+
+def _enhance(kind, pil_enhancer):
   def op(image, level, rng):
-    return _array(kind(_pil(image)).enhance(0.1 + 1.8 * level), image)
-  op.__name__ = kind.__name__.lower()
+    factor = 0.1 + 1.8 * level
+    if cv2 is None:
+      return _array(pil_enhancer(_pil(image)).enhance(factor), image)
+    # degenerate + factor * (image - degenerate), rounded and clipped to 0..255
+    blended = cv2.addWeighted(image, factor, _degenerate(kind, image), 1 - factor, 0)
+    return blended.reshape(image.shape)
+  op.__name__ = kind
   return op
 
 
@@ -128,10 +163,10 @@ def cutout(image, level, rng):
   return out
 
 
-OPS = (auto_contrast, equalize, invert, rotate, posterize, solarize, _enhance(ImageEnhance.Color),
-       _enhance(ImageEnhance.Contrast), _enhance(ImageEnhance.Brightness),
-       _enhance(ImageEnhance.Sharpness), shear_x, shear_y, translate_x, translate_y, cutout,
-       solarize_add)
+OPS = (auto_contrast, equalize, invert, rotate, posterize, solarize,
+       _enhance("color", ImageEnhance.Color), _enhance("contrast", ImageEnhance.Contrast),
+       _enhance("brightness", ImageEnhance.Brightness), _enhance("sharpness", ImageEnhance.Sharpness),
+       shear_x, shear_y, translate_x, translate_y, cutout, solarize_add)
 
 
 def rand_augment(image: np.ndarray, num_ops: int, magnitude: float,
