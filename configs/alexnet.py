@@ -17,7 +17,7 @@ Data: tfds `imagenet2012` as ArrayRecord in data.dir (docs/data.md), or an
 ImageFolder with --config.data.source=imagefolder.
 Expect: ~56.5% top-1 / ~79% top-5, torchvision's published result for this
 architecture (its recipe: lr 0.01, batch 256, step decay, wd 1e-4). jaxnet has
-not trained it on ImageNet: see experiments/RESULTS.md.
+not trained it on ImageNet yet.
 """
 
 from jaxnet.config_base import base_config

@@ -17,7 +17,7 @@ big_vision's weight decay is "decoupled": each step subtracts wd * (lr / peak lr
 Meant for: one 8-GPU server (A100/H100 class), 128 images per GPU, bf16. The other
 variants get the S/16 recipe unchanged; big_vision tuned it for S/16 only.
 Expect: s16 ~76.5% top-1 after 90 epochs (big_vision's published result, 6-7 h on a
-TPU v3-8 there). jaxnet has not trained it on ImageNet: see experiments/RESULTS.md.
+TPU v3-8 there). jaxnet has not trained it on ImageNet yet.
 """
 
 from jaxnet.config_base import base_config

@@ -49,7 +49,7 @@ def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_cl
   with mask=False (unreadable images) contribute nothing to loss or gradients.
   `mix` (mixup/cutmix) blends images and targets on the device; train/accuracy
   still counts the argmax against each example's own label.
-  Randomness (dropout, mix) comes from `state.step_key(state)`: seed and step only.
+  Randomness (dropout, mix) comes from `jaxnet.state.step_key(state)`: seed and step only.
   """
 
   def loss_fn(params, state, batch, key):
