@@ -41,6 +41,8 @@ def build_model(config, num_classes: int, bn_num_groups: int = 1):
   if m.bn_group_size and "bn_num_groups" not in accepts:
     raise ValueError(f"config.model.bn_group_size={m.bn_group_size}, but {m.name} has no batch norm; "
                      "leave it at 0")
+  if m.vit_flavour != "timm" and "flavour" not in accepts:
+    raise ValueError(f"config.model.vit_flavour={m.vit_flavour!r} applies to ViTs, not {m.name}")
   given = dict(bn_momentum=m.bn_momentum, bn_epsilon=m.bn_epsilon, bn_num_groups=bn_num_groups,
                zero_init_last_bn=m.zero_init_last_bn, flavour=m.vit_flavour)
   return models.create(m.name, num_classes=num_classes,
