@@ -156,5 +156,5 @@ for _size, (_width, _depth, _heads, _mlp) in SIZES.items():
   register(f"vit_{_size}16")(functools.partial(
       ViT, patch_size=16, width=_width, depth=_depth, num_heads=_heads, mlp_dim=_mlp))
 
-# Two blocks of width 32 on 4x4 patches (~30k parameters): tests and CPU runs on 16px digits.
+# Two blocks of width 32 on 4x4 patches (~19k parameters on digits): tests and CPU runs on 16px images.
 register("vit_mini")(functools.partial(ViT, patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64))
