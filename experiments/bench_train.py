@@ -1,9 +1,10 @@
-"""ResNet train-step throughput of jaxnet, side by side with two peers, data already on the device.
+"""Train-step throughput of jaxnet, side by side with two peers, data already on the device.
 
     python experiments/bench_train.py                 # GPU defaults: resnet50, 224px, 64/128/256 per device
     python experiments/bench_train.py --quick         # CPU, < 3 min: resnet_tiny, 32px, batch 8
     python experiments/bench_train.py --tiny          # the tests' smoke run (< 1 min of work)
     python experiments/bench_train.py --precisions bf16 --batches 256 --peak-tflops 989
+    python experiments/bench_train.py --model vit_s16 # any registered model: alexnet, vit_b16, ...
 
 For each (precision, per-device batch):
   jaxnet        `train.Experiment` built from a config (synthetic source, tiny
@@ -17,7 +18,10 @@ For each (precision, per-device batch):
                 both alike; jaxnet/flax ~1.00 means no framework overhead.
   torch         experiments/peers/torch_resnet.py, in its own process, before any
                 jax process (so the two never share a GPU's memory); skipped with a
-                note when torch is not installed.
+                note when torch is not installed. ResNets from torchvision (or its own
+                definition), AlexNet from torchvision, ViTs from timm (torchvision's
+                for B/16 and L/16 without timm); the test models alexnet_mini and
+                vit_mini have no torch counterpart (the peer reports an error).
 
 Timing: warm-up steps excluded, then `--repeats` timings of `--steps` steps each,
 `jax.block_until_ready` before reading the clock; the median is reported.

@@ -49,6 +49,10 @@ def base_config() -> ml_collections.ConfigDict:
                                    # a different count always re-initialises it
   c.init.preprocessing = "weights"  # weights: data.mean/std/eval_crop_fraction/eval_interpolation
                                    # become what the weights expect | config: keep the config's
+  # The bn_* and zero_init keys apply to models with batch norm (ResNets) and are
+  # not passed to the others (AlexNet, ViT); bn_group_size != 0 there is an error.
+  c.model.vit_flavour = "timm"     # ViTs: timm (class token, learned position embedding)
+                                   # | plain (big_vision: global average pool, sin-cos)
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "synthetic"      # digits | synthetic | imagefolder | tfds
@@ -67,6 +71,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.mean = (0.485, 0.456, 0.406)  # per-channel, of pixels in [0, 1]
   c.data.std = (0.229, 0.224, 0.225)
   c.data.prefetch = 2              # batches placed on the devices ahead of the step
+  c.data.randaug_num_ops = 0       # RandAugment: ops per train image (0: off); in the Grain
+  c.data.randaug_magnitude = 10    # workers, on uint8 images; magnitude of 0..10
+
+  # Mixup / CutMix, on the device inside the train step (soft targets); off by default.
+  c.mix = ml_collections.ConfigDict()
+  c.mix.mixup_alpha = 0.0          # Beta(alpha, alpha) mixing ratio; 0 turns mixup off
+  c.mix.cutmix_alpha = 0.0         # 0 turns CutMix off
+  c.mix.prob = 1.0                 # chance that a batch is mixed
+  c.mix.switch_prob = 0.5          # with both on: chance of CutMix instead of mixup
 
   c.optim = ml_collections.ConfigDict()
   c.optim.name = "sgd"             # sgd | lars | adamw
@@ -78,9 +91,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.end_lr_fraction = 0.0
   c.optim.momentum = 0.9
   c.optim.nesterov = True
-  c.optim.weight_decay = 5e-5      # not applied to BN parameters and biases
+  c.optim.weight_decay = 5e-5      # conv/dense kernels only: not BN, LayerNorm, biases, embeddings
   c.optim.b1 = 0.9                 # adamw
   c.optim.b2 = 0.999               # adamw
+  c.optim.mu_dtype = ""            # adamw: dtype of the first moment, e.g. "bfloat16"; "" = params'
   c.optim.grad_clip_norm = 0.0
 
   c.loss_scale = ml_collections.ConfigDict()  # fp16 only

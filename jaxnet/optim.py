@@ -2,16 +2,30 @@
 
 The peak learning rate scales linearly with the global batch:
 `peak = optim.learning_rate * batch_size / optim.base_batch_size` (Goyal et al.).
-Weight decay and LARS trust ratios skip BN parameters and biases (rank-1 leaves).
+Weight decay and LARS trust ratios apply to convolution and dense kernels only:
+not to BN or LayerNorm parameters, biases, or a ViT's class token and learned
+position embedding.
 """
 
 import jax
+import jax.numpy as jnp
 import optax
 
 
 def _is_kernel(params):
-  # Conv and dense kernels have rank >= 2; BN scales/biases and dense biases rank 1.
-  return jax.tree.map(lambda p: p.ndim > 1, params)
+  # Flax names every conv and dense weight matrix "kernel"; everything else
+  # (scale, bias, cls_token, pos_embed) is left alone.
+  return jax.tree_util.tree_map_with_path(
+      lambda path, p: getattr(path[-1], "key", None) == "kernel", params)
+
+
+def _mu_dtype(name: str):
+  if not name:
+    return None
+  try:
+    return jnp.dtype(name)
+  except TypeError as e:
+    raise ValueError(f"config.optim.mu_dtype={name!r} is not a dtype; use e.g. 'bfloat16' or ''") from e
 
 
 def learning_rate_schedule(optim_config, batch_size: int, total_steps: int, steps_per_epoch: int):
@@ -38,6 +52,8 @@ def learning_rate_schedule(optim_config, batch_size: int, total_steps: int, step
 def make_optimizer(optim_config, schedule) -> optax.GradientTransformation:
   name = optim_config.name
   wd = optim_config.weight_decay
+  if optim_config.mu_dtype and name != "adamw":
+    raise ValueError(f"config.optim.mu_dtype applies to adamw only; clear it for optim.name={name!r}")
   if name == "sgd":
     tx = optax.chain(
         optax.add_decayed_weights(wd, mask=_is_kernel) if wd else optax.identity(),
@@ -47,7 +63,9 @@ def make_optimizer(optim_config, schedule) -> optax.GradientTransformation:
                     trust_ratio_mask=_is_kernel, momentum=optim_config.momentum,
                     nesterov=optim_config.nesterov)
   elif name == "adamw":
-    tx = optax.adamw(schedule, b1=optim_config.b1, b2=optim_config.b2, weight_decay=wd, mask=_is_kernel)
+    # optax's decay is coupled to the learning rate: update -= lr(t) * wd * param.
+    tx = optax.adamw(schedule, b1=optim_config.b1, b2=optim_config.b2, weight_decay=wd, mask=_is_kernel,
+                     mu_dtype=_mu_dtype(optim_config.mu_dtype))
   else:
     raise ValueError(f"config.optim.name={name!r}: use sgd, lars or adamw")
   if optim_config.grad_clip_norm:

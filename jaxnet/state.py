@@ -16,11 +16,11 @@ from jaxnet.precision import LossScale
 class TrainState(flax.struct.PyTreeNode):
   step: jax.Array                  # int32 scalar: optimizer steps taken
   params: Any                      # fp32 master weights
-  batch_stats: Any                 # fp32 BN running statistics
+  batch_stats: Any                 # fp32 BN running statistics ({} for models without BN)
   opt_state: Any
   loss_scale: LossScale            # fp16 dynamic scale (carried, unused, in fp32/bf16)
   ema_params: Any                  # EMA of params; equals params when EMA is off
-  rng: jax.Array                   # uint32 key data for per-step randomness
+  rng: jax.Array                   # uint32 key data; step_key() derives each step's randomness
 
 
 def init_state(model, tx, image_shape, seed: int, loss_scale_config) -> TrainState:
@@ -29,7 +29,13 @@ def init_state(model, tx, image_shape, seed: int, loss_scale_config) -> TrainSta
   variables = model.init(init_rng, jnp.zeros((1,) + tuple(image_shape), jnp.float32), train=False)
   params = variables["params"]
   return TrainState(
-      step=jnp.int32(0), params=params, batch_stats=variables["batch_stats"],
+      step=jnp.int32(0), params=params, batch_stats=variables.get("batch_stats", {}),
       opt_state=tx.init(params),
       loss_scale=LossScale.create(loss_scale_config.initial_scale, loss_scale_config.growth_interval),
       ema_params=params, rng=state_rng)
+
+
+def step_key(state: TrainState) -> jax.Array:
+  """The random key of the step `state.step` (dropout, mixup): a function of the
+  seed and the step only, so a resumed run draws exactly what the original did."""
+  return jax.random.fold_in(state.rng, state.step)

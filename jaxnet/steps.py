@@ -10,8 +10,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxnet import mixing
 from jaxnet import precision as precision_lib
-from jaxnet.state import TrainState
+from jaxnet.state import TrainState, step_key
 
 
 def normalize(images, mean, std, dtype):
@@ -20,11 +21,17 @@ def normalize(images, mean, std, dtype):
   return ((x - jnp.asarray(mean, jnp.float32)) / jnp.asarray(std, jnp.float32)).astype(dtype)
 
 
-def cross_entropy(logits, labels, num_classes, label_smoothing=0.0):
-  """Per-example fp32 cross-entropy with optional label smoothing."""
+def soft_targets(labels, num_classes, label_smoothing=0.0):
+  """fp32 one-hot targets, optionally label-smoothed."""
   targets = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
   if label_smoothing:
     targets = optax.smooth_labels(targets, label_smoothing)
+  return targets
+
+
+def cross_entropy(logits, labels, num_classes, label_smoothing=0.0):
+  """Per-example fp32 cross-entropy with optional label smoothing."""
+  targets = soft_targets(labels, num_classes, label_smoothing)
   return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
 
 
@@ -34,24 +41,36 @@ def _masked_mean(values, mask):
 
 
 def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_classes: int,
-                    mean, std, label_smoothing: float = 0.0, ema_decay: float = 0.0):
+                    mean, std, label_smoothing: float = 0.0, ema_decay: float = 0.0,
+                    mix: mixing.Mix | None = None):
   """Returns `train_step(state, batch) -> (state, metrics)`.
 
   `batch` holds `image` (uint8 NHWC), `label`, `mask` and `corrupt`; examples
   with mask=False (unreadable images) contribute nothing to loss or gradients.
+  `mix` (mixup/cutmix) blends images and targets on the device; train/accuracy
+  still counts the argmax against each example's own label.
+  Randomness (dropout, mix) comes from `jaxnet.state.step_key(state)`: seed and step only.
   """
 
-  def loss_fn(params, state, batch):
-    images = normalize(batch["image"], mean, std, policy.compute_dtype)
-    logits, updates = model.apply({"params": params, "batch_stats": state.batch_stats},
-                                  images, train=True, mutable=["batch_stats"])
-    per_example = cross_entropy(logits, batch["label"], num_classes, label_smoothing)
+  def loss_fn(params, state, batch, key):
+    dropout_key, mix_key = jax.random.split(key)
+    targets = soft_targets(batch["label"], num_classes, label_smoothing)
+    images = batch["image"]
+    if mix is not None and mix.active:
+      images, targets = mix.apply(mix_key, images.astype(jnp.float32), targets, batch["mask"])
+    images = normalize(images, mean, std, policy.compute_dtype)
+    logits, updates = model.apply(
+        {"params": params, "batch_stats": state.batch_stats}, images, train=True,
+        mutable=["batch_stats"], rngs={"dropout": dropout_key})
+    per_example = optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
     loss = _masked_mean(per_example, batch["mask"])
     scaled = loss * state.loss_scale.scale if policy.uses_loss_scale else loss
-    return scaled, (loss, logits, updates["batch_stats"])
+    # Models without batch norm return no batch_stats: the state keeps its empty {}.
+    return scaled, (loss, logits, updates.get("batch_stats", state.batch_stats))
 
   def train_step(state: TrainState, batch):
-    grads, (loss, logits, new_batch_stats) = jax.grad(loss_fn, has_aux=True)(state.params, state, batch)
+    grads, (loss, logits, new_batch_stats) = jax.grad(loss_fn, has_aux=True)(
+        state.params, state, batch, step_key(state))
     if policy.uses_loss_scale:
       grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
@@ -117,8 +136,14 @@ def make_eval_step(model, policy: precision_lib.Policy, *, num_classes: int, mea
 
 
 def eval_variables(params, ema_params, batch_stats, use_ema: bool) -> dict:
-  """The model variables eval uses: EMA params when the run keeps an EMA."""
-  return {"params": ema_params if use_ema else params, "batch_stats": batch_stats}
+  """The model variables eval uses: EMA params when the run keeps an EMA.
+
+  Models without batch norm get no `batch_stats` entry, as their init returns none.
+  """
+  variables = {"params": ema_params if use_ema else params}
+  if batch_stats:
+    variables["batch_stats"] = batch_stats
+  return variables
 
 
 def make_logits_fn(model, policy: precision_lib.Policy, *, mean, std):

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxnet import checkpoint as ckpt
-from jaxnet import config_io, models, optim, parallel, precision, steps, xla_flags
+from jaxnet import config_io, mixing, models, optim, parallel, precision, steps, xla_flags
 from jaxnet import workdir as workdir_lib
 from jaxnet.data import pipeline, sources
 from jaxnet.errors import DIVERGED_HINT, NonFiniteError, UserError
@@ -46,13 +46,21 @@ def build_model(config, num_classes: int, bn_num_groups: int = 1):
 
   bn_num_groups only changes how training computes BN statistics, not the
   variables, so inference can rebuild the model with the default of 1.
+  Each model gets the config.model options it has (BN settings, ViT flavour).
   """
-  return models.create(
-      config.model.name, num_classes=num_classes,
-      dtype=precision.get_policy(config.precision).compute_dtype,
-      bn_momentum=config.model.bn_momentum, bn_epsilon=config.model.bn_epsilon,
-      bn_num_groups=bn_num_groups, zero_init_last_bn=config.model.zero_init_last_bn,
-      freeze_bn_stats=config.model.freeze_bn_stats)
+  m = config.model
+  accepts = models.options(m.name)
+  if m.bn_group_size and "bn_num_groups" not in accepts:
+    raise ValueError(f"config.model.bn_group_size={m.bn_group_size}, but {m.name} has no batch norm; "
+                     "leave it at 0")
+  if m.vit_flavour != "timm" and "flavour" not in accepts:
+    raise ValueError(f"config.model.vit_flavour={m.vit_flavour!r} applies to ViTs, not {m.name}")
+  given = dict(bn_momentum=m.bn_momentum, bn_epsilon=m.bn_epsilon, bn_num_groups=bn_num_groups,
+               zero_init_last_bn=m.zero_init_last_bn, flavour=m.vit_flavour,
+               freeze_bn_stats=m.freeze_bn_stats)
+  return models.create(m.name, num_classes=num_classes,
+                       dtype=precision.get_policy(config.precision).compute_dtype,
+                       **{k: v for k, v in given.items() if k in accepts})
 
 
 class Experiment:
@@ -103,7 +111,8 @@ class Experiment:
     norm = dict(num_classes=self.num_classes, mean=tuple(config.data.mean), std=tuple(config.data.std))
     train_step = steps.make_train_step(self.model, self.tx, self.schedule, self.policy,
                                        label_smoothing=config.label_smoothing,
-                                       ema_decay=config.ema_decay, **norm)
+                                       ema_decay=config.ema_decay, mix=mixing.Mix(**config.mix),
+                                       **norm)
     eval_step = steps.make_eval_step(self.model, self.policy, use_ema=config.ema_decay > 0, **norm)
     # Jitted once, with explicit shardings; the old state's buffers are donated
     # so params and optimizer state are updated in place.
@@ -131,7 +140,8 @@ class Experiment:
     return pipeline.train_loader(
         self.train_source, global_batch_size=c.batch_size, image_size=image_size or c.image_size,
         seed=c.seed, workers=c.data.workers, read_threads=c.data.read_threads,
-        process_index=self.process_index, process_count=self.process_count)
+        process_index=self.process_index, process_count=self.process_count,
+        randaug=(c.data.randaug_num_ops, c.data.randaug_magnitude))
 
   def evaluate(self, state: TrainState) -> dict:
     c = self.config

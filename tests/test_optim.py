@@ -56,3 +56,39 @@ def test_unknown_optimizer_is_a_clear_error():
   c = _optim_config(name="adamm")
   with pytest.raises(ValueError, match="config.optim.name='adamm'"):
     optim.make_optimizer(c, lambda s: 0.1)
+
+
+def test_weight_decay_skips_vit_embeddings_and_layernorm():
+  c = _optim_config(name="adamw", learning_rate=1.0, base_batch_size=1, weight_decay=0.5,
+                    warmup_epochs=0, schedule="constant")
+  params = {"cls_token": jnp.ones((1, 1, 4)), "pos_embed": jnp.ones((1, 5, 4)),
+            "patch_embed": {"kernel": jnp.ones((2, 2, 3, 4)), "bias": jnp.ones((4,))},
+            "norm": {"scale": jnp.ones((4,)), "bias": jnp.ones((4,))},
+            "head": {"kernel": jnp.ones((4, 3)), "bias": jnp.ones((3,))}}
+  tx = optim.make_optimizer(c, optim.learning_rate_schedule(c, 1, 10, 1))
+  updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+  decayed = jax.tree.map(lambda u: bool(np.all(np.asarray(u) < 0)), updates)
+  untouched = jax.tree.map(lambda u: bool(np.all(np.asarray(u) == 0)), updates)
+  assert decayed["patch_embed"]["kernel"] and decayed["head"]["kernel"]
+  for path in (("cls_token",), ("pos_embed",), ("patch_embed", "bias"), ("norm", "scale"), ("head", "bias")):
+    leaf = untouched
+    for key in path:
+      leaf = leaf[key]
+    assert leaf, path
+
+
+def test_adamw_first_moment_dtype():
+  params = {"dense": {"kernel": jnp.ones((3, 2))}}
+  grads = {"dense": {"kernel": jnp.full((3, 2), 0.5)}}
+  for mu_dtype, expected in (("", jnp.float32), ("bfloat16", jnp.bfloat16)):
+    c = _optim_config(name="adamw", mu_dtype=mu_dtype, schedule="constant")
+    tx = optim.make_optimizer(c, lambda s: 1e-3)
+    state = tx.init(params)
+    _, state = tx.update(grads, state, params)
+    adam = next(s for s in jax.tree.leaves(state, is_leaf=lambda s: hasattr(s, "mu")) if hasattr(s, "mu"))
+    assert adam.mu["dense"]["kernel"].dtype == expected
+    assert adam.nu["dense"]["kernel"].dtype == jnp.float32   # the second moment stays fp32
+  with pytest.raises(ValueError, match="mu_dtype applies to adamw only"):
+    optim.make_optimizer(_optim_config(name="sgd", mu_dtype="bfloat16"), lambda s: 0.1)
+  with pytest.raises(ValueError, match="mu_dtype='bf17' is not a dtype"):
+    optim.make_optimizer(_optim_config(name="adamw", mu_dtype="bf17"), lambda s: 0.1)

@@ -43,22 +43,25 @@ def make_step(model, tx, precision: str, num_classes: int):
   dtype = DTYPES[precision]
   scaled = precision == "fp16"
 
-  def loss_fn(params, batch_stats, images, labels, scale):
+  def loss_fn(params, batch_stats, images, labels, scale, key):
     x = (images.astype(jnp.float32) / 255.0 - jnp.asarray(MEAN)) / jnp.asarray(STD)
+    # Dropout (AlexNet) draws from a key of the step; models with no batch norm return no batch_stats.
     logits, updates = model.apply({"params": params, "batch_stats": batch_stats}, x.astype(dtype),
-                                  train=True, mutable=["batch_stats"])
+                                  train=True, mutable=["batch_stats"], rngs={"dropout": key})
     onehot = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
     loss = optax.softmax_cross_entropy(logits.astype(jnp.float32), onehot).mean()
-    return (loss * scale if scaled else loss), (loss, updates["batch_stats"])
+    return (loss * scale if scaled else loss), (loss, updates.get("batch_stats", batch_stats))
 
   def step(state, images, labels):
+    key = jax.random.fold_in(jax.random.PRNGKey(0), state["step"])
     grads, (loss, batch_stats) = jax.grad(loss_fn, has_aux=True)(
-        state["params"], state["batch_stats"], images, labels, state["scale"])
+        state["params"], state["batch_stats"], images, labels, state["scale"], key)
     if scaled:
       grads = jax.tree.map(lambda g: g / state["scale"], grads)
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     new = {"params": optax.apply_updates(state["params"], updates), "batch_stats": batch_stats,
-           "opt_state": opt_state, "scale": state["scale"], "good": state["good"]}
+           "opt_state": opt_state, "scale": state["scale"], "good": state["good"],
+           "step": state["step"] + 1}
     if scaled:
       # Dynamic loss scaling: skip a step with non-finite grads and halve the
       # scale; double it after 2000 finite steps in a row.
@@ -87,10 +90,11 @@ def build(model, precision: str, batch_size: int, image_size: int, num_classes: 
   mesh = Mesh(np.asarray(jax.devices()), ("data",))
   replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
   params = jax.device_put(variables["params"], replicated)
-  state = {"params": params, "batch_stats": jax.device_put(variables["batch_stats"], replicated),
+  state = {"params": params, "batch_stats": jax.device_put(variables.get("batch_stats", {}), replicated),
            "opt_state": jax.jit(tx.init, out_shardings=replicated)(params),
            "scale": jax.device_put(jnp.float32(2.0**15 if precision == "fp16" else 1.0), replicated),
-           "good": jax.device_put(jnp.int32(0), replicated)}
+           "good": jax.device_put(jnp.int32(0), replicated),
+           "step": jax.device_put(jnp.int32(0), replicated)}
   rng = np.random.default_rng(seed)
   images = jax.device_put(rng.integers(0, 256, (batch_size, image_size, image_size, 3), np.uint8), sharded)
   labels = jax.device_put(rng.integers(0, num_classes, (batch_size,)).astype(np.int32), sharded)

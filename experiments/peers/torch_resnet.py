@@ -1,4 +1,4 @@
-"""Peer 2: PyTorch ResNet training-step throughput, same model, batch and precision as jaxnet.
+"""Peer 2: PyTorch training-step throughput, same model, batch and precision as jaxnet.
 
     python experiments/peers/torch_resnet.py --model resnet50 --precisions fp32,bf16,fp16 \
         --batches 64,128,256 --image-size 224 [--compile on|off|auto]
@@ -6,7 +6,11 @@
 The model is torchvision's (`torchvision.models.<name>(weights=None)`) when
 torchvision is importable and has it, else our own ResNet v1.5 below (stride on
 the 3x3 conv of bottlenecks, as torchvision and jaxnet). jaxnet's `resnet_tiny`
-and `*_small` (3x3 stem) models exist only in our definition.
+and `*_small` (3x3 stem) models exist only in our definition. `alexnet` is
+torchvision's; the ViTs (`vit_ti16`, `vit_s16`, `vit_b16`, `vit_l16`, jaxnet's
+default timm flavour) are timm's `vit_*_patch16_224` at the given image size,
+or torchvision's `vit_b_16` / `vit_l_16` without timm. Those need torchvision or
+timm; there is no fallback definition for them here.
 
 The step: uint8 NCHW batch (channels_last) already on the device -> normalise
 -> forward under autocast (bf16/fp16; none for fp32) -> fp32 cross-entropy ->
@@ -95,12 +99,41 @@ class ResNet(nn.Module):
     return self.head(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
 
 
-def create(name: str, num_classes: int) -> tuple[nn.Module, str]:
+TIMM_VITS = {"vit_ti16": "vit_tiny_patch16_224", "vit_s16": "vit_small_patch16_224",
+             "vit_b16": "vit_base_patch16_224", "vit_l16": "vit_large_patch16_224"}
+
+
+def create_other(name: str, num_classes: int, image_size: int) -> tuple[nn.Module, str]:
+  """AlexNet and the ViTs, from torchvision or timm (no fallback definition here)."""
+  if name == "alexnet":
+    import torchvision
+    return torchvision.models.alexnet(weights=None, num_classes=num_classes), \
+        f"torchvision {torchvision.__version__}"
+  try:
+    import timm
+    return timm.create_model(TIMM_VITS[name], pretrained=False, num_classes=num_classes,
+                             img_size=image_size), f"timm {timm.__version__} {TIMM_VITS[name]}"
+  except ImportError:
+    import torchvision
+    if name not in ("vit_b16", "vit_l16"):
+      raise
+    tv_name = name.replace("16", "_16")  # vit_b16 -> vit_b_16
+    return getattr(torchvision.models, tv_name)(weights=None, num_classes=num_classes,
+                                                image_size=image_size), \
+        f"torchvision {torchvision.__version__} {tv_name}"
+
+
+def create(name: str, num_classes: int, image_size: int = 224) -> tuple[nn.Module, str]:
   """(model, where its definition came from)."""
+  if name == "alexnet" or name in TIMM_VITS:
+    return create_other(name, num_classes, image_size)
   if name == "resnet_tiny":
     return ResNet([1, 1, 1], "basic", num_classes, width=16, stem="small"), "ours (jaxnet's resnet_tiny)"
   small = name.endswith("_small")
-  depth = int(name.removeprefix("resnet").removesuffix("_small"))
+  depth = name.removeprefix("resnet").removesuffix("_small")
+  if not name.startswith("resnet") or not depth.isdigit():
+    raise ValueError(f"no PyTorch definition of jaxnet's {name!r} here")
+  depth = int(depth)
   if not small:
     try:
       import torchvision
@@ -115,7 +148,7 @@ def create(name: str, num_classes: int) -> tuple[nn.Module, str]:
 def bench_one(name, precision, batch, image_size, num_classes, steps, warmup, repeats, use_compile,
               device):
   torch.manual_seed(0)
-  model, source = create(name, num_classes)
+  model, source = create(name, num_classes, image_size)
   model = model.to(device).to(memory_format=torch.channels_last).train()
   decay = [p for p in model.parameters() if p.ndim > 1]
   no_decay = [p for p in model.parameters() if p.ndim <= 1]

@@ -52,19 +52,26 @@ def per_process_batch_size(global_batch_size: int, process_count: int) -> int:
 
 def train_loader(source, *, global_batch_size: int, image_size: int, seed: int, workers: int,
                  read_threads: int = 0, process_index: int = 0, process_count: int = 1,
-                 worker_buffer_size: int = 2) -> grain.DataLoader:
+                 worker_buffer_size: int = 2, randaug: tuple[int, int] = (0, 10)) -> grain.DataLoader:
   """An endless, shuffled, augmented stream of this process's batches.
 
   Each process reads a disjoint shard of the records (ShardOptions); the order is
   a function of (seed, epoch) only, so a restored iterator state replays exactly.
+  Random augmentations (crop, flip, RandAugment with `randaug` = (ops, magnitude),
+  off when ops is 0) draw from Grain's per-record generator, seeded by the seed
+  and the record's position in the stream: they replay exactly too.
   """
   shard = grain.ShardOptions(process_index, process_count, drop_remainder=True)
   sampler = grain.IndexSampler(len(source), shard, shuffle=True, num_epochs=None, seed=seed)
   batch = per_process_batch_size(global_batch_size, process_count)
   _ensure_absl_flags_parsed()
+  operations = [_train_transform(source, image_size)]
+  if randaug[0]:
+    from jaxnet.data.randaugment import RandAugment
+    operations.append(RandAugment(*randaug))
   return grain.DataLoader(
       data_source=source, sampler=sampler,
-      operations=[_train_transform(source, image_size), grain.Batch(batch, drop_remainder=True)],
+      operations=operations + [grain.Batch(batch, drop_remainder=True)],
       worker_count=workers, worker_buffer_size=worker_buffer_size,
       # Reading a local JPEG takes ~30 us against ~1.5 ms to decode it, and read
       # threads cost CPU in every worker (2 workers: 863 img/s with none, 748 with

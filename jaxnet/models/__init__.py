@@ -2,9 +2,14 @@
 
 Every model is a `flax.linen` module taking NHWC images already normalized and
 cast to the compute dtype, with a `train: bool` argument, returning float32
-logits. Add a model by decorating its factory with `@register("name")`.
+logits. Models with batch norm keep its running statistics in the
+`batch_stats` collection; the others have none (an empty collection in the
+train state). Models with dropout draw from the `dropout` RNG stream, which the
+train step feeds with a key derived from the seed and the step. Add a model by
+decorating its factory with `@register("name")`.
 """
 
+import dataclasses
 from typing import Callable
 
 import flax.linen as nn
@@ -33,5 +38,12 @@ def create(name: str, **kwargs) -> nn.Module:
   return _REGISTRY[name](**kwargs)
 
 
+def options(name: str) -> set[str]:
+  """The keyword options model `name` accepts (its module's fields), e.g. to pass
+  batch-norm settings only to models that have batch norm."""
+  module = create(name)
+  return {f.name for f in dataclasses.fields(module) if f.init} - {"parent", "name"}
+
+
 # Importing the model files fills the registry.
-from jaxnet.models import resnet  # noqa: E402,F401
+from jaxnet.models import alexnet, resnet, vit  # noqa: E402,F401

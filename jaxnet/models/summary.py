@@ -118,7 +118,8 @@ def saved_for_backward_bytes(model, params, batch_stats, batch_shape, dtype) -> 
 
     def residuals(p, bs, x):
       def f(p):
-        return model.apply({"params": p, "batch_stats": bs}, x, train=True, mutable=["batch_stats"])[0]
+        return model.apply({"params": p, "batch_stats": bs}, x, train=True, mutable=["batch_stats"],
+                           rngs={"dropout": jax.random.PRNGKey(0)})[0]
       return jax.vjp(f, p)[1]
     return _nbytes(jax.eval_shape(residuals, params, batch_stats, x))
   return residual_bytes(2 * batch_shape[0]) - residual_bytes(batch_shape[0])
@@ -131,7 +132,7 @@ def summarize(name: str, *, image_size: int = 224, batch_size: int = 32, num_cla
   image = (image_size, image_size, channels)
   variables = jax.eval_shape(
       lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + image, jnp.float32), train=False))
-  params, batch_stats = variables["params"], variables["batch_stats"]
+  params, batch_stats = variables["params"], variables.get("batch_stats", {})
   out = {"model": name, "image_size": image_size, "batch_size": batch_size, "channels": channels,
          "num_classes": num_classes, "precision": precision_name,
          "params": _count(params), "param_bytes": _nbytes(params),

@@ -1,0 +1,292 @@
+"""AlexNet and the Vision Transformers: parameter counts, logits against torchvision/timm,
+training on digits in fp32 and bf16, and 8 devices against 1 (CPU, small)."""
+
+import collections
+import math
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxnet import models, parallel, precision, steps, train
+from jaxnet.models import summary
+from jaxnet.models.alexnet import adaptive_avg_pool
+from jaxnet.models.vit import posemb_sincos_2d
+from jaxnet.precision import LossScale
+from jaxnet.state import step_key
+from tests import models_helpers as H
+from tests import torch_weights as tw
+from tests.test_parallel import make_config, rel_diff, run_steps
+
+REFERENCE = os.path.join(os.path.dirname(__file__), "data", "reference_logits_alexnet_vit.npz")
+
+# torchvision's alexnet and timm's vit_*_patch16_224 (1000 classes, 224px).
+PUBLISHED_PARAMS = {
+    "alexnet": 61_100_840,
+    "vit_ti16": 5_717_416,
+    "vit_s16": 22_050_664,
+    "vit_b16": 86_567_656,
+    "vit_l16": 304_326_632,
+}
+
+
+def _abstract_variables(name, image=(224, 224, 3), **options):
+  model = models.create(name, **options)
+  # eval_shape: nothing the size of ViT-L is allocated.
+  return jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + image), train=False))
+
+
+def _count(tree):
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
+def test_param_counts_match_torchvision_and_timm(name):
+  variables = _abstract_variables(name)
+  assert list(variables) == ["params"]  # no batch norm, so no batch_stats
+  assert _count(variables["params"]) == PUBLISHED_PARAMS[name]
+
+
+def test_plain_vit_params_and_learned_pos_embedding_guard():
+  # plain: no class token (D) and no learned position embedding (197 D), plus a D x D tanh pre-logits layer.
+  d = 384
+  plain = _count(_abstract_variables("vit_s16", flavour="plain")["params"])
+  assert plain == PUBLISHED_PARAMS["vit_s16"] - d - 197 * d + d * d + d
+  # Shapes only (eval_shape): the checks below run at trace time.
+  timm_style = models.create("vit_mini", num_classes=3)
+  v = _abstract_variables("vit_mini", (16, 16, 1), num_classes=3)
+  with pytest.raises(ValueError, match=r"position embedding is for 16 patches.*vit_flavour=plain"):
+    jax.eval_shape(lambda v: timm_style.apply(v, jnp.zeros((1, 32, 32, 1)), train=False), v)
+  plain_mini = models.create("vit_mini", num_classes=3, flavour="plain")
+  pv = _abstract_variables("vit_mini", (16, 16, 1), num_classes=3, flavour="plain")
+  out = jax.eval_shape(lambda v: plain_mini.apply(v, jnp.zeros((2, 32, 32, 1)), train=False), pv)
+  assert out.shape == (2, 3)  # a fixed embedding fits any image size
+  with pytest.raises(ValueError, match="flavour 'tok'"):
+    _abstract_variables("vit_mini", (16, 16, 1), flavour="tok")
+
+
+def test_summary_tool_reports_the_published_counts():
+  # AlexNet's count does not depend on the input size (adaptive pool), so a small image is enough.
+  s = summary.summarize("alexnet", image_size=64, batch_size=2, train_step=False)
+  assert s["params"] == PUBLISHED_PARAMS["alexnet"] and s["bn_stats"] == 0
+  s = summary.summarize("vit_ti16", image_size=224, batch_size=2, train_step=False)
+  assert s["params"] == PUBLISHED_PARAMS["vit_ti16"]
+  # timm's published 1.26 GMACs for vit_tiny_patch16_224 (patch conv, qkv, attention, MLPs, head).
+  assert 1.25e9 < s["conventional_macs"] < 1.27e9
+
+
+def test_adaptive_avg_pool_uses_pytorch_bins():
+  x = np.arange(2 * 7 * 9 * 3, dtype=np.float32).reshape(2, 7, 9, 3)
+  out = np.asarray(adaptive_avg_pool(jnp.asarray(x), 6))
+  for i in range(6):
+    for j in range(6):
+      r0, r1 = (i * 7) // 6, -(-((i + 1) * 7) // 6)
+      c0, c1 = (j * 9) // 6, -(-((j + 1) * 9) // 6)
+      np.testing.assert_allclose(out[:, i, j], x[:, r0:r1, c0:c1].mean(axis=(1, 2)), rtol=1e-6)
+  # A 6x6 map (224px input) passes through unchanged.
+  y = np.random.default_rng(0).standard_normal((1, 6, 6, 4)).astype(np.float32)
+  np.testing.assert_allclose(adaptive_avg_pool(jnp.asarray(y), 6), y, rtol=1e-6)
+
+
+def test_sincos_position_embedding():
+  pe = posemb_sincos_2d(3, 4, 8)
+  assert pe.shape == (1, 12, 8)
+  # Token (row 1, col 2): frequencies 1 and 1/10000 for each of sin(col), cos(col), sin(row), cos(row).
+  f = np.array([1.0, 1e-4])
+  np.testing.assert_allclose(pe[0, 1 * 4 + 2], np.concatenate([np.sin(2 * f), np.cos(2 * f),
+                                                                np.sin(1 * f), np.cos(1 * f)]), rtol=1e-6)
+
+
+def test_vit_bf16_matmuls_with_fp32_softmax_and_layernorm_statistics():
+  model = models.create("vit_mini", num_classes=10, dtype=jnp.bfloat16)
+  v = _abstract_variables("vit_mini", (16, 16, 1), num_classes=10)
+  x = jax.ShapeDtypeStruct((2, 16, 16, 1), jnp.float32)
+  hlo = jax.jit(lambda v, x: model.apply(v, x, train=False)).lower(v, x).as_text()
+  ops = collections.Counter()
+  for line in hlo.splitlines():
+    m = re.search(r"stablehlo\.(dot_general|exponential|reduce|convolution|rsqrt)\b.*:\s*(.*)$", line)
+    if m:
+      ops[(m[1], tuple(re.findall(r"x(bf16|f32)>", m[2])))] += 1
+  # Per block: qkv, proj, fc1, fc2 and attention-weights x values on bf16 operands, and
+  # q x k on bf16 operands into f32 logits; the head is f32.
+  assert ops[("dot_general", ("bf16", "bf16", "bf16"))] == 5 * 2
+  assert ops[("dot_general", ("bf16", "bf16", "f32"))] == 2
+  assert ops[("convolution", ("bf16", "bf16", "bf16"))] == 1          # the patch embedding
+  # Softmax exponentials and every reduction (softmax max/sum, LayerNorm moments) in f32.
+  assert ops[("exponential", ("f32",))] == 2
+  assert {dtypes for (op, dtypes) in ops if op in ("reduce", "rsqrt", "exponential")} <= {("f32",) * n for n in range(1, 9)}
+  assert sum(n for (op, _), n in ops.items() if op == "reduce") >= 2 * 2 + 2 * 2
+
+
+# --- the same logits as torchvision and timm -----------------------------------------------
+
+
+def _reference(key):
+  assert os.path.exists(REFERENCE), "run experiments/make_reference_logits_alexnet_vit.py"
+  return np.load(REFERENCE)[key]
+
+
+def _logits(name, variables, setup):
+  x = tw.reference_input(setup["input_seed"], setup["batch"], setup["image_size"]).transpose(0, 2, 3, 1)
+  model = models.create(name)
+  return np.asarray(jax.jit(lambda v, x: model.apply(v, x, train=False))(variables, x))
+
+
+def test_alexnet_logits_match_torchvision():
+  setup = tw.ALEXNET_SETUP
+  sd = tw.draw(tw.alexnet_spec(), setup["weights_seed"])
+  ours = _logits("alexnet", tw.alexnet_variables(sd), setup)
+  ref = _reference("alexnet")
+  assert np.abs(ref).max() > 0.5  # logits of order one: the tolerance below means something
+  np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
+
+
+def test_vit_tiny_logits_match_timm():
+  setup = tw.VIT_SETUP
+  sd = tw.draw(tw.vit_tiny_spec(setup["image_size"]), setup["weights_seed"])
+  ours = _logits("vit_ti16", tw.vit_variables(sd, tw.VIT_TINY["depth"]), setup)
+  ref = _reference("vit_tiny")
+  assert np.abs(ref).max() > 0.5
+  np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
+
+
+# --- training -----------------------------------------------------------------------------
+
+# (model, image size, Adam's learning rate): AlexNet needs >= 63px, so its digits are upsampled to 64.
+TRAINED = [("alexnet_mini", 64, 2e-3), ("vit_mini", 16, 3e-3)]
+
+
+def _digits(size, num, batch):
+  from jaxnet.data.sources import digits_source
+  src = digits_source("train", size)
+  rng = np.random.default_rng(0)
+  out = []
+  for _ in range(num):
+    idx = rng.choice(len(src), batch, replace=False)
+    out.append({"image": src.images[idx], "label": src.labels[idx], "mask": np.ones(batch, bool),
+                "corrupt": np.zeros(batch, np.int32)})
+  return out
+
+
+@pytest.mark.parametrize("policy_name", ["fp32", "bf16"])
+@pytest.mark.parametrize("name,size,lr", TRAINED)
+def test_trains_on_digits(name, size, lr, policy_name):
+  policy = precision.get_policy(policy_name)
+  model = models.create(name, num_classes=10, dtype=policy.compute_dtype)
+  variables = jax.jit(lambda: model.init(H.init_key(), jnp.zeros((1, size, size, 1)), train=False))()
+  assert "batch_stats" not in variables
+  tx = optax.adamw(lr, weight_decay=1e-4)
+  state = H.make_state(variables["params"], {}, tx, LossScale.create())
+  step = jax.jit(steps.make_train_step(model, tx, lambda s: lr, policy, num_classes=10,
+                                       mean=(0.2,), std=(0.35,)))
+  losses, accuracies = [], []
+  for batch in _digits(size, 40, 32):
+    state, metrics = step(state, batch)
+    losses.append(float(metrics["train/loss"]))
+    accuracies.append(float(metrics["train/accuracy"]))
+  first, last = np.mean(losses[:10]), np.mean(losses[-10:])
+  print(f"\n{name} {policy_name}: loss {first:.3f} -> {last:.3f}, "
+        f"accuracy {np.mean(accuracies[:10]):.2f} -> {np.mean(accuracies[-10:]):.2f}")
+  assert np.all(np.isfinite(losses))
+  # 40 steps from chance (loss ln 10 = 2.30, accuracy 0.1); 10-step means move by ~0.02 from noise.
+  assert last < 0.9 * first
+  assert np.mean(accuracies[-10:]) > np.mean(accuracies[:10]) + 0.1
+  assert state.batch_stats == {}
+  leaves = jax.tree.leaves(state.params)
+  assert all(p.dtype == jnp.float32 for p in leaves)  # fp32 master weights in bf16 too
+
+
+def test_dropout_masks_come_from_the_seed_and_step():
+  """The train step feeds AlexNet's dropout from step_key(state): a new mask each step,
+  the same mask for the same (seed, step), as a resumed run needs."""
+  model = models.create("alexnet_mini", num_classes=10)
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((4, 64, 64, 1)), jnp.float32)
+  variables = jax.jit(lambda: model.init(H.init_key(), x[:1], train=False))()
+  forward = jax.jit(lambda key: model.apply(variables, x, train=True, rngs={"dropout": key}))
+  state = H.make_state(variables["params"], {}, optax.sgd(0.1), LossScale.create())
+  key = lambda step: step_key(state.replace(step=jnp.int32(step)))
+  at_0, at_1, at_0_again = forward(key(0)), forward(key(1)), forward(key(0))
+  assert np.abs(np.asarray(at_0) - np.asarray(at_1)).max() > 1e-4
+  np.testing.assert_array_equal(at_0, at_0_again)
+  # eval mode has no dropout: the same logits every call, without any key.
+  evaluate = jax.jit(lambda: model.apply(variables, x, train=False))
+  np.testing.assert_array_equal(evaluate(), evaluate())
+  assert np.abs(np.asarray(evaluate()) - np.asarray(at_0)).max() > 1e-4
+
+
+# --- 8 devices train like 1 ---------------------------------------------------------------
+
+PARALLEL = {
+    # AlexNet with dropout, ViT with CutMix (a Beta draw, a box, the batch rolled across
+    # devices): the random parts must not depend on the sharding. Mixup shares all of
+    # that but the box, and each Beta sampler costs ~7 s of CPU compile. (SGD: Adam's first
+    # steps amplify float rounding in ~0 gradients, which would measure Adam, not the step.)
+    "alexnet_mini": {"image_size": 64},
+    "vit_mini": {"mix.cutmix_alpha": 1.0},
+}
+
+
+@pytest.mark.parametrize("name", sorted(PARALLEL))
+def test_each_step_on_eight_devices_matches_one_device(name):
+  """From the same state and batch, one step on 8 devices = one step on 1 device (2 steps)."""
+  extra = {"model.name": name, "total_steps": 2, **PARALLEL[name]}
+  exp1 = train.Experiment(make_config(1, **extra), "unused")
+  exp8 = train.Experiment(make_config(8, **extra), "unused")
+  # The init with the cheap-to-compile key (tests/models_helpers.py), not the Experiment's.
+  image = jnp.zeros((1,) + exp1.image_shape)
+  variables = jax.jit(lambda: exp1.model.init(H.init_key(), image, train=False))()
+  assert "batch_stats" not in variables
+  init = jax.device_get(H.make_state(variables["params"], {}, exp1.tx, LossScale.create()))
+  loader = iter(exp1.train_loader())
+  batches = [next(loader) for _ in range(2)]
+  _, states1, losses1 = run_steps(exp1, init, batches)
+  step8 = exp8.train_step.lower(jax.device_put(init, exp8.state_sharding),
+                                parallel.to_global(batches[0], exp8.batch_sharding)).compile()
+  worst, losses8 = 0.0, []
+  for state, batch, after_1 in zip([init] + states1[:-1], batches, states1):
+    after_8, metrics = step8(jax.device_put(state, exp8.state_sharding),
+                             parallel.to_global(batch, exp8.batch_sharding))
+    after_8 = jax.device_get(after_8)
+    losses8.append(float(metrics["train/loss"]))
+    worst = max(worst, rel_diff(after_8.params, after_1.params), rel_diff(after_8.opt_state, after_1.opt_state))
+  print(f"\n{name}: worst single-step rel diff, 8 vs 1 devices: {worst:.2e}")
+  assert worst <= 1e-5
+  assert rel_diff(states1[-1].params, init.params) > 1e-4  # the steps really moved the weights
+  np.testing.assert_allclose(losses8, losses1, rtol=1e-5)
+
+
+def test_vit_config_variants_follow_the_big_vision_recipe():
+  from configs import vit
+  for variant in vit.VARIANTS:
+    c = vit.get_config(variant)
+    assert c.model.name == f"vit_{variant}" and c.model.name in models.names()
+  c = vit.get_config("s16")
+  assert (c.batch_size, c.num_epochs, c.optim.name, c.optim.mu_dtype) == (1024, 90, "adamw", "bfloat16")
+  # big_vision's decoupled wd 1e-4 at lr 1e-3 is optax's coupled 0.1: lr * wd = 1e-4 at the peak.
+  assert c.optim.learning_rate * c.optim.weight_decay == pytest.approx(1e-4)
+  assert c.optim.learning_rate * c.batch_size / c.optim.base_batch_size == pytest.approx(1e-3)
+  assert (c.optim.warmup_steps, c.optim.schedule, c.optim.grad_clip_norm) == (10_000, "cosine", 1.0)
+  assert (c.data.randaug_num_ops, c.data.randaug_magnitude, c.mix.mixup_alpha) == (2, 10, 0.2)
+  assert c.model.vit_flavour == "plain"
+  with pytest.raises(ValueError, match=r"variant 's32'.*configs/vit.py:s16"):
+    vit.get_config("s32")
+
+
+def test_model_options_reach_only_the_models_that_have_them():
+  from configs import digits
+  c = digits.get_config()   # sets model.zero_init_last_bn=False, a ResNet option
+  c.model.name, c.model.vit_flavour = "vit_mini", "plain"
+  assert train.build_model(c, 10).flavour == "plain"
+  c.model.name = "alexnet_mini"
+  with pytest.raises(ValueError, match="vit_flavour='plain' applies to ViTs, not alexnet_mini"):
+    train.build_model(c, 10)
+  c.model.vit_flavour, c.model.bn_group_size = "timm", 2
+  with pytest.raises(ValueError, match="bn_group_size=2, but alexnet_mini has no batch norm"):
+    train.build_model(c, 10)
+  c.model.bn_group_size = 0
+  assert train.build_model(c, 10).dropout_rate == 0.5
+  assert "bn_momentum" in models.options("resnet_tiny") and "bn_momentum" not in models.options("vit_s16")
