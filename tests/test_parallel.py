@@ -325,13 +325,18 @@ def _wait(run, timeout=400) -> list[str]:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def multihost_run(tmp_path_factory):
-  """Starts the two worker processes as soon as this module's tests start.
+def _start_multihost_run_first(request):
+  """Starts the two worker processes as soon as this module's tests start, if a selected
+  test needs them: compiling dominates the multi-process tests, and started first, the
+  workers compile while the in-process tests of this module run."""
+  if any(item.module is request.module and "multihost_run" in item.fixturenames
+         for item in request.session.items):
+    request.getfixturevalue("multihost_run")
 
-  Compiling dominates the multi-process test; started first, the workers
-  compile while the in-process tests of this module run. They are stopped
-  at the end if no test waited for them.
-  """
+
+@pytest.fixture(scope="module")
+def multihost_run(tmp_path_factory):
+  """The two processes' first run (STEPS steps); stopped at the end if no test waited for it."""
   run = _start_two_processes(tmp_path_factory.mktemp("multihost") / "run", "first")
   yield run
   for p in run["procs"]:
@@ -432,7 +437,7 @@ def multihost_preempted(multihost_run):
   _wait(multihost_run)
   run = _start_two_processes(multihost_run["workdir"], "preempted", f"--config.total_steps={RESUMED_STEPS}",
                              env={"JAXNET_TEST_SIGTERM": f"1:{PREEMPTED_AT}"})
-  return dict(workdir=run["workdir"], outputs=_wait(run))
+  return dict(workdir=run["workdir"], outputs=_wait(run, timeout=240))
 
 
 def test_sigterm_to_one_process_stops_both_at_the_same_step(multihost_preempted):
