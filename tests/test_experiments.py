@@ -164,4 +164,4 @@ def test_bench_scaling_quick():
     # efficiency = images/s / (devices x images/s on one device), as printed (rounded)
     expected = float(rate) / (int(devices) * float(rows[0][2]))
     assert abs(int(efficiency[:-1]) - 100 * expected) <= 1, (rows, expected)
-  assert "say nothing about GPU scaling" in out
+  assert "says nothing about GPU scaling" in out

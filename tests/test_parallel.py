@@ -390,6 +390,19 @@ def _rel_diff_to_reference(replica, state) -> float:
   return rel_diff([multi[k] for k in sorted(ref)], [ref[k] for k in sorted(ref)])
 
 
+def _check_against_reference(workdir, ref, step: int) -> list[dict]:
+  """Both processes' state at `step` is the reference's, and metrics.jsonl logged steps
+  1..step once each with the reference's losses (the same examples). Returns its records."""
+  diff = _rel_diff_to_reference(_replicas(workdir, step), ref["states"][step - 1])
+  print(f"\n2 processes x 2 devices vs 1 process x 4 devices at step {step}: rel diff {diff:.2e}")
+  assert diff <= REL_TOL
+  lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines() if l]
+  train_lines = [l for l in lines if "train/loss" in l]
+  assert [l["step"] for l in train_lines] == list(range(1, step + 1))
+  np.testing.assert_allclose([l["train/loss"] for l in train_lines], ref["losses"][:step], rtol=REL_TOL)
+  return lines
+
+
 def test_two_processes_train_like_one(multihost_run, two_process_reference):
   """Two processes x 2 CPU devices (gloo collectives) vs one process x 4 devices on the same examples.
 
@@ -401,16 +414,8 @@ def test_two_processes_train_like_one(multihost_run, two_process_reference):
   assert "training resnet_tiny" in outputs[0] and "final: step" in outputs[0]
   assert "final: step" not in outputs[1]  # only process 0 reports
 
-  # Both processes hold the same state, and it is the reference's.
-  diff = _rel_diff_to_reference(_replicas(workdir, STEPS), ref["states"][STEPS - 1])
-  print(f"\n2 processes x 2 devices vs 1 process x 4 devices: rel diff {diff:.2e}")
-  assert diff <= REL_TOL
-
-  # Only process 0 wrote metrics: each step once, with the reference's losses.
-  lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines() if l]
-  train_lines = [l for l in lines if "train/loss" in l]
-  assert [l["step"] for l in train_lines] == list(range(1, STEPS + 1))
-  np.testing.assert_allclose([l["train/loss"] for l in train_lines], ref["losses"][:STEPS], rtol=REL_TOL)
+  # Both processes hold the reference's state; only process 0 wrote metrics.
+  lines = _check_against_reference(workdir, ref, STEPS)
   eval_lines = [l for l in lines if "eval/top1" in l]
   assert len(eval_lines) == 1
   assert eval_lines[0]["eval/examples"] == len(ref["exp"].eval_source)  # both shards, every example once
@@ -456,15 +461,7 @@ def test_resumed_two_process_run_continues_exactly(multihost_preempted, two_proc
   workdir, ref = multihost_preempted["workdir"], two_process_reference
   for out in multihost_preempted["outputs"]:
     assert f"resumed from checkpoint at step {STEPS}" in out
-  diff = _rel_diff_to_reference(_replicas(workdir, PREEMPTED_AT), ref["states"][PREEMPTED_AT - 1])
-  print(f"\nresumed 2-process run vs 1 process x 4 devices at step {PREEMPTED_AT}: rel diff {diff:.2e}")
-  assert diff <= REL_TOL
-  # Each step logged once, each with the loss of the same examples as the reference.
-  lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines() if l]
-  train_lines = [l for l in lines if "train/loss" in l]
-  assert [l["step"] for l in train_lines] == list(range(1, PREEMPTED_AT + 1))
-  np.testing.assert_allclose([l["train/loss"] for l in train_lines], ref["losses"][:PREEMPTED_AT],
-                             rtol=REL_TOL)
+  _check_against_reference(workdir, ref, PREEMPTED_AT)
 
 
 @pytest.mark.parametrize("num_records,processes,global_batch", [(359, 2, 16), (10, 3, 6), (2, 4, 4)])
