@@ -30,6 +30,10 @@ MFU = achieved TFLOP/s per device / peak dense TFLOP/s per device: `--peak-tflop
 (bf16/fp16) and `--peak-tflops-fp32`, or the table PEAK_TFLOPS by device name.
 fp32 is measured against the TF32 tensor-core peak, because XLA and cuDNN run
 fp32 convolutions as TF32 by default on A100/H100/H200.
+
+Exit status 1 when a cell failed (jaxnet's or the torch peer's), a worker process
+failed, or nothing was measured; the FAILED lines at the end say which. Cells that
+--max-seconds left no time for are listed as "not run" and are not failures.
 """
 
 from __future__ import annotations

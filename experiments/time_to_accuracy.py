@@ -14,6 +14,8 @@ Times reported, both to the moment the target eval was written:
   from loop start  from the "training ..." line jaxnet prints just before its first
                    step: the train-step compile, the input pipeline and evals included
 images/s is the median of jaxnet's logged train/images_per_sec (input pipeline included).
+Each run's row is printed (and --json rewritten) as soon as the run ends, so a time
+limit that stops this script keeps the rows of the runs before; all rows again at the end.
 Runs:
   digits       configs/digits.py (resnet_tiny, 16px, batch 64), target 0.97
   imagefolder  a generated 10-class JPEG folder (jaxnet.data.make_imagefolder),

@@ -442,7 +442,7 @@ def multihost_preempted(multihost_run):
   _wait(multihost_run)
   run = _start_two_processes(multihost_run["workdir"], "preempted", f"--config.total_steps={RESUMED_STEPS}",
                              env={"JAXNET_TEST_SIGTERM": f"1:{PREEMPTED_AT}"})
-  return dict(workdir=run["workdir"], outputs=_wait(run, timeout=240))
+  return dict(workdir=run["workdir"], outputs=_wait(run, timeout=180))
 
 
 def test_sigterm_to_one_process_stops_both_at_the_same_step(multihost_preempted):

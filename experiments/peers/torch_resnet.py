@@ -19,7 +19,8 @@ On a shared CPU, run with OMP_WAIT_POLICY=PASSIVE (bench_train.py does): with
 OpenMP's default spin-waiting, 2 threads on a busy 2-core VM ran a step 100x
 slower than 1 thread (measured here: 1.6 s vs 11 ms for resnet_tiny).
 
-Prints one `RESULT {json}` line per (precision, batch), for experiments/bench_train.py.
+Prints one `RESULT {json}` line per (precision, batch), for experiments/bench_train.py;
+exits 1 if any of them failed.
 """
 
 from __future__ import annotations
