@@ -34,6 +34,10 @@ MFU = achieved TFLOP/s per device / peak dense TFLOP/s per device: `--peak-tflop
 (bf16/fp16) and `--peak-tflops-fp32`, or the table PEAK_TFLOPS by device name.
 fp32 is measured against the TF32 tensor-core peak, because XLA and cuDNN run
 fp32 convolutions as TF32 by default on A100/H100/H200.
+
+Exit status 1 when a cell failed (jaxnet's or the torch peer's), a worker process
+failed, or nothing was measured; the FAILED lines at the end say which. Cells that
+--max-seconds left no time for are listed as "not run" and are not failures.
 """
 
 from __future__ import annotations
@@ -240,6 +244,7 @@ def _run_lines(cmd: list[str], env: dict, timeout: float) -> tuple[dict, list[di
 
 
 def run_torch(args, precisions, batches) -> tuple[dict, dict, str]:
+  """The torch peer's (INFO, RESULTs by cell, a note: why it did not run, or how its process failed)."""
   import importlib.util
   if args.no_torch:
     return {}, {}, "torch peer off (--no-torch)"
@@ -258,7 +263,7 @@ def run_torch(args, precisions, batches) -> tuple[dict, dict, str]:
     cmd += ["--deadline", str(time.time() + args.max_seconds / 3)]
     timeout = min(timeout, args.max_seconds / 3 + 120)
   info, results, problem = _run_lines(cmd, env, timeout)
-  return info, {(r["precision"], r["batch"]): r for r in results}, problem
+  return info, {(r["precision"], r["batch"]): r for r in results}, problem and "torch peer " + problem
 
 
 def fmt_bytes(n) -> str:
@@ -413,13 +418,31 @@ def main(argv=None) -> int:
   for problem in problems:
     print("worker problem: " + problem[-800:])
   print(f"total {total:.0f} s")
+  torch_failed = torch_note.startswith("torch peer exit")  # not: off, or not installed
+  failures = failed_cells(rows, torch_results, problems + ([torch_note] if torch_failed else []))
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"command": command, "mode": mode_name, "info": info, "torch_info": torch_info,
                  "torch_note": torch_note, "cpu": benchlib.cpu_line(),
                  "versions": benchlib.versions_line("torch", "torchvision"),
-                 "date": benchlib.date_line(), "rows": rows}, f, indent=1, default=str)
-  return 0 if results and not problems else 1
+                 "date": benchlib.date_line(), "rows": rows, "failures": failures}, f, indent=1, default=str)
+  if failures:
+    print(f"FAILED: {len(failures)} problem(s):\n  " + "\n  ".join(f[:300] for f in failures), flush=True)
+    return 1
+  return 0
+
+
+def failed_cells(rows: list[dict], torch_results: dict, problems: list[str]) -> list[str]:
+  """What makes the run a failure: a cell that errored (jaxnet or torch), a failed process,
+  or no measurement at all. Cells skipped because --max-seconds was spent are not failures."""
+  out = [f"jaxnet {r['precision']} batch {r['batch_per_device']}: {r['error']}"
+         for r in rows if benchlib.cell_failed(r)]
+  out += [f"torch {p} batch {b}: {t['error']}" for (p, b), t in torch_results.items()
+          if benchlib.cell_failed(t)]
+  out += list(problems)
+  if not any("error" not in r for r in rows):
+    out.append("no cell was measured")
+  return out
 
 
 if __name__ == "__main__":

@@ -68,5 +68,13 @@ def median_step_seconds(step, state, steps: int, repeats: int, sync) -> tuple[ob
   return state, times
 
 
+NOT_RUN = "not run"  # the start of a cell's error when its time budget was spent before it began
+
+
+def cell_failed(result: dict) -> bool:
+  """A benchmark cell that ran and failed; a cell skipped for lack of time is not a failure."""
+  return "error" in result and not str(result["error"]).startswith(NOT_RUN)
+
+
 def median(values):
   return statistics.median(values) if values else float("nan")

@@ -8,66 +8,161 @@
 # The C region decoder is not built there either: the tree is used from PYTHONPATH.)
 # Then one device call, from the repository root:
 #   run(command="bash experiments/run_gpu_benchmarks.sh", carry=[".whl"], timeout_s=600)
-# and copy the tables from $OUT/*.txt into experiments/RESULTS.md (GPU section).
+# and copy the tables from $OUT/log.txt into experiments/RESULTS.md (GPU section).
 #
-# The device call is limited to 10 minutes, so each stage has a time budget
-# (`timeout`, and bench_train's own --max-seconds, which reports cells it had
-# no time for as "not run" instead of losing the table). Total at most ~560 s.
+# A device command may run 10 minutes, so every stage has a time budget and the
+# whole script ends by BUDGET_S (570 s). The stages run most important first:
+#   1. torch_compile   the PyTorch peer with torch.compile (resnet50, bf16, batch 256):
+#                      the comparison that matters, so it runs first and always.
+#   2. bench_train     jaxnet vs the hand-written flax loop, resnet50 224px, bf16 first,
+#                      batch 256 first (the torch cell); cells without time are "not run".
+#   3. time_to_accuracy digits and a generated ImageFolder, bf16; rows as they finish.
+#   4. bench_input     the input pipeline on the machine's CPU cores.
+#   5. bench_scaling   only with more than one GPU (one device says nothing of scaling).
+# Each stage is cut to the time left, and stops early if less than a minute is left.
+#
+# $OUT gets 4 files (at most 8 come back, so nothing can be pushed out):
+#   summary.txt   machine, GPU, versions (protobuf too), each stage's exit status and
+#                 seconds, every error, the headline jaxnet/torch.compile ratio
+#   log.txt       the full output of every stage, in order (all the tables)
+#   bench_train.json, time_to_accuracy.json   the measurements
+#
+# QUICK=1: a CPU dry run of the same stages with tiny models (PYTHON and TORCH_PYTHON
+# choose the interpreters; the device's python3 has both jax and torch).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-results}
+QUICK=${QUICK:-0}
+PYTHON=${PYTHON:-python3}
+TORCH_PYTHON=${TORCH_PYTHON:-$PYTHON}
+BUDGET_S=${BUDGET_S:-570}
 mkdir -p "$OUT"
+SUMMARY=$OUT/summary.txt LOG=$OUT/log.txt
+: > "$SUMMARY"; : > "$LOG"
+TMP=$(mktemp -d)
 export PYTHONUNBUFFERED=1
 start=$SECONDS
 
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
 # The GPU machine's image lacks grain, tfds and ml-collections: install the carried wheels.
 if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || { echo "wheel install failed" | tee "$OUT/errors.txt"; exit 1; }
+  if ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl >> "$LOG" 2>&1; then
+    note "ERROR: wheel install failed (see log.txt)"; exit 1
+  fi
   export PYTHONPATH=/tmp/site:$PWD
 else
-  echo "no .whl/ carried: assuming grain, tfds and ml-collections are installed" | tee "$OUT/errors.txt"
+  note "no .whl/ carried: assuming grain, tfds and ml-collections are installed"
   export PYTHONPATH=$PWD
 fi
 
-{ nvidia-smi; python3 -c "import jax; print(jax.devices())"; } > "$OUT/machine.txt" 2>&1
+{
+  echo "== machine ($(date -u '+%Y-%m-%d %H:%M UTC'))"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader \
+    2>/dev/null || echo "nvidia-smi: not available"
+  timeout 120 "$PYTHON" - <<'EOF' 2>&1
+import platform
+from importlib import metadata
+names = ["jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint",
+         "grain", "protobuf", "numpy", "torch", "torchvision", "opencv-python-headless", "simplejpeg"]
+def version(name):
+  try:
+    return metadata.version(name)
+  except metadata.PackageNotFoundError:
+    return None
+found = {n: version(n) for n in names}
+print("python " + platform.python_version() + ", " +
+      ", ".join(f"{n} {v}" for n, v in found.items() if v))
+# grain's protos need protobuf >= 5.28; an older one fails at `import grain`.
+pb = tuple(int(x) for x in (found["protobuf"] or "0").split(".")[:2])
+if pb < (5, 28):
+  print(f"WARNING: protobuf {found['protobuf']} < 5.28: grain will not import; carry a newer wheel")
+import jax
+print(f"jax devices: {jax.device_count()} x {jax.devices()[0].device_kind} ({jax.default_backend()})")
+EOF
+} | tee -a "$SUMMARY" >> "$LOG"
+nvidia-smi >> "$LOG" 2>&1
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 
-stage() {  # stage NAME SECONDS COMMAND...: runs with a time limit, output to $OUT/NAME.txt
+failed=0
+stage() {  # stage NAME SECONDS COMMAND...: runs with a time limit cut to what is left
   local name=$1 limit=$2; shift 2
-  echo "== $name (limit ${limit}s, at $((SECONDS - start))s)"
-  timeout --signal=TERM --kill-after=10 "$limit" "$@" > "$OUT/$name.txt" 2>&1
-  echo "   exit $? after $((SECONDS - start))s"
+  local left=$((BUDGET_S - (SECONDS - start)))
+  if (( left < 60 )); then
+    note "$name: not run, ${left}s left of ${BUDGET_S}s"; failed=1; return
+  fi
+  (( limit > left )) && limit=$left
+  local t0=$SECONDS
+  echo "== $name (limit ${limit}s, at $((t0 - start))s): $*" >> "$LOG"
+  timeout --signal=TERM --kill-after=10 "$limit" "$@" 2>&1 | tee "$TMP/$name.txt" >> "$LOG"
+  local rc=${PIPESTATUS[0]}
+  local how="exit $rc"; (( rc == 124 || rc == 137 )) && how="stopped at its ${limit}s limit"
+  note "$name: $how after $((SECONDS - t0))s"
+  if (( rc != 0 )); then
+    failed=1
+    # The stage's last words (its error, or the FAILED list of bench_train) go in the summary.
+    tail -n 8 "$TMP/$name.txt" | sed 's/^/    /' >> "$SUMMARY"
+  fi
 }
 
-# 1) Train-step throughput, jaxnet vs flax-minimal vs torch: resnet50, 224px,
-#    64/128/256 per device, bf16 first (the headline), then fp16, fp32. One jax
-#    process shares one init; peak memory is then XLA's analysis of each
-#    compiled step. torch eager here: torch.compile recompiles for every cell
-#    (minutes), which the 10-minute call cannot hold; see stage 2.
-stage bench_train 420 python3 experiments/bench_train.py --precisions bf16,fp16,fp32 \
-  --batches 64,128,256 --one-process --torch-compile off --max-seconds 250 \
-  --json "$OUT/bench_train.json"
-
-# 2) The torch peer with torch.compile on, one cell (bf16, 256), if time is left:
-#    compare its RESULT line's img_s with the torch column of stage 1 (eager).
-if (( SECONDS - start < 330 )); then
-  stage torch_compile 120 python3 experiments/peers/torch_resnet.py --model resnet50 \
-    --precisions bf16 --batches 256 --image-size 224 --compile on
+if [[ $QUICK == 1 ]]; then
+  torch_args=(--model resnet_tiny --image-size 16 --batches 2 --steps 3 --warmup 1 --repeats 2)
+  train_args=(--tiny --precisions bf16,fp32 --max-seconds 60 --timeout 150)
+  tta_args=(--quick --timeout 240)
+  input_args=(--quick --workers 0,1)
+  limits=(240 200 500 90 90)
+else
+  torch_args=(--model resnet50 --image-size 224 --batches 256)
+  # bf16 first (the headline), batch 256 first (the torch.compile cell). Cells start
+  # until --max-seconds; --timeout stops the worker early enough to print the table.
+  train_args=(--precisions bf16,fp16,fp32 --batches 256,128,64 --one-process --max-seconds 110
+              --timeout 215)
+  tta_args=(--quick --timeout 50)
+  input_args=(--quick --workers 0,4,8,16)
+  limits=(150 235 110 45 60)
 fi
 
-# 3) Multi-device scaling, when the parallel branch's benchmark is here.
-if [[ -f experiments/bench_scaling.py ]] && (( SECONDS - start < 420 )); then
-  stage bench_scaling 60 python3 experiments/bench_scaling.py --quick
+stage torch_compile "${limits[0]}" "$TORCH_PYTHON" experiments/peers/torch_resnet.py \
+  --precisions bf16 --compile on "${torch_args[@]}"
+stage bench_train "${limits[1]}" "$PYTHON" experiments/bench_train.py --no-torch \
+  "${train_args[@]}" --json "$OUT/bench_train.json"
+stage time_to_accuracy "${limits[2]}" "$PYTHON" experiments/time_to_accuracy.py --precision bf16 \
+  --workers 4 "${tta_args[@]}" --json "$OUT/time_to_accuracy.json"
+stage bench_input "${limits[3]}" "$PYTHON" experiments/bench_input.py "${input_args[@]}"
+if (( gpus > 1 )); then
+  stage bench_scaling "${limits[4]}" "$PYTHON" experiments/bench_scaling.py --quick
+else
+  note "bench_scaling: not run (${gpus} GPU: scaling needs several)"
 fi
 
-# 4) Input pipeline on this machine's 16 CPU cores (no GPU involved).
-if (( SECONDS - start < 470 )); then
-  stage bench_input 50 python3 experiments/bench_input.py --quick --workers 0,2,4,8
-fi
+# The headline: jaxnet's bf16 rate against torch.compile's, same model and batch.
+"$PYTHON" - "$TMP/torch_compile.txt" "$OUT/bench_train.json" <<'EOF' 2>&1 | tee -a "$SUMMARY"
+import json, sys
+def read(path, parse):
+  try:
+    with open(path) as f:
+      return parse(f)
+  except (OSError, ValueError, KeyError):
+    return []
+torch = read(sys.argv[1], lambda f: [json.loads(l[7:]) for l in f if l.startswith("RESULT ")])
+torch = [r for r in torch if "img_s" in r]
+rows = read(sys.argv[2], lambda f: json.load(f)["rows"])
+for t in torch:
+  mine = [r for r in rows if r.get("precision") == t["precision"]
+          and r.get("batch_per_device") == t["batch"] and "img_s" in r]
+  if mine:
+    j = mine[0]["img_s"] / mine[0]["global_batch"] * t["batch"]  # per device, as torch's one GPU
+    print(f"headline: {t['precision']} batch {t['batch']}: jaxnet {j:.1f} img/s, torch.compile "
+          f"{t['img_s']:.1f} img/s, jaxnet/torch {j / t['img_s']:.3f}")
+  else:
+    print(f"headline: torch.compile {t['img_s']:.1f} img/s; no jaxnet cell at {t['precision']} batch {t['batch']}")
+if not torch:
+  print("headline: no torch.compile result")
+EOF
 
-# 5) Time to accuracy: digits and a generated ImageFolder, bf16.
-if (( SECONDS - start < 490 )); then
-  stage time_to_accuracy 90 python3 experiments/time_to_accuracy.py --quick --precision bf16 \
-    --workers 4 --json "$OUT/time_to_accuracy.json"
-fi
-echo "done in $((SECONDS - start))s; outputs in $OUT"
+files=$(find "$OUT" -type f | wc -l)
+(( files > 6 )) && note "WARNING: $files files in \$OUT; at most 8 come back"
+note "done in $((SECONDS - start))s; exit $failed; outputs in $OUT"
+rm -rf "$TMP"
+exit $failed

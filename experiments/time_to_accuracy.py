@@ -14,6 +14,8 @@ Times reported, both to the moment the target eval was written:
   from loop start  from the "training ..." line jaxnet prints just before its first
                    step: the train-step compile, the input pipeline and evals included
 images/s is the median of jaxnet's logged train/images_per_sec (input pipeline included).
+Each run's row is printed (and --json rewritten) as soon as the run ends, so a time
+limit that stops this script keeps the rows of the runs before; all rows again at the end.
 Runs:
   digits       configs/digits.py (resnet_tiny, 16px, batch 64), target 0.97
   imagefolder  a generated 10-class JPEG folder (jaxnet.data.make_imagefolder),
@@ -158,17 +160,27 @@ def main(argv=None) -> int:
   print(benchlib.load_line() + " at start", flush=True)
 
   results = []
+
+  def finished(result: dict, **details) -> None:
+    # Each row is printed, and the JSON rewritten, as soon as its run ends, so a
+    # time limit that stops this script later loses nothing already measured.
+    result.update(details)
+    results.append(result)
+    print("\n" + TABLE_HEADER + "\n" + table_row(result), flush=True)
+    if args.json:
+      write_json(args.json, command, results)
+
   with tempfile.TemporaryDirectory() as tmp:
     root = args.workdir or tmp
     runs = args.runs.split(",")
     if "digits" in runs:
       # 1,438 train images / batch 64 = 22 steps per epoch: evaluate every epoch.
-      results.append(run_to_target(
+      finished(run_to_target(
           "digits", "configs/digits.py",
           ["eval_every_steps=22", "log_every_steps=11", "checkpoint_every_steps=0",
            f"precision={args.precision}"],
-          os.path.join(root, "digits"), args.digits_target, timeout, batch_size=64, warm_cache=args.warm_cache))
-      results[-1].update(data="digits 16px (1,438 train / 359 test)", model="resnet_tiny")
+          os.path.join(root, "digits"), args.digits_target, timeout, batch_size=64, warm_cache=args.warm_cache),
+          data="digits 16px (1,438 train / 359 test)", model="resnet_tiny", precision=args.precision)
     if "imagefolder" in runs:
       from jaxnet.data.make_imagefolder import make_imagefolder
       per_class = args.folder_per_class or (40 if args.quick else 200)
@@ -180,7 +192,7 @@ def main(argv=None) -> int:
             f"{time.perf_counter() - start:.1f} s", flush=True)
       batch = 32
       steps_per_epoch = max(args.folder_classes * per_class // batch, 1)
-      results.append(run_to_target(
+      finished(run_to_target(
           "imagefolder", "configs/resnet50.py",
           ["data.source=imagefolder", f"data.dir={folder}", "data.eval_split=val",
            f"data.workers={args.workers}", f"model.name={args.folder_model}", "image_size=32",
@@ -189,40 +201,50 @@ def main(argv=None) -> int:
            f"eval_every_steps={steps_per_epoch}", f"log_every_steps={max(steps_per_epoch // 2, 1)}",
            "checkpoint_every_steps=0"],
           os.path.join(root, "imagefolder"), args.folder_target, timeout, batch_size=batch,
-          warm_cache=args.warm_cache))
-      results[-1].update(data=f"generated ImageFolder, {args.folder_classes} classes x {per_class}, 32px",
-                         model=args.folder_model)
+          warm_cache=args.warm_cache),
+          data=f"generated ImageFolder, {args.folder_classes} classes x {per_class}, 32px",
+          model=args.folder_model, precision=args.precision)
     if args.imagenet_dir:
       overrides = [f"data.dir={args.imagenet_dir}"]
       if args.imagenet_source == "imagefolder":
         overrides += ["data.source=imagefolder", "data.eval_split=val"]
-      results.append(run_to_target(
+      finished(run_to_target(
           "imagenet", "configs/resnet50.py:fast", overrides, os.path.join(root, "imagenet"),
-          args.imagenet_target, timeout, batch_size=2048, warm_cache=args.warm_cache))
-      results[-1].update(data=f"ImageNet ({args.imagenet_source})", model="resnet50 (fast recipe)")
+          args.imagenet_target, timeout, batch_size=2048, warm_cache=args.warm_cache),
+          data=f"ImageNet ({args.imagenet_source})", model="resnet50 (fast recipe)", precision="bf16")
 
-  print(f"\n{'run':>12} {'model':>12} {'target':>7} {'reached':>8} {'top-1':>7} {'step':>6} {'epochs':>7} "
-        f"{'s launch':>9} {'s loop':>8} {'img/s':>8} {'evals':>5}")
+  print("\nall runs:\n" + TABLE_HEADER)
   for r in results:
-    reached = "yes" if r["reached"] else "NO"
-    top1 = r.get("top1") if r["reached"] else r.get("best_top1")
-    print(f"{r['run']:>12} {r['model'][:12]:>12} {r['target']:7.3f} {reached:>8} "
+    print(table_row(r))
+  print("s launch: process start to the target eval; s loop: from the first training step (compile, "
+        "input pipeline and evals included); top-1: at the target eval (best seen when not reached)")
+  print("data: " + "; ".join(f"{r['run']}: {r['data']}, precision {r['precision']}" for r in results))
+  print(benchlib.load_line() + " at the end; CPU wall times on a shared machine are noisy")
+  return 0 if results and all(r["reached"] for r in results) else 1
+
+
+TABLE_HEADER = (f"{'run':>12} {'model':>12} {'target':>7} {'reached':>8} {'top-1':>7} {'step':>6} "
+                f"{'epochs':>7} {'s launch':>9} {'s loop':>8} {'img/s':>8} {'evals':>5}")
+
+
+def table_row(r: dict) -> str:
+  """One run's line of the table (and its error, if it had one, on the next line)."""
+  reached = "yes" if r["reached"] else "NO"
+  top1 = r.get("top1") if r["reached"] else r.get("best_top1")
+  line = (f"{r['run']:>12} {r['model'][:12]:>12} {r['target']:7.3f} {reached:>8} "
           f"{benchlib_fmt(top1, '7.4f')} {benchlib_fmt(r.get('step'), '6d')} "
           f"{benchlib_fmt(r.get('epochs'), '7.2f')} {benchlib_fmt(r.get('from_launch_s'), '9.1f')} "
           f"{benchlib_fmt(r.get('from_loop_s'), '8.1f')} {benchlib_fmt(r.get('images_per_sec'), '8.1f')} "
           f"{r['evals']:5d}")
-    if r.get("error"):
-      print(f"{'':>12} error: {r['error'][-600:]}")
-  print("s launch: process start to the target eval; s loop: from the first training step (compile, "
-        "input pipeline and evals included); top-1: at the target eval (best seen when not reached)")
-  print("data: " + "; ".join(f"{r['run']}: {r['data']}, precision {args.precision if r['run'] != 'imagenet' else 'bf16'}"
-                             for r in results))
-  print(benchlib.load_line() + " at the end; CPU wall times on a shared machine are noisy")
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"command": command, "cpu": benchlib.cpu_line(), "versions": benchlib.versions_line(),
-                 "date": benchlib.date_line(), "results": results}, f, indent=1)
-  return 0 if results and all(r["reached"] for r in results) else 1
+  if r.get("error"):
+    line += f"\n{'':>12} error: {r['error'][-600:]}"
+  return line
+
+
+def write_json(path: str, command: str, results: list[dict]) -> None:
+  with open(path, "w") as f:
+    json.dump({"command": command, "cpu": benchlib.cpu_line(), "versions": benchlib.versions_line(),
+               "date": benchlib.date_line(), "results": results}, f, indent=1)
 
 
 def benchlib_fmt(value, spec):

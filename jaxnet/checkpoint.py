@@ -242,9 +242,9 @@ class Checkpoints:
   def _rotate(self) -> None:
     if not self.keep:
       return
-    # Only completed saves count: the newest intact checkpoint is never deleted.
-    done = [s for s in self.steps() if self.newest_intact is None or s <= self.newest_intact]
-    for step in done[:-self.keep]:
+    # Called only once a save has completed, so the newest checkpoint kept is that
+    # (intact) one: a save that fails later never costs the last good checkpoint.
+    for step in self.steps()[:-self.keep]:
       self.manager.delete(step)
 
   # -- restoring ------------------------------------------------------------

@@ -1,19 +1,23 @@
-"""`python -m jaxnet.main ARGS` for the multi-host test, plus a record of this process's replica.
+"""`python -m jaxnet.main ARGS` for the multi-host tests, plus a record of this process's replica.
 
 The checkpoint holds one copy of the replicated state (orbax writes each array
 once, from the shard with replica_id 0, which lives on process 0), so it cannot
 show whether process 1 ended with the same parameters. This wrapper runs the
 real CLI unchanged and, whenever the loop saves a checkpoint, also writes this
 process's own copy of the state to WORKDIR/replica_<step>_process<i>.npz.
+
+With JAXNET_TEST_SIGTERM=P:S, process P sends itself SIGTERM once step S is done,
+as a scheduler preempting one host would; the other process gets no signal.
 """
 
 import os
 import runpy
+import signal
 import sys
 
 import numpy as np
 
-from jaxnet import checkpoint
+from jaxnet import checkpoint, train
 
 
 def _save_with_replica(self, step, state, *args, **kwargs):
@@ -29,7 +33,27 @@ def _save_with_replica(self, step, state, *args, **kwargs):
   return _original_save(self, step, state, *args, **kwargs)
 
 
+def _sigterm_after(process: int, step: int) -> None:
+  """Process `process` signals itself when the loop asks whether to stop after `step`.
+
+  The loop asks once per step, so in a run from scratch the n-th question follows step n.
+  """
+  import jax
+  original = train._StopSignals.should_stop
+  asked = [0]
+
+  def should_stop(self, sync):
+    asked[0] += 1
+    if asked[0] == step and jax.process_index() == process:
+      os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the line below
+    return original(self, sync)
+
+  train._StopSignals.should_stop = should_stop
+
+
 _original_save = checkpoint.Checkpoints.save
 checkpoint.Checkpoints.save = _save_with_replica
+if os.environ.get("JAXNET_TEST_SIGTERM"):
+  _sigterm_after(*map(int, os.environ["JAXNET_TEST_SIGTERM"].split(":")))
 sys.argv = ["jaxnet.main"] + sys.argv[1:]
 runpy.run_module("jaxnet.main", run_name="__main__", alter_sys=True)

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -24,3 +26,12 @@ def run_main(workdir, *overrides, config="configs/digits.py", mode="train", env=
     raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
                          f"\n--- stderr\n{proc.stderr[-6000:]}")
   return proc
+
+
+def max_abs_diff(a, b) -> float:
+  """Largest absolute difference between two pytrees of arrays with the same structure."""
+  import jax
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(la) == len(lb)
+  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+             for x, y in zip(la, lb))

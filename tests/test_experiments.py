@@ -22,11 +22,14 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 NUMBER = re.compile(r"^\d+(\.\d+)?$")
 
 
-def run_script(script, *args, xla_flags="", timeout=420):
+def run_script(script, *args, xla_flags="", timeout=420, expect_exit=0):
+  """Runs experiments/SCRIPT (or `-c CODE` when script is None); returns its stdout."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags, "PYTHONUNBUFFERED": "1"}
-  proc = subprocess.run([sys.executable, os.path.join("experiments", script), *args], cwd=REPO,
+  target = [os.path.join("experiments", script)] if script else []
+  proc = subprocess.run([sys.executable, *target, *args], cwd=REPO,
                         capture_output=True, text=True, timeout=timeout, env=env)
-  assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+  assert proc.returncode == expect_exit, \
+      f"{script} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
   return proc.stdout
 
 
@@ -61,7 +64,41 @@ def test_bench_train_tiny_has_every_precision_and_both_peer_ratios(tmp_path):
     assert r["flops_per_step_per_device"] > 0 and r["compile_s"] > 0 and r["peak_bytes"] > 0
     assert r["jaxnet_over_flax"] == pytest.approx(r["img_s"] / r["flax_img_s"])
     assert len(r["repeat_ms"]) == len(r["flax_repeat_ms"]) == 2
-  assert by_precision["fp16"]["skipped_steps"] >= 0  # read from jaxnet's fp16 loss-scale state
+  # Only fp16 has a loss scale that skips steps (see the next test for skips that happen).
+  assert by_precision["fp32"]["skipped_steps"] == by_precision["bf16"]["skipped_steps"] == 0
+  assert record["failures"] == []
+
+
+# A bench_train worker whose fp16 loss scale starts at 2**100: every step's fp16
+# backward pass overflows, so every step is skipped (the scale only halves).
+_OVERFLOWING_FP16_WORKER = """
+import sys
+sys.path.insert(0, "experiments")
+from jaxnet import config_base
+base = config_base.base_config
+def overflowing():
+  c = base()
+  c.loss_scale.initial_scale = 2.0**100
+  return c
+config_base.base_config = overflowing
+import bench_train
+bench_train.main(["--worker", "--tiny", "--precisions", "fp16", "--batches", "2", "--no-flax"])
+"""
+
+
+def test_bench_train_reports_the_skipped_fp16_steps():
+  out = run_script(None, "-c", _OVERFLOWING_FP16_WORKER, xla_flags="--xla_backend_optimization_level=0")
+  (result,) = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
+  assert result["precision"] == "fp16" and "error" not in result, result
+  assert result["skipped_steps"] == 1 + 2 * 2  # --tiny: 1 warm-up step, 2 repeats of 2 steps
+
+
+def test_bench_train_exits_non_zero_when_a_cell_fails():
+  out = run_script("bench_train.py", "--tiny", "--no-torch", "--no-flax", "--precisions", "fp32,bf16",
+                   "--model", "no_such_model", expect_exit=1)
+  errors = [line for line in out.splitlines() if "jaxnet error:" in line]
+  assert len(errors) == 2 and all("no_such_model" in line for line in errors), out
+  assert "FAILED: 3 problem(s)" in out  # two cells, and nothing measured
 
 
 def test_peak_table_picks_the_device_and_precision():
@@ -94,8 +131,17 @@ def test_time_to_accuracy_quick_reaches_both_targets(tmp_path):
     assert 0 < r["from_loop_s"] < r["from_launch_s"]
     assert r["epochs"] > 0 and r["images_per_sec"] > 0
     assert r["returncode"] == 0  # jaxnet took the SIGTERM as a preemption and exited cleanly
-  table = [line.split() for line in out.splitlines() if line.split()[:1] in (["digits"], ["imagefolder"])]
-  assert len(table) == 2 and all(row[3] == "yes" for row in table), out
+  # Each run's row is printed as soon as it ends (before the next run starts), so a
+  # time limit that stops the script later keeps it; then all rows once more.
+  lines = out.splitlines()
+  rows = {name: [i for i, line in enumerate(lines) if line.split()[:1] == [name]]
+          for name in ("digits", "imagefolder")}
+  next_launch = next(i for i, line in enumerate(lines) if line.startswith("[imagefolder] "))
+  assert len(rows["digits"]) == len(rows["imagefolder"]) == 2, out
+  assert rows["digits"][0] < next_launch < rows["imagefolder"][0]
+  final = lines.index("all runs:")
+  assert final < rows["digits"][1] and final < rows["imagefolder"][1]
+  assert all(lines[i].split()[3] == "yes" for i in rows["digits"] + rows["imagefolder"]), out
 
 
 def test_bench_input_quick_prints_both_tables():
@@ -110,4 +156,12 @@ def test_bench_input_quick_prints_both_tables():
                     reason="experiments/bench_scaling.py is not on this branch yet")
 def test_bench_scaling_quick():
   out = run_script("bench_scaling.py", "--quick")
-  assert out.strip()
+  rows = [line.split() for line in out.splitlines() if re.match(r"^\s*[1248]\s+\d+\s+[\d.]+\s+\d+%", line)]
+  assert [int(r[0]) for r in rows] == [1, 2, 4, 8], out
+  for devices, global_batch, rate, efficiency, compile_s in rows:
+    assert int(global_batch) == 8 * int(devices)  # weak scaling: 8 images per device
+    assert float(rate) > 0 and float(compile_s) > 0
+    # efficiency = images/s / (devices x images/s on one device), as printed (rounded)
+    expected = float(rate) / (int(devices) * float(rows[0][2]))
+    assert abs(int(efficiency[:-1]) - 100 * expected) <= 1, (rows, expected)
+  assert "says nothing about GPU scaling" in out

@@ -1,10 +1,15 @@
 """The ImageNet recipe (configs/resnet50.py) end to end on a generated JPEG folder."""
 
+import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
+from jaxnet import api, parallel, steps, train
+from jaxnet.data import pipeline
+from jaxnet.data.imagefolder import ImageFolderSource
 from jaxnet.data.make_imagefolder import make_imagefolder
 from jaxnet.metrics import read_jsonl
 from tests.helpers import run_main
@@ -26,10 +31,48 @@ TINY = ("model.name=resnet_tiny", "batch_size=16", "data.workers=0", "precision=
         "log_every_steps=4", "eval_every_steps=0", "checkpoint_every_steps=8", "data.eval_split=val")
 
 
+# `python -m jaxnet.main` that also records, for every train step, the batch's image
+# shape and labels (host copies), into the JSON file named by JAXNET_TEST_STEPS.
+_RECORD_TRAIN_BATCHES = """
+import json, os, sys
+import numpy as np
+from jaxnet import train
+record = []
+build = train.Experiment.__init__
+def build_and_record(self, *args, **kwargs):
+  build(self, *args, **kwargs)
+  step = self.train_step
+  class Recorded:
+    def __call__(self, state, batch):
+      record.append({"shape": list(batch["image"].shape), "labels": np.asarray(batch["label"]).tolist()})
+      return step(state, batch)
+    def __getattr__(self, name):
+      return getattr(step, name)
+  self.train_step = Recorded()
+train.Experiment.__init__ = build_and_record
+sys.argv = ["jaxnet.main"] + sys.argv[1:]
+from jaxnet import main
+try:
+  main.run()
+finally:
+  with open(os.environ["JAXNET_TEST_STEPS"], "w") as f:
+    json.dump(record, f)
+"""
+
+
 def test_fast_recipe_trains_evaluates_checkpoints_and_counts_corrupt_jpegs(folder, tmp_path):
+  steps_file = tmp_path / "steps.json"
   proc = run_main(tmp_path, f"data.dir={folder}", "data.source=imagefolder", *TINY,
                   "total_steps=24", "image_size=32", "progressive_resizing=((0.0, 24), (0.5, 32))",
-                  "optim.learning_rate=2.0", config="configs/resnet50.py:fast")
+                  "optim.learning_rate=2.0", config="configs/resnet50.py:fast",
+                  python_prefix=("-c", _RECORD_TRAIN_BATCHES), env={"JAXNET_TEST_STEPS": str(steps_file)})
+  # Progressive resizing: 12 steps at 24px, then a loader at 32px that continues from
+  # the same position of the example stream (the labels are the stream's, in order).
+  steps = json.loads(steps_file.read_text())
+  assert [s["shape"] for s in steps] == [[16, 24, 24, 3]] * 12 + [[16, 32, 32, 3]] * 12
+  stream = iter(pipeline.train_loader(ImageFolderSource(str(folder), "train"), global_batch_size=16,
+                                      image_size=8, seed=0, workers=0))
+  assert [s["labels"] for s in steps] == [next(stream)["label"].tolist() for _ in range(24)]
   records = read_jsonl(tmp_path)
   train = [r for r in records if "train/loss" in r]
   assert train[-1]["train/loss"] < train[0]["train/loss"]
@@ -48,6 +91,34 @@ def test_standard_recipe_runs_on_the_folder(folder, tmp_path):
            "image_size=32", config="configs/resnet50.py")
   final = [r for r in read_jsonl(tmp_path) if "eval/top1" in r][-1]
   assert final["step"] == 8 and np.isfinite(final["eval/loss"])
+
+
+def test_standard_recipe_loss_is_label_smoothed_and_skips_masked_images(folder):
+  """The step's loss: cross-entropy against 0.9 one-hot + 0.1 uniform, over the readable images only."""
+  config = api.load_config("configs/resnet50.py", **{
+      "data.dir": str(folder), "data.source": "imagefolder", "data.eval_split": "val",
+      "model.name": "resnet_tiny", "batch_size": 16, "image_size": 16, "mesh.num_devices": 1,
+      "data.workers": 0, "precision": "fp32"})  # fp32: the logits below then match the step's to 1e-5
+  assert config.label_smoothing == 0.1
+  exp = train.Experiment(config, "unused")
+  batch = next(iter(exp.train_loader()))
+  batch["mask"] = batch["mask"] & (np.arange(16) % 2 == 0)  # as if every other JPEG were unreadable
+  state = exp.init_state()
+  variables = {"params": state.params, "batch_stats": state.batch_stats}
+  images = steps.normalize(batch["image"], config.data.mean, config.data.std, exp.policy.compute_dtype)
+  logits, _ = exp.model.apply(variables, images, train=True, mutable=["batch_stats"])
+  log_p = np.asarray(jax.nn.log_softmax(np.asarray(logits, np.float64)))
+  # Labels do not change the logits: give the masked examples their least likely class,
+  # so that counting them would raise the loss clearly.
+  batch["label"] = np.where(batch["mask"], batch["label"], log_p.argmin(-1)).astype(np.int32)
+  targets = 0.9 * np.eye(exp.num_classes)[batch["label"]] + 0.1 / exp.num_classes
+  per_example = -(targets * log_p).sum(-1)
+  _, metrics = exp.train_step(state, parallel.to_global(batch, exp.batch_sharding))
+  loss = float(metrics["train/loss"])
+  assert loss == pytest.approx(per_example[batch["mask"]].mean(), rel=1e-5)
+  assert per_example.mean() > loss * 1.05                                         # masked ones left out
+  unsmoothed = -log_p[np.arange(len(log_p)), batch["label"]][batch["mask"]].mean()
+  assert loss != pytest.approx(unsmoothed, rel=1e-3)
 
 
 @pytest.mark.parametrize("source", ["imagefolder", "tfds"])

@@ -52,6 +52,22 @@ def test_weight_decay_skips_bn_and_biases(name):
   assert np.all(np.asarray(updates["conv"]["kernel"]) < 0)
 
 
+def test_lars_trust_ratio_scales_kernels_only():
+  """LARS scales a kernel's step by trust_coefficient * |w| / |g|; BN params and biases take the plain step."""
+  c = _optim_config(name="lars", learning_rate=1.0, base_batch_size=1, weight_decay=0.0,
+                    warmup_epochs=0, schedule="constant", momentum=0.0, nesterov=False)
+  tx = optim.make_optimizer(c, optim.learning_rate_schedule(c, 1, 10, 1))
+  params = {"conv": {"kernel": 2 * jnp.ones((3, 3, 2, 2))}, "bn": {"scale": jnp.ones((2,)),
+                                                                  "bias": jnp.ones((2,))}}
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 0.1), params)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  # Kernel: |w| = 2 * 6, |g| = 0.1 * 6, so the step is lr * 0.001 * 20 * g = 0.002.
+  np.testing.assert_allclose(updates["conv"]["kernel"], -0.002, rtol=1e-5)
+  # BN scale and bias: -lr * g. (A trust ratio there would give 0.001 * sqrt(2) / (0.1 * sqrt(2)) * g.)
+  np.testing.assert_allclose(updates["bn"]["scale"], -0.1, rtol=1e-6)
+  np.testing.assert_allclose(updates["bn"]["bias"], -0.1, rtol=1e-6)
+
+
 def test_unknown_optimizer_is_a_clear_error():
   c = _optim_config(name="adamm")
   with pytest.raises(ValueError, match="config.optim.name='adamm'"):

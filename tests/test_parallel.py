@@ -286,24 +286,17 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def multihost_run(tmp_path_factory):
-  """Starts the two worker processes as soon as this module's tests start.
-
-  Compiling dominates the multi-process test; started first, the workers
-  compile while the in-process tests of this module run. They are stopped
-  at the end if no test waited for them.
-  """
-  workdir = tmp_path_factory.mktemp("multihost") / "run"
+def _start_two_processes(workdir, name: str, *flags, env=None):
+  """Two `jaxnet.main` processes (via tests/_multihost_worker.py) x 2 CPU devices on WORKDIR."""
   port = _free_port()
   flags = [f"--config.{k}={v}" for k, v in OVERRIDES.items()] + [
       "--config.log_every_steps=1", "--config.eval_every_steps=0",
       "--config.checkpoint_every_steps=0", "--config.data.eval_batch_size=360",
       "--config.distributed.enabled=true", f"--config.distributed.coordinator_address=127.0.0.1:{port}",
-      "--config.distributed.num_processes=2"]
+      "--config.distributed.num_processes=2", *flags]
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-         "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO}
-  logs = [workdir.parent / f"process{i}.log" for i in range(2)]
+         "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO, **(env or {})}
+  logs = [workdir.parent / f"{name}_process{i}.log" for i in range(2)]
   procs = []
   for i, log in enumerate(logs):
     with open(log, "w") as f:  # a file, not a pipe: nothing blocks while no one reads
@@ -312,83 +305,163 @@ def multihost_run(tmp_path_factory):
            "--config=configs/digits.py", f"--workdir={workdir}", *flags,
            f"--config.distributed.process_id={i}"],
           cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT))
-  yield dict(procs=procs, workdir=workdir, logs=logs)
-  for p in procs:
+  return dict(procs=procs, workdir=workdir, logs=logs)
+
+
+def _wait(run, timeout=400) -> list[str]:
+  """Waits for both processes; returns their output. Stops both if either fails or hangs."""
+  try:
+    for p in run["procs"]:
+      p.wait(timeout=timeout)
+  finally:
+    for p in run["procs"]:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  outputs = [log.read_text() for log in run["logs"]]
+  for i, (p, out) in enumerate(zip(run["procs"], outputs)):
+    assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{out[-4000:]}"
+  return outputs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _start_multihost_run_first(request):
+  """Starts the two worker processes as soon as this module's tests start, if a selected
+  test needs them: compiling dominates the multi-process tests, and started first, the
+  workers compile while the in-process tests of this module run."""
+  if any(item.module is request.module and "multihost_run" in item.fixturenames
+         for item in request.session.items):
+    request.getfixturevalue("multihost_run")
+
+
+@pytest.fixture(scope="module")
+def multihost_run(tmp_path_factory):
+  """The two processes' first run (STEPS steps); stopped at the end if no test waited for it."""
+  run = _start_two_processes(tmp_path_factory.mktemp("multihost") / "run", "first")
+  yield run
+  for p in run["procs"]:
     if p.poll() is None:
       p.kill()
       p.wait()
 
 
-def test_two_processes_train_like_one(one_device, multihost_run):
-  """Two processes x 2 CPU devices (gloo collectives) vs one process x 4 devices.
+@pytest.fixture(scope="module")
+def two_process_reference(one_device):
+  """One process x 4 devices fed, at each step, the batches the two processes read.
 
   Each process of a multi-host run reads its own shard of the dataset (grain
   ShardOptions: process i of n) and contributes its half of every global
   batch; a single process reads the unsharded stream, i.e. different examples
-  in each batch. So the single-process reference here is fed the batches the
-  two processes read: step k's global batch is process 0's k-th shard batch
+  in each batch. So step k's global batch here is process 0's k-th shard batch
   followed by process 1's (the device order of the global array). Same seed,
   same initial state, same examples: the runs must agree to float rounding.
-  The workers run the real CLI (`jaxnet.main`, via tests/_multihost_worker.py,
-  which also records each process's own copy of the final state).
   """
-  procs, workdir = multihost_run["procs"], multihost_run["workdir"]
-
-  # While they train: the reference, one process with 4 devices on the same examples.
   exp = train.Experiment(make_config(4), "unused")
   shard_iters = [iter(pipeline.train_loader(
       exp.train_source, global_batch_size=GLOBAL_BATCH, image_size=exp.config.image_size,
       seed=exp.config.seed, workers=0, process_index=i, process_count=2)) for i in range(2)]
   batches = []
-  for _ in range(STEPS):
+  for _ in range(PREEMPTED_AT):
     halves = [next(it) for it in shard_iters]
     batches.append({k: np.concatenate([h[k] for h in halves]) for k in halves[0]})
   # (Why the emulation is needed: the unsharded stream starts with other examples.)
   assert not np.array_equal(batches[0]["image"], one_device["batches"][0]["image"])
   _, states, losses = run_steps(exp, one_device["init"], batches)
-  ref_params, ref_stats = params_and_stats(states[-1])
+  return dict(exp=exp, states=states, losses=losses)
 
-  for p in procs:
-    p.wait(timeout=400)
-  outputs = [log.read_text() for log in multihost_run["logs"]]
-  for i, (p, out) in enumerate(zip(procs, outputs)):
-    assert p.returncode == 0, f"process {i} failed:\n{out[-4000:]}"
+
+def _replicas(workdir, step):
+  """Each process's own copy of the state at `step` (tests/_multihost_worker.py); both must be equal."""
+  replicas = [dict(np.load(workdir / f"replica_{step}_process{i}.npz")) for i in range(2)]
+  assert replicas[0].keys() == replicas[1].keys()
+  for key in replicas[0]:
+    # Bit for bit: the all-reduce gives every device the same sum.
+    np.testing.assert_array_equal(replicas[0][key], replicas[1][key], err_msg=key)
+  return replicas[0]
+
+
+def _rel_diff_to_reference(replica, state) -> float:
+  """rel_diff of a replica's params and BN statistics against a reference TrainState."""
+  multi = {k: v for k, v in replica.items() if k.startswith((".params", ".batch_stats"))}
+  ref = {jax.tree_util.keystr(path): leaf for path, leaf in
+         jax.tree_util.tree_flatten_with_path(params_and_stats(state))[0]}
+  ref = {k.replace("[0]", ".params", 1).replace("[1]", ".batch_stats", 1): v for k, v in ref.items()}
+  assert sorted(multi) == sorted(ref)
+  return rel_diff([multi[k] for k in sorted(ref)], [ref[k] for k in sorted(ref)])
+
+
+def _check_against_reference(workdir, ref, step: int) -> list[dict]:
+  """Both processes' state at `step` is the reference's, and metrics.jsonl logged steps
+  1..step once each with the reference's losses (the same examples). Returns its records."""
+  diff = _rel_diff_to_reference(_replicas(workdir, step), ref["states"][step - 1])
+  print(f"\n2 processes x 2 devices vs 1 process x 4 devices at step {step}: rel diff {diff:.2e}")
+  assert diff <= REL_TOL
+  lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines() if l]
+  train_lines = [l for l in lines if "train/loss" in l]
+  assert [l["step"] for l in train_lines] == list(range(1, step + 1))
+  np.testing.assert_allclose([l["train/loss"] for l in train_lines], ref["losses"][:step], rtol=REL_TOL)
+  return lines
+
+
+def test_two_processes_train_like_one(multihost_run, two_process_reference):
+  """Two processes x 2 CPU devices (gloo collectives) vs one process x 4 devices on the same examples.
+
+  The workers run the real CLI (`jaxnet.main`, via tests/_multihost_worker.py,
+  which also records each process's own copy of the final state).
+  """
+  workdir, ref = multihost_run["workdir"], two_process_reference
+  outputs = _wait(multihost_run)
   assert "training resnet_tiny" in outputs[0] and "final: step" in outputs[0]
   assert "final: step" not in outputs[1]  # only process 0 reports
 
-  # Both processes hold the same state (bit for bit: the all-reduce gives every
-  # device the same sum), and it is the reference's.
-  replicas = [dict(np.load(workdir / f"replica_{STEPS}_process{i}.npz")) for i in range(2)]
-  assert replicas[0].keys() == replicas[1].keys()
-  for key in replicas[0]:
-    np.testing.assert_array_equal(replicas[0][key], replicas[1][key], err_msg=key)
-  multi = {k: v for k, v in replicas[0].items() if k.startswith((".params", ".batch_stats"))}
-  ref = {jax.tree_util.keystr(path): leaf for path, leaf in
-         jax.tree_util.tree_flatten_with_path((ref_params, ref_stats))[0]}
-  ref = {k.replace("[0]", ".params", 1).replace("[1]", ".batch_stats", 1): v for k, v in ref.items()}
-  assert sorted(multi) == sorted(ref)
-  diff = rel_diff([multi[k] for k in sorted(ref)], [ref[k] for k in sorted(ref)])
-  print(f"\n2 processes x 2 devices vs 1 process x 4 devices: rel diff {diff:.2e}")
-  assert diff <= REL_TOL
-
-  # Only process 0 wrote metrics: each step once, with the reference's losses.
-  lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines() if l]
-  train_lines = [l for l in lines if "train/loss" in l]
-  assert [l["step"] for l in train_lines] == list(range(1, STEPS + 1))
-  np.testing.assert_allclose([l["train/loss"] for l in train_lines], losses, rtol=REL_TOL)
+  # Both processes hold the reference's state; only process 0 wrote metrics.
+  lines = _check_against_reference(workdir, ref, STEPS)
   eval_lines = [l for l in lines if "eval/top1" in l]
   assert len(eval_lines) == 1
-  assert eval_lines[0]["eval/examples"] == len(exp.eval_source)  # both shards, every example once
+  assert eval_lines[0]["eval/examples"] == len(ref["exp"].eval_source)  # both shards, every example once
   assert len(list((workdir / "tensorboard").glob("events*"))) == 1
   assert json.loads((workdir / "environment.json").read_text())["process_count"] == 2
 
   # The checkpoint the two processes wrote together restores in this single process.
   checkpoints = ckpt.Checkpoints(str(workdir), read_only=True)
-  restored, step = checkpoints.restore_newest(exp.abstract_state)
+  restored, step = checkpoints.restore_newest(ref["exp"].abstract_state)
   checkpoints.close()
   assert step == STEPS and int(restored.step) == STEPS
+  ref_params, ref_stats = params_and_stats(ref["states"][STEPS - 1])
   assert rel_diff(jax.device_get(restored.params), ref_params) <= REL_TOL
   assert rel_diff(jax.device_get(restored.batch_stats), ref_stats) <= REL_TOL
+
+
+# The run above, resumed with total_steps=RESUMED_STEPS: process 1 alone gets SIGTERM
+# after step PREEMPTED_AT, and both processes must stop there.
+RESUMED_STEPS, PREEMPTED_AT = 10, 7
+
+
+@pytest.fixture(scope="module")
+def multihost_preempted(multihost_run):
+  _wait(multihost_run)
+  run = _start_two_processes(multihost_run["workdir"], "preempted", f"--config.total_steps={RESUMED_STEPS}",
+                             env={"JAXNET_TEST_SIGTERM": f"1:{PREEMPTED_AT}"})
+  return dict(workdir=run["workdir"], outputs=_wait(run, timeout=180))
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_step(multihost_preempted):
+  workdir, outputs = multihost_preempted["workdir"], multihost_preempted["outputs"]
+  assert "SIGTERM received" in outputs[1] and "SIGTERM received" not in outputs[0]
+  for out in outputs:  # process 0 stops too, at the same step: the collective save needs both
+    assert f"preempted: checkpoint saved at step {PREEMPTED_AT};" in out, out[-3000:]
+    assert "final: step" not in out
+  assert (workdir / "checkpoints" / str(PREEMPTED_AT)).is_dir()
+  assert not (workdir / "checkpoints" / str(RESUMED_STEPS)).exists()
+
+
+def test_resumed_two_process_run_continues_exactly(multihost_preempted, two_process_reference):
+  """Resumed from step STEPS, the run goes on as an uninterrupted one would: every process's
+  data iterator continues from its own saved position, the state from the checkpoint."""
+  workdir, ref = multihost_preempted["workdir"], two_process_reference
+  for out in multihost_preempted["outputs"]:
+    assert f"resumed from checkpoint at step {STEPS}" in out
+  _check_against_reference(workdir, ref, PREEMPTED_AT)
 
 
 @pytest.mark.parametrize("num_records,processes,global_batch", [(359, 2, 16), (10, 3, 6), (2, 4, 4)])

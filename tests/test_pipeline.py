@@ -1,5 +1,7 @@
 """The Grain pipeline: exact resume, disjoint process shards, eval covers every example once."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -30,14 +32,37 @@ def test_restored_iterator_continues_the_exact_sequence(digits, workers):
     np.testing.assert_array_equal(want["image"], got["image"])
 
 
-def test_read_threads_do_not_change_the_batches(digits):
-  """data.read_threads only reads ahead: the example sequence stays a function of the seed."""
+class _ReaderSpy:
+  """A source that notes the name of every thread that reads a record from it."""
+  encoded = False
+
+  def __init__(self, source):
+    self.source, self.threads = source, set()
+
+  def __len__(self):
+    return len(self.source)
+
+  def __getitem__(self, index):
+    self.threads.add(threading.current_thread().name)
+    return self.source[index]
+
+  def __repr__(self):
+    return repr(self.source)
+
+
+def test_read_threads_read_ahead_without_changing_the_batches(digits):
+  """data.read_threads reads records in background threads; the example sequence stays a function of the seed."""
   def batches(read_threads):
-    return _take(iter(pipeline.train_loader(digits, global_batch_size=32, image_size=8, seed=3,
-                                            workers=0, read_threads=read_threads)), 5)
-  for inline, threaded in zip(batches(0), batches(4)):
-    np.testing.assert_array_equal(inline["label"], threaded["label"])
-    np.testing.assert_array_equal(inline["image"], threaded["image"])
+    spy = _ReaderSpy(digits)
+    loader = pipeline.train_loader(spy, global_batch_size=32, image_size=8, seed=3, workers=0,
+                                   read_threads=read_threads)
+    return _take(iter(loader), 5), spy.threads
+  (inline, inline_readers), (threaded, threaded_readers) = batches(0), batches(4)
+  assert inline_readers == {threading.current_thread().name}
+  assert len(threaded_readers) > 1 and threading.current_thread().name not in threaded_readers
+  for a, b in zip(inline, threaded):
+    np.testing.assert_array_equal(a["label"], b["label"])
+    np.testing.assert_array_equal(a["image"], b["image"])
 
 
 def _rows(images):

@@ -7,20 +7,30 @@ from PIL import Image
 
 from jaxnet import preprocess
 from jaxnet.config_base import base_config
+from jaxnet.data import pipeline
+from jaxnet.data.imagefolder import ImageFolderSource
 from jaxnet.data.transforms import EvalDecodeCrop
 
 
 def test_jpeg_file_is_preprocessed_like_the_eval_pipeline(tmp_path):
-  rng = np.random.default_rng(0)
-  pixels = rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)
-  path = tmp_path / "photo.jpg"
-  Image.fromarray(pixels).save(path, quality=90)
+  # Rings around the center: crops of different fractions of it look clearly different.
+  y, x = np.mgrid[:300, :400]
+  rings = 127.5 * (1 + np.sin(np.hypot(y - 150, x - 200) / 8))
+  pixels = np.repeat(rings[..., None], 3, -1).astype(np.uint8)
+  for split in ("train", "val"):
+    (tmp_path / split / "cat").mkdir(parents=True)
+    Image.fromarray(pixels).save(tmp_path / split / "cat" / "photo.jpg", quality=90)
+  path = tmp_path / "val" / "cat" / "photo.jpg"
   config = base_config()
-  config.data.source, config.image_size = "imagefolder", 32
+  # Not the default crop, so a preprocessing that ignored the config would differ.
+  config.data.source, config.image_size, config.data.eval_crop_fraction = "imagefolder", 32, 0.5
   got = preprocess.load_image(str(path), config, channels=3)
-  want = EvalDecodeCrop(32, config.data.eval_crop_fraction).map(
-      {"image": path.read_bytes(), "label": np.int32(0)})["image"]
+  # What eval sees: the eval pipeline, given the config's crop as train.py gives it.
+  (seen,) = pipeline.eval_batches(ImageFolderSource(str(tmp_path), "val"), global_batch_size=1,
+                                  image_size=32, crop_fraction=config.data.eval_crop_fraction)
   assert got.shape == (32, 32, 3) and got.dtype == np.uint8
-  np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(got, seen["image"][0])
+  default_crop = EvalDecodeCrop(32).map({"image": path.read_bytes(), "label": np.int32(0)})["image"]
+  assert np.abs(got.astype(int) - default_crop).mean() > 40  # the crop fraction shows (measured: 89)
   # The same image given as an array goes through the same decode path (PNG, lossless).
   assert preprocess.load_image(np.asarray(Image.open(io.BytesIO(path.read_bytes()))), config, 3).shape == (32, 32, 3)

@@ -2,27 +2,30 @@
 
 import json
 import os
+import platform
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 from PIL import Image
 
 from jaxnet import api, export, report, runlog
+from jaxnet import checkpoint as ckpt
 from jaxnet.data import sources
 from jaxnet.metrics import read_jsonl
-from tests.helpers import REPO, run_main
+from tests.helpers import REPO, max_abs_diff, run_main
 from tests.notebooks import kernel_env
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("short")
-  # The quick start shortened to 40 steps in a one-device process, as the notebook
-  # tests run it: its train and eval steps compile once for both (persistent cache).
+  # The quick start shortened to 40 steps in a one-device process, with an EMA of the
+  # params (which eval, restore and export then use) and checkpoints at 20 and 40.
   run_main(workdir, "total_steps=40", "log_every_steps=5", "eval_every_steps=20",
-           "checkpoint_every_steps=0", env=kernel_env())
+           "checkpoint_every_steps=20", "ema_decay=0.9", env=kernel_env())
   return workdir
 
 
@@ -88,6 +91,20 @@ def test_report_command_line(workdir, tmp_path):
   assert "best eval top-1" in proc.stdout
 
 
+def test_environment_json_records_versions_devices_and_revision(workdir):
+  import flax
+  import optax
+  env = json.load(open(workdir / "environment.json"))
+  assert (env["jax"], env["flax"], env["optax"]) == (jax.__version__, flax.__version__, optax.__version__)
+  assert env["python"] == platform.python_version()
+  # The run had one CPU device (kernel_env), the first of this process's eight.
+  assert env["platform"] == "cpu" and env["process_count"] == 1
+  assert env["devices"] == [str(jax.devices()[0])] and env["device_kind"] == jax.devices()[0].device_kind
+  git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+  revision = git.stdout.strip() if git.returncode == 0 else ""
+  assert env["git_revision"] == revision and len(revision) in (0, 40)
+
+
 def test_evaluate_and_restore_agree_with_training_eval(workdir, test_set):
   final = _final_eval(workdir)
   again = api.evaluate(str(workdir))                     # the config comes from config.json
@@ -95,15 +112,49 @@ def test_evaluate_and_restore_agree_with_training_eval(workdir, test_set):
   images, labels = test_set
   model = api.restore(str(workdir))
   assert model.step == 40 and model.image_shape == (16, 16, 1)
-  accuracy = float(np.mean(model.logits(images).argmax(-1) == labels))
+  logits = model.logits(images)
+  accuracy = float(np.mean(logits.argmax(-1) == labels))
   assert accuracy == pytest.approx(final["eval/top1"], abs=1e-9)
+  # eval/top5 counts the label among the five largest logits.
+  top5 = np.argsort(-logits, axis=-1)[:, :5]
+  assert final["eval/top5"] == pytest.approx(float(np.mean(np.any(top5 == labels[:, None], -1))), abs=1e-9)
+  assert final["eval/top5"] > final["eval/top1"]
+
+
+def test_restore_uses_the_ema_params_the_run_kept(workdir, test_set):
+  images, _ = test_set
+  tree, step = ckpt.load_arrays(workdir)
+  model = api.restore(str(workdir))
+  assert model.config.ema_decay > 0 and step == model.step
+  params = jax.device_get(model.variables["params"])
+  assert max_abs_diff(params, tree["ema_params"]) == 0
+  assert max_abs_diff(params, tree["params"]) > 1e-4    # the EMA lags the live params
+  live = model.logits_fn({"params": tree["params"], "batch_stats": tree["batch_stats"]}, images[:16])
+  assert np.max(np.abs(model.logits(images[:16]) - np.asarray(live))) > 1e-3
+
+
+def test_prediction_resizes_array_source_images_to_image_size(workdir, test_set):
+  """Digits are stored upsampled (bilinear) from 8x8 to image_size; prediction resizes any image so."""
+  from sklearn.datasets import load_digits
+  raw = (load_digits().images * (255.0 / 16.0)).round().astype(np.uint8)  # all 1,797, 8x8
+  model = api.restore(str(workdir))
+  batch = model.preprocess(list(raw))
+  assert batch.shape == (len(raw), 16, 16, 1) and batch.dtype == np.uint8
+  # Every test image eval saw is one of these: prediction sees digits as eval did.
+  predicted = {x.tobytes() for x in batch}
+  assert all(x.tobytes() in predicted for x in test_set[0])
+  big = np.kron(raw[0], np.ones((5, 5), np.uint8))  # 40x40
+  want = np.asarray(Image.fromarray(big).resize((16, 16), Image.BILINEAR))
+  np.testing.assert_array_equal(model.preprocess([big])[0, ..., 0], want)
 
 
 def test_predict_command_on_a_png(workdir, test_set, tmp_path):
+  """`predict --step=20 --top=3`: the earlier checkpoint's top 3, as restore(step=20) predicts them."""
   images, labels = test_set
-  model = api.restore(str(workdir))
-  right = np.flatnonzero(model.logits(images).argmax(-1) == labels)
-  # Two images the model gets right in eval, of different classes.
+  early = api.restore(str(workdir), step=20)
+  assert early.step == 20
+  right = np.flatnonzero(early.logits(images).argmax(-1) == labels)
+  # Two images the step-20 model gets right in eval, of different classes.
   first = right[0]
   second = next(i for i in right if labels[i] != labels[first])
   paths = []
@@ -111,33 +162,48 @@ def test_predict_command_on_a_png(workdir, test_set, tmp_path):
     paths.append(str(tmp_path / f"digit{i}.png"))
     Image.fromarray(images[i][..., 0]).save(paths[-1])
 
-  proc = subprocess.run([sys.executable, "-m", "jaxnet.predict", f"--workdir={workdir}", *paths],
-                        cwd=REPO, capture_output=True, text=True, timeout=300)
+  proc = subprocess.run([sys.executable, "-m", "jaxnet.predict", f"--workdir={workdir}", "--step=20",
+                         "--top=3", *paths], cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.splitlines()
-  assert lines[0] == paths[0] and lines[6] == paths[1]
-  for block, i in ((lines[1:6], first), (lines[7:12], second)):
+  assert len(lines) == 8 and lines[0] == paths[0] and lines[4] == paths[1]
+  for block, i, want in zip((lines[1:4], lines[5:8]), (first, second), early.predict(paths, top_k=3)):
     probs = [float(line.split()[0]) for line in block]
     names = [line.split()[1] for line in block]
     assert names[0] == str(labels[i])                    # top-1 is the true class
-    assert probs == sorted(probs, reverse=True) and len(set(names)) == 5
-    assert 0 < sum(probs) <= 1.0 + 1e-3
+    assert names == [name for name, _ in want]
+    np.testing.assert_allclose(probs, [p for _, p in want], atol=1e-4)  # printed to 4 decimals
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0 + 1e-3
+  # The latest checkpoint predicts other probabilities: --step chose the checkpoint.
+  latest = api.restore(str(workdir)).predict(paths, top_k=3)
+  assert max(abs(p - q) for a, b in zip(latest, early.predict(paths, top_k=3))
+             for (_, p), (_, q) in zip(a, b)) > 1e-3
 
 
 def test_export_round_trips_logits(workdir, test_set, tmp_path):
+  """`export --step=20 --platforms=cpu,cuda`: the step-20 model (its EMA params), lowered for both."""
   images, _ = test_set
   out = tmp_path / "digits.jaxexport"
-  assert export.main([f"--workdir={workdir}", f"--out={out}"]) == 0
+  assert export.main([f"--workdir={workdir}", f"--out={out}", "--step=20", "--platforms=cpu,cuda"]) == 0
   loaded = export.load(str(out))
   assert loaded.image_shape == (16, 16, 1)
   assert str(loaded.exported.in_avals[0].shape[0]) == "b"   # batch-polymorphic
+  assert tuple(loaded.exported.platforms) == ("cpu", "cuda")
   assert loaded.class_names == [str(d) for d in range(10)]
-  model = api.restore(str(workdir))
+  assert loaded.metadata["step"] == 20 and loaded.metadata["platforms"] == ["cpu", "cuda"]
+  model = api.restore(str(workdir), step=20)
   for batch in (3, 17):
     want = model.logits(images[:batch])
     got = np.asarray(loaded(images[:batch]))
     assert got.shape == (batch, 10) and got.dtype == np.float32
     assert np.max(np.abs(got - want)) <= 1e-5
+  # It is step 20's EMA model: neither step 20's live params nor step 40's model.
+  tree20, tree40 = ckpt.load_arrays(workdir, 20)[0], ckpt.load_arrays(workdir, 40)[0]
+  exported = np.asarray(loaded(images[:16]))
+  for params, stats in ((tree20["params"], tree20["batch_stats"]),
+                        (tree40["ema_params"], tree40["batch_stats"])):
+    other = np.asarray(model.logits_fn({"params": params, "batch_stats": stats}, images[:16]))
+    assert np.max(np.abs(exported - other)) > 1e-3
   with pytest.raises(TypeError, match="uint8"):
     loaded(images[:2].astype(np.float32))
 

@@ -12,15 +12,7 @@ import pytest
 
 from jaxnet import checkpoint as ckpt
 from jaxnet.metrics import read_jsonl
-from tests.helpers import REPO, run_main
-
-
-def _max_abs_diff(a, b):
-  import jax
-  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-  assert len(la) == len(lb)
-  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-             for x, y in zip(la, lb))
+from tests.helpers import REPO, max_abs_diff, run_main
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +30,7 @@ def test_quick_start_learns_and_records_everything(quick_start):
   final = [r for r in records if "eval/top1" in r][-1]
   assert final["step"] == 120
   assert final["eval/top1"] >= 0.93, final          # full 330-step run reaches >= 0.97
-  assert final["eval/top5"] >= final["eval/top1"]
+  assert final["eval/top5"] > final["eval/top1"]  # top-5 is its own count (exact: test_tools.py)
   assert final["eval/examples"] == 359               # every test image exactly once
   train = [r for r in records if "train/loss" in r]
   assert [r["step"] for r in train] == [20, 40, 60, 80, 100, 120]
@@ -56,6 +48,17 @@ def test_quick_start_learns_and_records_everything(quick_start):
   assert {"state", "data_iter", "config"} <= set(saved)
 
 
+@pytest.mark.slow
+def test_readme_quick_start_reaches_97_percent(tmp_path):
+  """The README's first command, unshortened: 330 steps to >= 97% test top-1 (`-m slow`;
+  the test above is its 120-step version)."""
+  proc = run_main(tmp_path)
+  final = [r for r in read_jsonl(tmp_path) if "eval/top1" in r][-1]
+  assert final["step"] == 330 and final["eval/examples"] == 359
+  assert final["eval/top1"] >= 0.97, final
+  assert f"test top-1 {final['eval/top1']:.4f}" in proc.stdout.splitlines()[-1]
+
+
 def test_eval_mode_reproduces_final_eval(quick_start):
   workdir, _ = quick_start
   before = [r for r in read_jsonl(workdir) if "eval/top1" in r][-1]
@@ -63,6 +66,7 @@ def test_eval_mode_reproduces_final_eval(quick_start):
   after = [r for r in read_jsonl(workdir) if "eval/top1" in r][-1]
   assert after["step"] == 120
   assert after["eval/top1"] == pytest.approx(before["eval/top1"], abs=1e-9)
+  assert after["eval/top5"] == pytest.approx(before["eval/top5"], abs=1e-9)
   assert "eval of checkpoint 120: top-1" in proc.stdout
 
 
@@ -95,9 +99,9 @@ def test_resume_is_exact(tmp_path):
   a, step_a = ckpt.load_arrays(straight)
   b, step_b = ckpt.load_arrays(resumed)
   assert step_a == step_b == 12
-  assert _max_abs_diff(a["params"], b["params"]) <= 1e-6
-  assert _max_abs_diff(a["batch_stats"], b["batch_stats"]) <= 1e-6
-  assert _max_abs_diff(a["opt_state"], b["opt_state"]) <= 1e-6
+  assert max_abs_diff(a["params"], b["params"]) <= 1e-6
+  assert max_abs_diff(a["batch_stats"], b["batch_stats"]) <= 1e-6
+  assert max_abs_diff(a["opt_state"], b["opt_state"]) <= 1e-6
   loss = lambda w: {r["step"]: r["train/loss"] for r in read_jsonl(w) if "train/loss" in r}
   la, lb = loss(straight), loss(resumed)
   # Steps 7..12 saw the same examples in the same order: no repeats or skips.
@@ -130,7 +134,7 @@ def test_sigterm_saves_and_resume_matches_uninterrupted_run(tmp_path):
   a, _ = ckpt.load_arrays(reference)
   b, step = ckpt.load_arrays(preempted)
   assert step == 200
-  assert _max_abs_diff(a["params"], b["params"]) <= 1e-6
+  assert max_abs_diff(a["params"], b["params"]) <= 1e-6
 
 
 _KILL_DURING_SECOND_SAVE = """

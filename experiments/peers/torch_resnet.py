@@ -23,7 +23,8 @@ On a shared CPU, run with OMP_WAIT_POLICY=PASSIVE (bench_train.py does): with
 OpenMP's default spin-waiting, 2 threads on a busy 2-core VM ran a step 100x
 slower than 1 thread (measured here: 1.6 s vs 11 ms for resnet_tiny).
 
-Prints one `RESULT {json}` line per (precision, batch), for experiments/bench_train.py.
+Prints one `RESULT {json}` line per (precision, batch), for experiments/bench_train.py;
+exits 1 if any of them failed.
 """
 
 from __future__ import annotations
@@ -229,20 +230,23 @@ def main(argv=None):
   name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
   print("INFO " + json.dumps({"torch": torch.__version__, "device": name, "threads": torch.get_num_threads(),
                               "compile": use_compile}), flush=True)
+  failed = 0
   for precision in args.precisions.split(","):
     for batch in [int(b) for b in args.batches.split(",")]:
       if args.deadline and time.time() > args.deadline:
-        print("RESULT " + json.dumps({"precision": precision, "batch": batch, "error": "not run: time budget spent"}),
-              flush=True)
+        print("RESULT " + json.dumps({"precision": precision, "batch": batch,
+                                      "error": "not run: time budget spent"}), flush=True)
         continue
       try:
         result = bench_one(args.model, precision, batch, args.image_size, args.num_classes, args.steps,
                            args.warmup, args.repeats, use_compile, device)
       except Exception as e:  # e.g. out of memory at the largest batch: report it, go on
         result = {"precision": precision, "batch": batch, "error": f"{type(e).__name__}: {e}"[:300]}
+        failed += 1
         if device.type == "cuda":
           torch.cuda.empty_cache()
       print("RESULT " + json.dumps(result), flush=True)
+  return 1 if failed else 0  # a failed cell must fail the command that ran it
 
 
 if __name__ == "__main__":

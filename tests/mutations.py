@@ -1,0 +1,342 @@
+"""Mutation check: break each documented behaviour in a copy of the repository, run the
+tests that claim it, and report every break those tests do not notice.
+
+    python tests/mutations.py            # all of them (about 30 minutes on 2 cores)
+    python tests/mutations.py --ci       # the quick subset .ci/run runs (about 3 minutes)
+    python tests/mutations.py --list     # names, files and tests, nothing run
+    python tests/mutations.py NAME ...   # only these
+
+A mutation is an exact piece of a file's text and what to put in its place, and the
+tests (pytest node ids) that claim the behaviour it breaks. The repository is copied
+once to a temporary directory (the working tree is only read), the named tests are run
+there unmutated first (they must pass, or a failure would prove nothing), then each
+mutation is applied alone, its tests run with `-x`, and the file put back. A mutation
+is *killed* when its tests fail, and *survives* when they pass. A mutation whose text
+is not in its file exactly once is an error, so the list cannot silently rot when the
+code changes: update its text. Exit status 0 only when every mutation was killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+  name: str
+  path: str            # relative to the repository root
+  old: str             # must occur exactly once in the file
+  new: str
+  tests: tuple         # pytest node ids that must fail once `old` is replaced
+  ci: bool = False     # in the quick subset (tests of seconds, no CLI training runs)
+
+
+TOOLS = "tests/test_tools.py::"
+PARALLEL = "tests/test_parallel.py::"
+EXPERIMENTS = "tests/test_experiments.py::"
+RECIPE = "tests/test_imagenet_recipe.py::"
+
+MUTATIONS = [
+    # --- the training loop -------------------------------------------------------
+    Mutation("progressive_resizing_new_loader", "jaxnet/train.py",
+             "        loader_iter = iter(exp.train_loader(image_size))\n", "",
+             (RECIPE + "test_fast_recipe_trains_evaluates_checkpoints_and_counts_corrupt_jpegs",)),
+    Mutation("progressive_resizing_same_position", "jaxnet/train.py",
+             "        loader_iter.set_state(iterator_state)\n", "",
+             (RECIPE + "test_fast_recipe_trains_evaluates_checkpoints_and_counts_corrupt_jpegs",)),
+    Mutation("iterator_position_after_consumed_batch", "jaxnet/train.py",
+             "state, iterator_state, config_dict)", "state, loader_iter.get_state(), config_dict)",
+             ("tests/test_train.py::test_resume_is_exact",)),
+    Mutation("iterator_position_restored", "jaxnet/checkpoint.py",
+             "    items[DATA_ITER] = grain.PyGrainCheckpointRestore(iterator)\n", "    pass\n",
+             ("tests/test_train.py::test_resume_is_exact",
+              PARALLEL + "test_resumed_two_process_run_continues_exactly")),
+    Mutation("sigterm_stops_the_run", "jaxnet/train.py",
+             "    if jax.process_count() == 1:\n      return self.received is not None",
+             "    if jax.process_count() == 1:\n      return False",
+             ("tests/test_train.py::test_sigterm_saves_and_resume_matches_uninterrupted_run",)),
+    Mutation("sigterm_stops_every_process", "jaxnet/train.py",
+             "return bool(np.any(multihost_utils.process_allgather(np.array(self.received is not None))))",
+             "return self.received is not None",
+             (PARALLEL + "test_sigterm_to_one_process_stops_both_at_the_same_step",)),
+    Mutation("environment_json_revision", "jaxnet/train.py",
+             '"git_revision": rev,', '"git_revision": "",',
+             (TOOLS + "test_environment_json_records_versions_devices_and_revision",)),
+    Mutation("environment_json_devices", "jaxnet/train.py",
+             '"devices": [str(d) for d in jax.devices()]', '"devices": []',
+             (TOOLS + "test_environment_json_records_versions_devices_and_revision",)),
+    Mutation("environment_json_versions", "jaxnet/train.py",
+             '"optax": optax.__version__', '"optax": flax.__version__',
+             (TOOLS + "test_environment_json_records_versions_devices_and_revision",)),
+    Mutation("label_smoothing_from_config", "jaxnet/train.py",
+             "label_smoothing=config.label_smoothing,", "label_smoothing=0.0,",
+             (RECIPE + "test_standard_recipe_loss_is_label_smoothed_and_skips_masked_images",)),
+    Mutation("eval_uses_ema", "jaxnet/train.py",
+             "use_ema=config.ema_decay > 0, **norm", "use_ema=False, **norm",
+             ("tests/test_ema.py::test_ema_tracks_params_and_eval_uses_it",), ci=True),
+
+    # --- the steps: loss, masking, loss scaling ----------------------------------
+    Mutation("label_smoothing_applied", "jaxnet/steps.py",
+             "  if label_smoothing:\n", "  if False:\n",
+             (RECIPE + "test_standard_recipe_loss_is_label_smoothed_and_skips_masked_images",)),
+    Mutation("masked_examples_out_of_the_loss", "jaxnet/steps.py",
+             'loss = _masked_mean(per_example, batch["mask"])', "loss = jnp.mean(per_example)",
+             (RECIPE + "test_standard_recipe_loss_is_label_smoothed_and_skips_masked_images",)),
+    Mutation("exact_eval_masks_padding", "jaxnet/steps.py",
+             'mask = batch["mask"].astype(jnp.float32)', 'mask = jnp.ones_like(batch["mask"], jnp.float32)',
+             ("tests/test_train.py::test_quick_start_learns_and_records_everything",)),
+    Mutation("eval_top5", "jaxnet/steps.py",
+             '"top5": jnp.sum(in_top5 * mask),',
+             '"top5": jnp.sum((jnp.argmax(logits, -1) == batch["label"]) * mask),',
+             ("tests/test_train.py::test_quick_start_learns_and_records_everything",
+              TOOLS + "test_evaluate_and_restore_agree_with_training_eval")),
+    Mutation("loss_scale_unscales_gradients", "jaxnet/steps.py",
+             "grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)", "grads = grads",
+             ("tests/test_precision.py::test_fp16_finite_steps_update_and_grow_the_scale",), ci=True),
+    Mutation("loss_scale_skips_non_finite_steps", "jaxnet/steps.py",
+             "      new_params = precision_lib.select_tree(finite, new_params, state.params)\n", "",
+             ("tests/test_precision.py::test_fp16_non_finite_step_is_skipped",), ci=True),
+    Mutation("loss_scale_halves_on_overflow", "jaxnet/precision.py",
+             "jnp.maximum(self.scale / 2, 1.0)", "jnp.maximum(self.scale, 1.0)",
+             ("tests/test_precision.py::test_loss_scale_update_rule",), ci=True),
+    Mutation("loss_scale_checkpointed", "jaxnet/checkpoint.py",
+             "STATE: ocp.args.StandardSave(state),",
+             "STATE: ocp.args.StandardSave(state.replace(loss_scale=type(state.loss_scale).create())),",
+             ("tests/test_precision.py::test_loss_scale_is_saved_in_checkpoints",), ci=True),
+
+    # --- data parallelism and batch norm -----------------------------------------
+    Mutation("gradient_all_reduce", "jaxnet/parallel.py",
+             "return NamedSharding(mesh, P(DATA_AXIS))", "return NamedSharding(mesh, P())",
+             (PARALLEL + "test_compiled_step_all_reduces_gradients_and_stays_on_device",)),
+    Mutation("bn_groups", "jaxnet/parallel.py",
+             "return devices // bn_group_size", "return 1",
+             (PARALLEL + "test_bn_group_size_validation",), ci=True),
+    Mutation("bn_group_statistics_averaged", "jaxnet/models/batchnorm.py",
+             "jnp.mean(var.reshape(groups, features), 0)", "var.reshape(groups, features)[0]",
+             (PARALLEL + "test_bn_groups_of_four_devices",)),
+
+    # --- optimizers --------------------------------------------------------------
+    Mutation("weight_decay_mask", "jaxnet/optim.py",
+             "optax.add_decayed_weights(wd, mask=_is_kernel)", "optax.add_decayed_weights(wd)",
+             ("tests/test_optim.py::test_weight_decay_skips_bn_and_biases",), ci=True),
+    Mutation("lars_trust_ratio_mask", "jaxnet/optim.py",
+             "trust_ratio_mask=_is_kernel, ", "",
+             ("tests/test_optim.py::test_lars_trust_ratio_scales_kernels_only",), ci=True),
+
+    # --- input pipeline ----------------------------------------------------------
+    Mutation("read_threads", "jaxnet/data/pipeline.py",
+             "num_threads=read_threads", "num_threads=0",
+             ("tests/test_pipeline.py::test_read_threads_read_ahead_without_changing_the_batches",), ci=True),
+    Mutation("eval_sees_every_example", "jaxnet/data/pipeline.py",
+             "grain.Batch(batch, drop_remainder=False)", "grain.Batch(batch, drop_remainder=True)",
+             ("tests/test_pipeline.py::test_eval_covers_every_example_once",), ci=True),
+    Mutation("corrupt_jpeg_masked", "jaxnet/data/transforms.py",
+             'return _output(blank, element.get("label", -1), ok=False)',
+             'return _output(blank, element.get("label", -1), ok=True)',
+             ("tests/test_imagefolder.py::test_corrupt_files_are_masked_not_raised",), ci=True),
+
+    # --- prediction and export ---------------------------------------------------
+    # The workdir never loses or poisons its model (docs/reliability.md).
+    Mutation("workdir_lock", "jaxnet/workdir.py",
+             "fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)", "pass",
+             ("tests/test_reliability.py::test_second_run_on_a_held_workdir_exits_naming_the_holder",)),
+    Mutation("checksums_verified_at_restore", "jaxnet/checkpoint.py",
+             "      verify(restored[STATE], restored[CHECKSUMS], step, self.directory)\n", "      pass\n",
+             ("tests/test_reliability.py::test_damaged_checkpoints_are_reported_and_skipped",)),
+    Mutation("checksums_cover_every_bit", "jaxnet/checkpoint.py",
+             "return jnp.sum(_fmix32(words ^ salt), dtype=jnp.uint32)",
+             "return jnp.sum(words, dtype=jnp.uint32) * 0",
+             ("tests/test_reliability.py::test_checksums_detect_a_flipped_bit",), ci=True),
+    Mutation("non_finite_state_never_saved", "jaxnet/checkpoint.py",
+             "    if not finite:\n      raise NonFiniteError(", "    if False:\n      raise NonFiniteError(",
+             ("tests/test_reliability.py::test_non_finite_state_is_never_saved",)),
+    Mutation("config_change_refused_on_resume", "jaxnet/workdir.py",
+             "  if refused:\n", "  if False:\n",
+             ("tests/test_reliability.py::test_resume_with_a_changed_config",)),
+    Mutation("bad_values_refused", "jaxnet/config_io.py",
+             "  if problems:\n    raise InvalidConfigError(", "  if False:\n    raise InvalidConfigError(",
+             ("tests/test_reliability.py::test_bad_values_are_refused_before_anything_is_written",), ci=True),
+    Mutation("metrics_dropped_past_the_restored_step", "jaxnet/train.py",
+             "    drop_records_after(workdir, start_step)\n", "    pass\n",
+             ("tests/test_reliability.py::test_metrics_have_one_line_per_step_after_a_resume",)),
+    Mutation("predict_eval_crop_fraction", "jaxnet/preprocess.py",
+             "EvalDecodeCrop(size, config.data.eval_crop_fraction, config.data.eval_interpolation)",
+             "EvalDecodeCrop(size, 0.875, config.data.eval_interpolation)",
+             ("tests/test_preprocess.py::test_jpeg_file_is_preprocessed_like_the_eval_pipeline",), ci=True),
+    Mutation("predict_resizes_array_images", "jaxnet/preprocess.py",
+             "pil = pil.resize((size, size), Image.BILINEAR)", "pil = pil.resize((size, size), Image.NEAREST)",
+             (TOOLS + "test_prediction_resizes_array_source_images_to_image_size",)),
+    Mutation("restore_uses_ema", "jaxnet/predictor.py",
+             "use_ema=config.ema_decay > 0)", "use_ema=False)",
+             (TOOLS + "test_restore_uses_the_ema_params_the_run_kept", TOOLS + "test_export_round_trips_logits")),
+    Mutation("restore_step", "jaxnet/predictor.py",
+             "tree, step = ckpt.load_arrays(workdir, step)", "tree, step = ckpt.load_arrays(workdir)",
+             (TOOLS + "test_predict_command_on_a_png", TOOLS + "test_export_round_trips_logits")),
+    Mutation("predict_step", "jaxnet/predict.py",
+             "api.restore(args.workdir, step=args.step)", "api.restore(args.workdir)",
+             (TOOLS + "test_predict_command_on_a_png",)),
+    Mutation("predict_top", "jaxnet/predict.py",
+             "top_k=args.top", "top_k=5",
+             (TOOLS + "test_predict_command_on_a_png",)),
+    Mutation("export_step", "jaxnet/export.py",
+             "api.restore(args.workdir, step=args.step)", "api.restore(args.workdir)",
+             (TOOLS + "test_export_round_trips_logits",)),
+    Mutation("export_platforms", "jaxnet/export.py",
+             'platforms = args.platforms.split(",") if args.platforms else None', "platforms = None",
+             (TOOLS + "test_export_round_trips_logits",)),
+
+    # --- benchmarks --------------------------------------------------------------
+    Mutation("bench_train_fails_on_failed_cells", "experiments/bench_train.py",
+             "  if failures:\n", "  if False:\n",
+             (EXPERIMENTS + "test_bench_train_exits_non_zero_when_a_cell_fails",), ci=True),
+    Mutation("bench_train_skipped_steps", "experiments/bench_train.py",
+             "skipped_steps=int(state.loss_scale.skipped_steps)", "skipped_steps=0",
+             (EXPERIMENTS + "test_bench_train_reports_the_skipped_fp16_steps",), ci=True),
+    Mutation("bench_scaling_efficiency", "experiments/bench_scaling.py",
+             "rate / (n * base)", "rate / base",
+             (EXPERIMENTS + "test_bench_scaling_quick",)),
+    Mutation("time_to_accuracy_rows_as_they_finish", "experiments/time_to_accuracy.py",
+             'print("\\n" + TABLE_HEADER + "\\n" + table_row(result), flush=True)', "pass",
+             (EXPERIMENTS + "test_time_to_accuracy_quick_reaches_both_targets",)),
+]
+
+
+def check_texts(mutations, root: str) -> list[str]:
+  """Errors for mutations whose text is not in their file exactly once, or that name no test."""
+  errors = []
+  for m in mutations:
+    try:
+      with open(os.path.join(root, m.path)) as f:
+        count = f.read().count(m.old)
+    except FileNotFoundError:
+      count = None
+    if count != 1:
+      found = "file missing" if count is None else f"found {count} times"
+      errors.append(f"{m.name}: its text is not in {m.path} exactly once ({found}); update the mutation")
+    if not m.tests:
+      errors.append(f"{m.name}: names no test")
+  return errors
+
+
+def _ignore(directory, names):
+  skip = {".git", ".pytest_cache", "__pycache__", ".ci-venv", ".venv", "build", "workdirs", ".whl",
+          ".gl", "jaxnet-report", "jaxnet-src", "gpu-results"}
+  return [n for n in names if n in skip or n.endswith(".egg-info")]
+
+
+def make_copy() -> str:
+  """The repository (built C extension included) in a fresh directory, as a new git repository,
+  so that what records the git revision sees one."""
+  root = os.path.join(tempfile.mkdtemp(prefix="jaxnet-mutations-"), "repo")
+  shutil.copytree(REPO, root, ignore=_ignore)
+  git = ["git", "-c", "user.name=mutations", "-c", "user.email=mutations@localhost"]
+  for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "copy"]):
+    subprocess.run(git + cmd, cwd=root, check=True, capture_output=True)
+  return root
+
+
+def _env() -> dict:
+  env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")  # no stale .pyc between mutations
+  env.pop("PYTHONPATH", None)
+  return env
+
+
+def run_tests(root: str, tests, timeout: float) -> tuple[int | None, str]:
+  """(pytest's exit status or None on timeout, the tail of its output)."""
+  cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+  try:
+    proc = subprocess.run(cmd, cwd=root, env=_env(), capture_output=True, text=True, timeout=timeout)
+  except subprocess.TimeoutExpired as e:
+    out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+    return None, out[-1500:]
+  return proc.returncode, (proc.stdout + proc.stderr)[-1500:]
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("names", nargs="*", help="run only these mutations")
+  parser.add_argument("--ci", action="store_true", help="only the quick subset")
+  parser.add_argument("--list", action="store_true", help="print the mutations and exit")
+  parser.add_argument("--no-baseline", action="store_true",
+                      help="skip the unmutated run of the tests (when they were just run)")
+  parser.add_argument("--timeout", type=float, default=900, help="seconds per pytest run")
+  args = parser.parse_args(argv)
+
+  selected = [m for m in MUTATIONS if (not args.names or m.name in args.names) and (m.ci or not args.ci)]
+  unknown = set(args.names) - {m.name for m in MUTATIONS}
+  if unknown:
+    parser.error(f"no mutation named {', '.join(sorted(unknown))}; see --list")
+  if args.list:
+    for m in selected:
+      print(f"{m.name}{' [ci]' if m.ci else ''}: {m.path}\n  " + "\n  ".join(m.tests))
+    return 0
+
+  errors = check_texts(selected, REPO)
+  runnable = [m for m in selected if not any(e.startswith(m.name + ":") for e in errors)]
+  root = make_copy()
+  start = time.perf_counter()
+  try:
+    # The mutated code must be what the tests import, not an installed jaxnet.
+    where = subprocess.run([sys.executable, "-c", "import jaxnet; print(jaxnet.__file__)"], cwd=root,
+                           env=_env(), capture_output=True, text=True).stdout.strip()
+    if not where.startswith(root):
+      print(f"mutations: `import jaxnet` in the copy finds {where!r}, not the copy; stopping")
+      return 1
+    tests = sorted({t for m in runnable for t in m.tests})
+    if not args.no_baseline:
+      print(f"baseline: {len(tests)} tests, unmutated ...", flush=True)
+      status, tail = run_tests(root, tests, args.timeout * 2)
+      if status != 0:
+        print(f"the tests fail without any mutation (pytest exit {status}); fix them first:\n{tail}")
+        return 1
+      print(f"baseline passed in {time.perf_counter() - start:.0f} s", flush=True)
+    survived, killed = [], 0
+    for m in runnable:
+      path = os.path.join(root, m.path)
+      with open(path) as f:
+        original = f.read()
+      with open(path, "w") as f:
+        f.write(original.replace(m.old, m.new, 1))
+      t0 = time.perf_counter()
+      try:
+        status, tail = run_tests(root, m.tests, args.timeout)
+      finally:
+        with open(path, "w") as f:
+          f.write(original)
+      seconds = time.perf_counter() - t0
+      if status == 0:
+        verdict = "SURVIVED"
+        survived.append(m.name)
+      elif status in (1, 2):   # a test failed, or the mutated code broke collection
+        verdict, killed = "killed", killed + 1
+      elif status is None:
+        verdict, killed = "killed (timed out)", killed + 1
+      else:                    # 3-5: pytest's own error, a node id that does not exist, no tests
+        verdict = f"ERROR (pytest exit {status})"
+        errors.append(f"{m.name}: pytest exit {status}:\n{tail}")
+      print(f"{m.name:42s} {verdict:20s} {seconds:6.0f} s", flush=True)
+      if status == 0:
+        print("  survived: " + ", ".join(m.tests))
+      elif status is not None:  # how it was killed: pytest's one-line reason
+        reason = next((line for line in tail.splitlines() if line.startswith(("FAILED", "ERROR"))), "")
+        print("  " + reason[:160])
+  finally:
+    shutil.rmtree(os.path.dirname(root), ignore_errors=True)
+  for e in errors:
+    print("ERROR " + e)
+  print(f"{killed} of {len(selected)} mutations killed, {len(survived)} survived, "
+        f"{len(errors)} errors, in {time.perf_counter() - start:.0f} s")
+  return 1 if survived or errors else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
