@@ -57,6 +57,9 @@ class CheckpointMismatchError(UserError):
 class CheckpointSaveError(UserError):
   """A save failed (full disk, permissions, ...); the previous checkpoint is intact."""
 
+  # orbax's writer threads report the same failure again (tracebacks) as they wind down.
+  noisy_teardown = True
+
 
 class IteratorPosition:
   """A frozen Grain iterator state, in the shape Grain's orbax handler saves.

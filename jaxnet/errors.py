@@ -36,5 +36,9 @@ def one_line_errors(*also):
     if os.environ.get("JAXNET_DEBUG"):
       raise
     print(f"error: {e}", file=sys.stderr)
-    print("(set JAXNET_DEBUG=1 to see the traceback)", file=sys.stderr)
+    print("(set JAXNET_DEBUG=1 to see the traceback)", file=sys.stderr, flush=True)
+    if getattr(e, "noisy_teardown", False):
+      # Background threads of the failed operation may still print tracebacks while
+      # the interpreter shuts down; the line above already said what happened.
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
     sys.exit(1)
