@@ -18,9 +18,9 @@ import re
 # XLA:CPU's YNNPACK fusion in jaxlib 0.11.2 to 0.12.0.1 computes a bf16
 # relu -> matmul -> relu -> sum, fused into one kernel, as inf/NaN. Every
 # eval-mode ResNet contains that chain (batch norm is elementwise in eval mode;
-# the global average pool is the sum), so each bf16 evaluation on a CPU came
-# out NaN while training looked fine. jaxlib 0.10.x, 0.11.0 and 0.11.1 compute
-# it correctly. The empty fusion list turns YNNPACK fusion off; the standalone
+# the global average pool is the sum), so bf16 evaluations on a CPU came out
+# NaN while training looked fine. jaxlib 0.10.0, 0.10.2, 0.11.0 and 0.11.1
+# compute it correctly. The empty fusion list turns YNNPACK fusion off; the standalone
 # reproduction is in docs/models.md. When a jaxlib release fixes it, set
 # YNN_BUG_FIXED_IN to that version: tests/test_xla_flags.py fails for a jaxlib in
 # the range below that computes the reproduction right without the flag.

@@ -270,8 +270,10 @@ def test_bn_groups_of_four_devices(one_device, eight_devices):
 
   # Statistics reductions run within groups of 4 consecutive devices, which
   # the global-BN step does not have. (XLA prints such groups as a [2,4] view
-  # of the devices reduced over its minor axis; older versions list them.)
+  # of the devices reduced over its minor axis, jax 0.12's XLA as the minor
+  # size-4 sub-axis "(2)4" of the data axis; older versions list them.)
   groups_of_4 = re.compile(r"replica_groups=(mesh\['axis_0'=2,'axis_1'=4[^\]]*\]\s*\{'axis_1'\}"
+                           r"|mesh\['data'=8[^\]]*\]\s*\{'data':\(2\)4\}"
                            r"|\{\{0,1,2,3\},\{4,5,6,7\}\}|\[2,4\]<=\[8\])")
   assert groups_of_4.search(step.as_text())
   assert not groups_of_4.search(eight_devices["step"].as_text())

@@ -70,16 +70,36 @@ def test_eval_mode_reproduces_final_eval(quick_start):
   assert "eval of checkpoint 120: top-1" in proc.stdout
 
 
-def test_non_finite_eval_is_an_error_naming_precision_and_backend(quick_start):
-  """A NaN evaluation (here: BN epsilon -1e9 makes every rsqrt NaN) fails; it is never recorded."""
+def test_non_finite_eval_is_an_error_naming_precision_and_backend(tmp_path):
+  """Experiment.evaluate on NaN weights raises instead of returning NaN metrics."""
+  import jax
+  from jaxnet import api, train
+  config = api.load_config(os.path.join(REPO, "configs", "digits.py"), precision="fp16",
+                           **{"mesh.num_devices": 1})
+  exp = train.Experiment(config, str(tmp_path), need_train_data=False)
+  nan = lambda s: jax.device_put(  # every float NaN (no init to compile)
+      np.full(s.shape, np.nan if np.issubdtype(s.dtype, np.floating) else 0, s.dtype), s.sharding)
+  state = jax.tree.map(nan, exp.abstract_state)
+  with pytest.raises(train.NonFiniteEvalError,
+                     match=r"eval/loss is nan \(precision fp16, backend cpu, 359 examples\)"):
+    exp.evaluate(state)
+
+
+def test_nan_bf16_eval_from_the_command_line_is_one_error_line(quick_start):
+  """The real case: XLA's YNNPACK fusion forced back on (the user's flag wins) makes bf16 eval NaN."""
+  from jaxnet import xla_flags
+  if not xla_flags.has_ynn_bug(xla_flags.jaxlib_version()):
+    pytest.skip(f"jaxlib {xla_flags.jaxlib_version()} computes bf16 evals right with YNNPACK fusion")
   workdir, _ = quick_start
   before = read_jsonl(workdir)
-  proc = run_main(workdir, "precision=fp16", "model.bn_epsilon=-1e9", mode="eval", check=False)
+  proc = run_main(workdir, "precision=bf16", mode="eval", check=False,
+                  env={"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type=dot,eltwise,reduce"})
   assert proc.returncode == 1, proc.stdout[-2000:]
   error = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
   assert len(error) == 1 and "Traceback" not in proc.stderr, proc.stderr
-  assert "eval/loss is nan (precision fp16, backend cpu, 359 examples)" in error[0]
-  assert read_jsonl(workdir) == before
+  assert "eval/loss is nan (precision bf16, backend cpu, 359 examples)" in error[0]
+  assert f"XLA_FLAGS={xla_flags.YNN_FUSION_OFF} " in error[0]
+  assert read_jsonl(workdir) == before  # nothing recorded
 
 
 def test_resume_is_exact(tmp_path):
