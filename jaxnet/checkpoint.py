@@ -268,10 +268,20 @@ class Checkpoints:
     if saved_tree is None:
       raise DamagedCheckpointError(step, self.directory, "it holds no train state (empty or incomplete)")
     _check_fits(saved_tree, abstract_state, step_dir)
-    items = {STATE: ocp.args.StandardRestore(abstract_state)}
+    state, checksums = self.read(step, abstract_state, iterator)
+    if checksums is not None:
+      verify(state, checksums, step, self.directory)
+    else:
+      logging.warning("checkpoint %d in %s has no checksums (written by jaxnet before they were "
+                      "added): restored without verification", step, self.directory)
+    return state
+
+  def read(self, step: int, target=None, iterator=None):
+    """(state, saved checksums or None) of `step`, unverified; `target=None` gives numpy arrays."""
+    items = {STATE: ocp.args.StandardRestore(target)}
     if iterator is not None:
       items[DATA_ITER] = grain.PyGrainCheckpointRestore(iterator)
-    has_checksums = os.path.isdir(os.path.join(step_dir, CHECKSUMS))
+    has_checksums = os.path.isdir(os.path.join(self.directory, str(step), CHECKSUMS))
     if has_checksums:
       items[CHECKSUMS] = ocp.args.JsonRestore()
     try:
@@ -284,12 +294,9 @@ class Checkpoints:
             f"input pipeline ({_first_line(e)}). Resume with the same data.source, data.dir, "
             f"data.workers, batch_size and seed as the run that wrote it, or use a new workdir.") from e
       raise DamagedCheckpointError(step, self.directory, f"it cannot be read ({_first_line(e)})") from e
-    if has_checksums:
-      verify(restored[STATE], restored[CHECKSUMS], step, self.directory)
-    else:
-      logging.warning("checkpoint %d in %s has no checksums (written by jaxnet before they were "
-                      "added): restored without verification", step, self.directory)
-    return restored[STATE]
+    if restored[STATE] is None:
+      raise DamagedCheckpointError(step, self.directory, "it holds no train state")
+    return restored[STATE], restored[CHECKSUMS] if has_checksums else None
 
   def restore_newest(self, abstract_state, iterator=None):
     """The newest checkpoint that verifies: (state, step), or (None, None) if there is none.
@@ -449,21 +456,10 @@ def load_arrays(workdir: str, step: int | None = None):
     if step not in checkpoints.steps():
       raise FileNotFoundError(f"no checkpoint of step {step} in {checkpoints.directory}; "
                               f"it has steps {checkpoints.steps()}")
-    step_dir = os.path.join(checkpoints.directory, str(step))
-    has_checksums = os.path.isdir(os.path.join(step_dir, CHECKSUMS))
-    items = {STATE: ocp.args.StandardRestore()}
-    if has_checksums:
-      items[CHECKSUMS] = ocp.args.JsonRestore()
-    try:
-      with _quiet_orbax_warnings():
-        restored = checkpoints.manager.restore(step, args=ocp.args.Composite(**items))
-    except Exception as e:
-      raise DamagedCheckpointError(step, checkpoints.directory, f"it cannot be read ({_first_line(e)})") from e
-    if restored[STATE] is None:
-      raise DamagedCheckpointError(step, checkpoints.directory, "it holds no train state")
-    tree = jax.tree.map(np.asarray, restored[STATE])
-    if has_checksums:
-      verify(tree, restored[CHECKSUMS], step, checkpoints.directory)
+    tree, checksums = checkpoints.read(step)
+    tree = jax.tree.map(np.asarray, tree)
+    if checksums is not None:
+      verify(tree, checksums, step, checkpoints.directory)
     return tree, step
   finally:
     checkpoints.manager.close()

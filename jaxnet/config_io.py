@@ -159,7 +159,7 @@ def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
 def apply_overrides(config: ml_collections.ConfigDict, overrides: dict) -> None:
   """Sets dotted keys on a (locked) config; a missing key or a wrong type raises ConfigOverrideError."""
   known = flat_keys(config)
-  for dotted, value in _flatten(overrides).items():
+  for dotted, value in flatten(overrides).items():
     *parents, leaf = dotted.split(".")
     node = config
     for part in parents:
@@ -176,12 +176,12 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict) -> None:
       raise ConfigOverrideError(f"config key {dotted!r}: {e}") from None
 
 
-def _flatten(overrides: dict, prefix: str = "") -> dict:
+def flatten(overrides: dict, prefix: str = "") -> dict:
   """{"optim": {"learning_rate": 0.1}} and {"optim.learning_rate": 0.1} mean the same."""
   flat = {}
   for key, value in overrides.items():
     if isinstance(value, dict):
-      flat.update(_flatten(value, f"{prefix}{key}."))
+      flat.update(flatten(value, f"{prefix}{key}."))
     else:
       flat[f"{prefix}{key}"] = value
   return flat

@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 
+from jaxnet.config_io import flatten
 from jaxnet.errors import UserError
 
 LOCK_FILE, CONFIG_FILE, HISTORY_FILE = "lock", "config.json", "config_history.jsonl"
@@ -78,17 +79,6 @@ class WorkdirLock:
       fcntl.flock(self._file, fcntl.LOCK_UN)
       self._file.close()
       self._file = None
-
-
-def flatten(tree: dict, prefix: str = "") -> dict:
-  """{"optim": {"name": "sgd"}} -> {"optim.name": "sgd"} (JSON values, lists for tuples)."""
-  flat = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      flat.update(flatten(value, f"{prefix}{key}."))
-    else:
-      flat[f"{prefix}{key}"] = value
-  return flat
 
 
 def _resumable(key: str) -> bool:

@@ -150,7 +150,7 @@ MUTATIONS = [
              "fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)", "pass",
              ("tests/test_reliability.py::test_second_run_on_a_held_workdir_exits_naming_the_holder",)),
     Mutation("checksums_verified_at_restore", "jaxnet/checkpoint.py",
-             "      verify(restored[STATE], restored[CHECKSUMS], step, self.directory)\n", "      pass\n",
+             "      verify(state, checksums, step, self.directory)\n", "      pass\n",
              ("tests/test_reliability.py::test_damaged_checkpoints_are_reported_and_skipped",)),
     Mutation("checksums_cover_every_bit", "jaxnet/checkpoint.py",
              "return jnp.sum(_fmix32(words ^ salt), dtype=jnp.uint32)",
