@@ -23,8 +23,49 @@ def test_committed_notebook_has_no_outputs(name):
   nb = nbformat.read(os.path.join(REPO, "notebooks", name), as_version=4)
   code = [c for c in nb.cells if c.cell_type == "code"]
   assert code and all(not c.outputs and c.execution_count is None for c in code)
-  # The first code cell installs jaxnet, and only where it is not importable.
-  assert "find_spec(\"jaxnet\") is None" in code[0].source and "pip" in code[0].source
+  # The first code cell installs jaxnet, and only where this jaxnet is not importable.
+  assert code[0].source == _install_cell(), f"{name}: the install cell differs from quickstart's"
+
+
+def _install_cell() -> str:
+  nb = nbformat.read(os.path.join(REPO, "notebooks", "quickstart.ipynb"), as_version=4)
+  return next(c.source for c in nb.cells if c.cell_type == "code")
+
+
+def _run_install_cell(monkeypatch, tmp_path, source, installed):
+  """Runs the install cell with `JAXNET_SOURCE = source`; returns the commands it ran."""
+  import importlib.util
+  import subprocess
+  calls = []
+
+  def check_call(cmd):  # records the command; a clone makes its directory
+    calls.append(cmd)
+    if cmd[:2] == ["git", "clone"]:
+      os.makedirs(cmd[-1])
+  monkeypatch.setattr(subprocess, "check_call", check_call)
+  # The PyPI "jaxnet" (another project) has no jaxnet.workdir: not installed, as far as we care.
+  present = {"jaxnet": installed in ("jaxnet", "other"), "jaxnet.workdir": installed == "jaxnet"}
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if present.get(name) else None)
+  monkeypatch.chdir(tmp_path)
+  code = _install_cell().replace('JAXNET_SOURCE = ""', f"JAXNET_SOURCE = {source!r}", 1)
+  exec(compile(code, "install-cell", "exec"), {})
+  return calls, os.getcwd()
+
+
+def test_install_cell(monkeypatch, tmp_path):
+  assert '#@param {type:"string"}' in _install_cell()  # a Colab form field
+  assert _run_install_cell(monkeypatch, tmp_path, "", "jaxnet")[0] == []
+  with pytest.raises(SystemExit, match="set JAXNET_SOURCE"):
+    _run_install_cell(monkeypatch, tmp_path, "", "other")
+  url = "https://example.org/jaxnet.git"
+  calls, cwd = _run_install_cell(monkeypatch, tmp_path, url, "other")
+  assert calls[0] == ["git", "clone", "--depth=1", url, "jaxnet-src"]
+  assert calls[1][-4:] == ["-q", "-e", "jaxnet-src", "matplotlib"] and len(calls) == 2
+  checkout = tmp_path / "my-checkout"
+  checkout.mkdir()
+  calls, cwd = _run_install_cell(monkeypatch, tmp_path, str(checkout), None)
+  assert calls == [[calls[0][0], "-m", "pip", "install", "-q", "-e", str(checkout), "matplotlib"]]
+  assert cwd == str(checkout)
 
 
 def test_quickstart_notebook(tmp_path):
