@@ -1,11 +1,12 @@
-"""Configs for the Python API: load a config file or a workdir's config.json, apply overrides.
+"""Configs: load a config file or a workdir's config.json, apply overrides, check ranges.
 
-The command line gets the same locked ConfigDict from ml_collections'
-config_flags; this module is what the API uses instead of flags. Both start
-from a config file's `get_config()`, lock it, then apply overrides, so a
-mistyped key is an error in both.
+The one path for both front ends: the command line passes its `--config.KEY=VALUE`
+flags to `load` as strings, the Python API passes values; both get a config file's
+`get_config()`, locked, with the overrides applied, so a mistyped key is the same
+error in both. A string for a non-string key is read as that key's type.
 """
 
+import ast
 import difflib
 import importlib.util
 import json
@@ -48,7 +49,7 @@ def load(path: str, overrides: dict | None = None) -> ml_collections.ConfigDict:
 
 
 def from_file(spec: str) -> ml_collections.ConfigDict:
-  """Runs `get_config()` of a config file; `path.py:ARG` passes ARG, as config_flags does."""
+  """Runs `get_config()` of a config file; `path.py:ARG` passes ARG (`get_config(ARG)`)."""
   path, _, arg = spec.partition(":") if not os.path.exists(spec) else (spec, "", "")
   if not os.path.exists(path):
     raise FileNotFoundError(f"config file {path!r} not found")
@@ -170,10 +171,56 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict) -> None:
       hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
       raise ConfigOverrideError(f"the config has no key {dotted!r}.{hint} "
                                 f"Config keys are listed in jaxnet/config_base.py.")
+    if isinstance(value, str) and not isinstance(node[leaf], str):
+      value = _parse(dotted, value, node[leaf])
     try:
       node[leaf] = value
     except TypeError as e:
       raise ConfigOverrideError(f"config key {dotted!r}: {e}") from None
+
+
+def _parse(key: str, text: str, current):
+  """A command-line string as the type of the key's current value."""
+  try:
+    if isinstance(current, bool):
+      if text.lower() in ("true", "1", "yes"):
+        return True
+      if text.lower() in ("false", "0", "no"):
+        return False
+      raise ValueError
+    if isinstance(current, int):
+      return int(text)
+    if isinstance(current, float):
+      return float(text)
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    if current is None:
+      return text
+    raise ConfigOverrideError(f"config key {key!r}: cannot read {text!r} as "
+                              f"{type(current).__name__} (its value is {current!r})") from None
+  if isinstance(current, (tuple, list)):
+    if not isinstance(value, (tuple, list)):
+      raise ConfigOverrideError(f"config key {key!r} is a tuple: write it as one, e.g. {current!r}")
+    return tuple(value)
+  return value
+
+
+def split_command_line(argv: list[str]) -> tuple[list[str], dict]:
+  """Takes `--config.KEY=VALUE` (or `--config.KEY VALUE`) out of argv: (rest, {KEY: VALUE})."""
+  rest, overrides, i = [], {}, 0
+  while i < len(argv):
+    arg = argv[i]
+    if arg.startswith("--config."):
+      key, has_value, value = arg[len("--config."):].partition("=")
+      if not has_value:
+        if i + 1 >= len(argv):
+          raise ConfigOverrideError(f"{arg} needs a value: {arg}=VALUE")
+        value, i = argv[i + 1], i + 1
+      overrides[key] = value
+    else:
+      rest.append(arg)
+    i += 1
+  return rest, overrides
 
 
 def flatten(overrides: dict, prefix: str = "") -> dict:

@@ -1,21 +1,19 @@
-"""Command line: python -m jaxnet.main --config=configs/NAME.py --workdir=DIR [--mode=train|eval]
-[--config.KEY=VALUE ...].
+"""Command line: python -m jaxnet.main --config=configs/NAME.py[:ARG] --workdir=DIR
+[--mode=train|eval] [--config.KEY=VALUE ...] [--accept_config_changes=KEY,...].
 
-An override of a key the config does not have (a typo) stops with an error
-naming the key: the config is locked before the overrides are applied.
+The config is built by the same function as the Python API's (config_io.load):
+the file's get_config(), locked, then the --config.KEY=VALUE overrides, each read
+as its key's type. A key the config does not have is an error naming it.
 """
 
-import os
 import sys
-import traceback
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from jaxnet import config_io, errors
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
-                                          lock_config=True)
+_CONFIG = flags.DEFINE_string("config", None, "A config file, configs/NAME.py[:ARG]. Override "
+                              "its keys with --config.KEY=VALUE (keys: jaxnet/config_base.py).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"],
                           "train: train (resuming if WORKDIR has checkpoints); eval: evaluate the "
@@ -26,17 +24,18 @@ _ACCEPT = flags.DEFINE_list(
     "Without it, a change to any key that alters training stops the run with a list of changes.")
 flags.mark_flags_as_required(["config", "workdir"])
 
+_config = []  # the config _parse_flags built, for main
+
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  config = _CONFIG.value
-  workdir = _WORKDIR.value
-  if not _verbosity_given(sys.argv):
+  if not any(a.split("=")[0] in ("--verbosity", "-v", "--v") for a in sys.argv[1:]):
     logging.set_verbosity(logging.WARNING)  # absl's INFO default would print orbax's chatter
   # The command line is a front end to the Python API: the same runtime setup
   # (XLA flags, compilation cache, jax.distributed) and the same training code.
   from jaxnet import api
+  config, workdir = _config[0], _WORKDIR.value
   with errors.one_line_errors():
     if _MODE.value == "train":
       result = api.train(config, workdir, accept_config_changes=_ACCEPT.value)
@@ -47,47 +46,17 @@ def main(argv):
 
 
 def _parse_flags(argv):
-  """absl flag parsing, with config errors (a mistyped key, a wrong type) as one clear line."""
+  """absl's flags, then the config: any problem is one line on stderr and exit status 2."""
   try:
+    argv, overrides = config_io.split_command_line(argv)
     rest = flags.FLAGS(argv)
-  except Exception as e:  # noqa: BLE001  (anything the config file raised, too)
-    config_path = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), "")
-    if _raised_in(e, config_path.split(":")[0]):
-      print(f"error: {config_io.config_file_error(config_path.split(':')[0], e)}", file=sys.stderr)
-      sys.exit(2)
-    detail = str(e)
-    if detail[:1] in "'\"" and detail[-1:] == detail[:1]:
-      detail = detail[1:-1].replace("\\n", " ").replace("\n", " ").replace('\\"', '"')
-    overrides = [a for a in argv[1:] if a.startswith("--config.")]
-    bad = [a for a in overrides if a.split("=")[0][len("--config."):].split(".")[-1] in detail]
-    where = f"{bad[0]}: " if bad else ""
-    if isinstance(e, (AttributeError, KeyError)) and bad:
-      key = bad[0].split("=")[0][len("--config."):]
-      detail = f"the config has no key {key!r}. {detail.split(' ', 1)[-1] if 'Did you mean' in detail else ''}"
-    print(f"error: {where}{detail}", file=sys.stderr)
+    _config.append(config_io.load(_CONFIG.value, overrides))
+  except (flags.Error, errors.UserError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
     print("Run with --helpfull for flags; config keys are listed in jaxnet/config_base.py.",
           file=sys.stderr)
     sys.exit(2)
-  try:
-    _CONFIG.value.keys()  # the config file is loaded lazily: surface a bad path here
-  except OSError as e:
-    print(f"error: could not load --config: {str(e).splitlines()[-1].strip()}", file=sys.stderr)
-    sys.exit(2)
   return rest
-
-
-def _verbosity_given(argv) -> bool:
-  return any(a.split("=")[0] in ("--verbosity", "-v", "--v") for a in argv[1:])
-
-
-def _raised_in(error: BaseException, path: str) -> bool:
-  """Whether `error` came from running the file at `path` (a config file's own bug)."""
-  if not path or not os.path.exists(path):
-    return False
-  if isinstance(error, SyntaxError):
-    return os.path.abspath(error.filename or "") == os.path.abspath(path)
-  return any(os.path.abspath(f.filename) == os.path.abspath(path)
-             for f in traceback.extract_tb(error.__traceback__))
 
 
 def run():

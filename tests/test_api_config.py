@@ -1,11 +1,13 @@
 """The Python API's config handling and the metrics-log reader, without training."""
 
 import json
+import os
 
 import ml_collections
 import pytest
 
 from jaxnet import api, config_io, runlog
+from tests.helpers import REPO
 
 DIGITS = "configs/digits.py"
 
@@ -92,3 +94,20 @@ def test_wall_time_continues_across_resumes():
   assert summary["best_eval_top1"] == 0.9 and summary["best_eval_step"] == 40
   assert summary["time_to_best_sec"] == 12.0
   assert summary["final_step"] == 40
+
+
+def test_command_line_overrides_are_read_as_each_keys_type():
+  rest, overrides = config_io.split_command_line(
+      ["prog", "--config=configs/digits.py", "--config.batch_size=32", "--config.data.dir", "/d",
+       "--workdir=/w", "--config.async_checkpointing=false", "--config.optim.learning_rate=1e-3",
+       "--config.progressive_resizing=((0.5, 8),)", "--config.data.mean=(0.5,)"])
+  assert rest == ["prog", "--config=configs/digits.py", "--workdir=/w"]
+  config = config_io.load(os.path.join(REPO, "configs/digits.py"), overrides)
+  assert config.batch_size == 32 and config.data.dir == "/d" and config.async_checkpointing is False
+  assert config.optim.learning_rate == 1e-3 and config.progressive_resizing == ((0.5, 8),)
+  assert config.data.mean == (0.5,)
+  for key, text, message in (("batch_size", "abc", "cannot read 'abc' as int"),
+                             ("async_checkpointing", "maybe", "as bool"),
+                             ("data.mean", "0.5", "is a tuple")):
+    with pytest.raises(config_io.ConfigOverrideError, match=message):
+      config_io.load(os.path.join(REPO, "configs/digits.py"), {key: text})
