@@ -12,6 +12,8 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.batch_size = 256               # global, over all devices and hosts
+  c.grad_accum_steps = 1           # > 1: each step sums the gradients of this many micro-batches
+                                   # of batch_size / grad_accum_steps (less memory, same update)
   c.total_steps = 0                # > 0 caps the run; 0 means num_epochs
   c.num_epochs = 1.0
   c.image_size = 224

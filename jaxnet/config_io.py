@@ -75,6 +75,7 @@ def config_file_error(path: str, error: BaseException) -> ConfigFileError:
 # (key, test, what the value must be). Checked before a run writes anything.
 _RULES = (
     ("batch_size", lambda v: v >= 1, ">= 1"),
+    ("grad_accum_steps", lambda v: v >= 1, ">= 1"),
     ("total_steps", lambda v: v >= 0, ">= 0 (0 means num_epochs)"),
     ("num_epochs", lambda v: v >= 0, "> 0"),
     ("image_size", lambda v: v >= 1, ">= 1"),
@@ -103,6 +104,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
       node = node[part]
     if not ok(node):
       problems.append(f"{key}={node!r} must be {requirement}")
+  if config.grad_accum_steps >= 1 and config.batch_size % config.grad_accum_steps:
+    problems.append(f"batch_size={config.batch_size} must be a multiple of "
+                    f"grad_accum_steps={config.grad_accum_steps}")
   profile = tuple(config.profile_steps)
   if profile and not (len(profile) == 2 and 1 <= profile[0] <= profile[1]):
     problems.append(f"profile_steps={profile!r} must be (first, last) with 1 <= first <= last")

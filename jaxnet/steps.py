@@ -35,14 +35,9 @@ def cross_entropy(logits, labels, num_classes, label_smoothing=0.0):
   return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
 
 
-def _masked_mean(values, mask):
-  mask = mask.astype(jnp.float32)
-  return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
 def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_classes: int,
                     mean, std, label_smoothing: float = 0.0, ema_decay: float = 0.0,
-                    mix: mixing.Mix | None = None):
+                    mix: mixing.Mix | None = None, grad_accum_steps: int = 1):
   """Returns `train_step(state, batch) -> (state, metrics)`.
 
   `batch` holds `image` (uint8 NHWC), `label`, `mask` and `corrupt`; examples
@@ -50,9 +45,17 @@ def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_cl
   `mix` (mixup/cutmix) blends images and targets on the device; train/accuracy
   still counts the argmax against each example's own label.
   Randomness (dropout, mix) comes from `jaxnet.state.step_key(state)`: seed and step only.
+
+  `grad_accum_steps` K > 1 splits the batch into K micro-batches inside this one
+  step (a lax.scan) and sums their gradients: the update is that of the whole
+  batch, with the activations of one micro-batch in memory at a time. Batch norm
+  normalises each micro-batch with its own statistics, and its running statistics
+  move once per micro-batch.
   """
 
-  def loss_fn(params, state, batch, key):
+  def loss_fn(params, batch_stats, batch, key, count, loss_scale):
+    # The loss is the masked *sum* over this (micro-)batch over the example count of
+    # the whole batch, so micro-batch gradients add up to the whole batch's.
     dropout_key, mix_key = jax.random.split(key)
     targets = soft_targets(batch["label"], num_classes, label_smoothing)
     images = batch["image"]
@@ -60,17 +63,50 @@ def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_cl
       images, targets = mix.apply(mix_key, images.astype(jnp.float32), targets, batch["mask"])
     images = normalize(images, mean, std, policy.compute_dtype)
     logits, updates = model.apply(
-        {"params": params, "batch_stats": state.batch_stats}, images, train=True,
+        {"params": params, "batch_stats": batch_stats}, images, train=True,
         mutable=["batch_stats"], rngs={"dropout": dropout_key})
     per_example = optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
-    loss = _masked_mean(per_example, batch["mask"])
-    scaled = loss * state.loss_scale.scale if policy.uses_loss_scale else loss
+    loss = jnp.sum(per_example * batch["mask"].astype(jnp.float32)) / count
+    scaled = loss * loss_scale if policy.uses_loss_scale else loss
     # Models without batch norm return no batch_stats: the state keeps its empty {}.
-    return scaled, (loss, logits, updates.get("batch_stats", state.batch_stats))
+    return scaled, (loss, logits, updates.get("batch_stats", batch_stats))
+
+  grad_fn = jax.grad(loss_fn, has_aux=True)
+
+  def correct_count(logits, batch):
+    correct = jnp.argmax(logits, -1) == batch["label"]
+    return jnp.sum(correct * batch["mask"].astype(jnp.float32))
+
+  def gradients(state: TrainState, batch):
+    """(grads, loss, correct predictions, new batch_stats) of the whole batch."""
+    key, scale = step_key(state), state.loss_scale.scale
+    count = jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0)
+    if grad_accum_steps == 1:
+      grads, (loss, logits, stats) = grad_fn(state.params, state.batch_stats, batch, key, count, scale)
+      return grads, loss, correct_count(logits, batch), stats
+
+    # Micro-batch k takes every K-th example, so each device keeps its own examples
+    # (the batch axis stays sharded over the mesh) instead of one device per micro-batch.
+    micro = jax.tree.map(
+        lambda x: jnp.moveaxis(x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps,
+                                         *x.shape[1:]), 1, 0), batch)
+
+    def accumulate(carry, inputs):
+      grads, stats, loss, correct = carry
+      micro_batch, k = inputs
+      g, (l, logits, stats) = grad_fn(state.params, stats, micro_batch,
+                                      jax.random.fold_in(key, k), count, scale)
+      return (jax.tree.map(jnp.add, grads, g), stats, loss + l,
+              correct + correct_count(logits, micro_batch)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    (grads, stats, loss, correct), _ = jax.lax.scan(
+        accumulate, (zeros, state.batch_stats, jnp.float32(0), jnp.float32(0)),
+        (micro, jnp.arange(grad_accum_steps)))
+    return grads, loss, correct, stats
 
   def train_step(state: TrainState, batch):
-    grads, (loss, logits, new_batch_stats) = jax.grad(loss_fn, has_aux=True)(
-        state.params, state, batch, step_key(state))
+    grads, loss, correct, new_batch_stats = gradients(state, batch)
     if policy.uses_loss_scale:
       grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
@@ -95,10 +131,9 @@ def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_cl
 
     new_state = state.replace(step=state.step + 1, params=new_params, batch_stats=new_batch_stats,
                               opt_state=new_opt_state, loss_scale=loss_scale, ema_params=ema)
-    correct = jnp.argmax(logits, -1) == batch["label"]
     metrics = {
         "train/loss": loss,
-        "train/accuracy": _masked_mean(correct, batch["mask"]),
+        "train/accuracy": correct / jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0),
         "train/learning_rate": schedule(state.step),
         "train/grad_norm": optax.global_norm(grads),
         "data/corrupt_images": jnp.sum(batch["corrupt"]),

@@ -70,6 +70,9 @@ class Experiment:
     self.config, self.workdir = config, workdir
     self.mesh = parallel.make_mesh(config.mesh.num_devices)
     parallel.check_batch_size(config.batch_size, self.mesh)
+    if config.grad_accum_steps > 1:  # each micro-batch is split over the devices too
+      parallel.check_batch_size(config.batch_size // config.grad_accum_steps, self.mesh,
+                                "batch_size / grad_accum_steps")
     if config.data.eval_batch_size:  # checked now, not after training when the first eval runs
       parallel.check_batch_size(config.data.eval_batch_size, self.mesh, "data.eval_batch_size")
     self.policy = precision.get_policy(config.precision)
@@ -112,7 +115,7 @@ class Experiment:
     train_step = steps.make_train_step(self.model, self.tx, self.schedule, self.policy,
                                        label_smoothing=config.label_smoothing,
                                        ema_decay=config.ema_decay, mix=mixing.Mix(**config.mix),
-                                       **norm)
+                                       grad_accum_steps=config.grad_accum_steps, **norm)
     eval_step = steps.make_eval_step(self.model, self.policy, use_ema=config.ema_decay > 0, **norm)
     # Jitted once, with explicit shardings; the old state's buffers are donated
     # so params and optimizer state are updated in place.
