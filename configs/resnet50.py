@@ -46,8 +46,8 @@ def get_config(variant: str = "standard"):
     c.optim.learning_rate = 0.1    # x batch/256 = 0.4 at batch 1024
     c.optim.warmup_epochs = 5
     c.optim.schedule = "cosine"
-    c.eval_every_steps = 1251 * 5  # every 5 epochs at batch 1024
-    c.checkpoint_every_steps = 1251
+    c.eval_every_steps, c.eval_every_epochs = 0, 5  # in epochs: right at any batch_size
+    c.checkpoint_every_steps, c.checkpoint_every_epochs = 0, 1
   elif variant == "fast":
     c.batch_size = 2048
     c.num_epochs = 40
@@ -61,8 +61,8 @@ def get_config(variant: str = "standard"):
     c.model.bn_group_size = 0      # set to e.g. 2 on multi-node runs (BN over GPU pairs)
     # Train at low resolution early (cheaper steps), full resolution at the end.
     c.progressive_resizing = ((0.0, 160), (0.4, 192), (0.85, 224))
-    c.eval_every_steps = 625 * 4   # every 4 epochs at batch 2048
-    c.checkpoint_every_steps = 625
+    c.eval_every_steps, c.eval_every_epochs = 0, 4
+    c.checkpoint_every_steps, c.checkpoint_every_epochs = 0, 1
   else:
     raise ValueError(f"configs/resnet50.py variant {variant!r}: use 'standard' or 'fast'")
   return c

@@ -199,7 +199,7 @@ def main(argv=None) -> int:
            f"batch_size={batch}", f"precision={args.precision}", f"num_epochs={args.folder_epochs}",
            "optim.learning_rate=0.8", "optim.warmup_epochs=1",  # 0.1 at batch 32
            f"eval_every_steps={steps_per_epoch}", f"log_every_steps={max(steps_per_epoch // 2, 1)}",
-           "checkpoint_every_steps=0"],
+           "checkpoint_every_steps=0", "checkpoint_every_epochs=0"],
           os.path.join(root, "imagefolder"), args.folder_target, timeout, batch_size=batch,
           warm_cache=args.warm_cache),
           data=f"generated ImageFolder, {args.folder_classes} classes x {per_class}, 32px",

@@ -26,7 +26,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.log_every_steps = 100
   c.eval_every_steps = 0           # 0: only the final eval
+  c.eval_every_epochs = 0.0        # used when eval_every_steps is 0; both 0: only the final eval
   c.checkpoint_every_steps = 1000  # 0: only the final checkpoint
+  c.checkpoint_every_epochs = 0.0  # used when checkpoint_every_steps is 0 (jaxnet/durations.py)
   c.keep_checkpoints = 3
   c.async_checkpointing = True
   # (first, last): trace steps first..last (1-based) with jax.profiler into

@@ -82,6 +82,8 @@ _RULES = (
     ("log_every_steps", lambda v: v >= 0, ">= 0 (0 turns it off)"),
     ("eval_every_steps", lambda v: v >= 0, ">= 0 (0 turns it off)"),
     ("checkpoint_every_steps", lambda v: v >= 0, ">= 0 (0 turns it off)"),
+    ("eval_every_epochs", lambda v: v >= 0, ">= 0"),
+    ("checkpoint_every_epochs", lambda v: v >= 0, ">= 0"),
     ("keep_checkpoints", lambda v: v >= 1, ">= 1"),
     ("precision", lambda v: v in ("fp32", "bf16", "fp16"), "one of fp32, bf16, fp16"),
     ("label_smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),

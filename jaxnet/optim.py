@@ -7,6 +7,8 @@ not to BN or LayerNorm parameters, biases, or a ViT's class token and learned
 position embedding.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -30,7 +32,7 @@ def _mu_dtype(name: str):
 
 def learning_rate_schedule(optim_config, batch_size: int, total_steps: int, steps_per_epoch: int):
   peak = optim_config.learning_rate * batch_size / optim_config.base_batch_size
-  warmup = optim_config.warmup_steps or int(optim_config.warmup_epochs * steps_per_epoch)
+  warmup = optim_config.warmup_steps or math.ceil(optim_config.warmup_epochs * steps_per_epoch)
   warmup = min(warmup, max(total_steps - 1, 0))
   decay_steps = max(total_steps - warmup, 1)
   kind = optim_config.schedule

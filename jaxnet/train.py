@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxnet import checkpoint as ckpt
-from jaxnet import config_io, mixing, models, optim, parallel, precision, steps, xla_flags
+from jaxnet import config_io, durations, mixing, models, optim, parallel, precision, steps, xla_flags
 from jaxnet import workdir as workdir_lib
 from jaxnet.data import pipeline, sources
 from jaxnet.errors import DIVERGED_HINT, NonFiniteError, UserError
@@ -95,7 +95,9 @@ class Experiment:
                        f"{config.data.source} images have one fixed size")
     train_len = len(self.train_source) if self.train_source is not None else config.batch_size
     self.steps_per_epoch = max(train_len // config.batch_size, 1)
-    self.total_steps = config.total_steps or math.ceil(config.num_epochs * self.steps_per_epoch)
+    self.total_steps = durations.steps(config, "total", self.steps_per_epoch)
+    self.eval_every = durations.steps(config, "eval_every", self.steps_per_epoch)
+    self.checkpoint_every = durations.steps(config, "checkpoint_every", self.steps_per_epoch)
 
     self.model = build_model(config, self.num_classes,
                              parallel.bn_num_groups(config.model.bn_group_size, self.mesh))
@@ -415,7 +417,7 @@ def _train(config, workdir: str, accept: tuple, signals: _StopSignals) -> dict:
         record["time"] = progress.elapsed()  # seconds since this process started training
         progress.report(step, record, record["train/images_per_sec"], config.log_every_steps)
 
-      if itstime(step, config.eval_every_steps, total):  # the final eval comes after the loop
+      if itstime(step, exp.eval_every, total):  # the final eval comes after the loop
         eval_metrics = exp.evaluate(state)
         record.update(eval_metrics, time=progress.elapsed())
         if is_chief:
@@ -424,7 +426,7 @@ def _train(config, workdir: str, accept: tuple, signals: _StopSignals) -> dict:
       if record:
         writer.write(step, record)  # one line per step: train and eval metrics together
 
-      if itstime(step, config.checkpoint_every_steps, total):  # so does the final save
+      if itstime(step, exp.checkpoint_every, total):  # so does the final save
         save(step)
 
       if signals.should_stop(sync=log_now):

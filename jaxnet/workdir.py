@@ -29,7 +29,8 @@ ABSENT = object()  # a key one of two configs does not have
 # worker, so the worker count decides which examples share a batch, and the saved
 # iterator position only fits the same count.
 RESUMABLE = (
-    "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "total_steps", "num_epochs",
+    "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "eval_every_epochs",
+    "checkpoint_every_epochs", "total_steps", "num_epochs",
     "keep_checkpoints", "async_checkpointing", "data.read_threads", "data.prefetch",
     "data.eval_batch_size", "profile_steps", "distributed.*",
 )

@@ -111,3 +111,21 @@ def test_command_line_overrides_are_read_as_each_keys_type():
                              ("data.mean", "0.5", "is a tuple")):
     with pytest.raises(config_io.ConfigOverrideError, match=message):
       config_io.load(os.path.join(REPO, "configs/digits.py"), {key: text})
+
+
+def test_durations_in_epochs_follow_the_batch_size():
+  from jaxnet import durations
+  for batch, per_epoch in ((1024, 1251), (512, 2502)):  # ImageNet's 1,281,167 images
+    config = api.load_config(os.path.join(REPO, "configs/resnet50.py"), batch_size=batch)
+    assert config.eval_every_steps == 0 and config.eval_every_epochs == 5
+    steps_per_epoch = 1_281_167 // batch
+    assert steps_per_epoch == per_epoch
+    assert durations.steps(config, "eval_every", steps_per_epoch) == 5 * per_epoch
+    assert durations.steps(config, "checkpoint_every", steps_per_epoch) == per_epoch
+    assert durations.steps(config, "total", steps_per_epoch) == 90 * per_epoch
+    assert durations.steps(config, "warmup", steps_per_epoch) == 5 * per_epoch
+  # A number of steps > 0 wins over its epochs twin; both 0 turns a cadence off.
+  config = api.load_config(os.path.join(REPO, "configs/resnet50.py"), eval_every_steps=500)
+  assert durations.steps(config, "eval_every", 1251) == 500
+  config = api.load_config(os.path.join(REPO, "configs/resnet50.py"), eval_every_epochs=0.0)
+  assert durations.steps(config, "eval_every", 1251) == 0

@@ -28,7 +28,8 @@ def folder(tmp_path_factory):
 
 
 TINY = ("model.name=resnet_tiny", "batch_size=16", "data.workers=0", "precision=fp32",
-        "log_every_steps=4", "eval_every_steps=0", "checkpoint_every_steps=8", "data.eval_split=val")
+        "log_every_steps=4", "eval_every_steps=0", "eval_every_epochs=0", "checkpoint_every_steps=8",
+        "data.eval_split=val")
 
 
 # `python -m jaxnet.main` that also records, for every train step, the batch's image
