@@ -118,6 +118,28 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise InvalidConfigError("invalid config: " + "; ".join(problems))
 
 
+def parse_arg(arg: str, positional: str | None = None, **defaults) -> ml_collections.ConfigDict:
+  """A config file's argument `key=value,flag,...` as a ConfigDict, typed by `defaults`.
+
+  A bare word names a bool default (set to True) or, failing that, is the value
+  of `positional`: parse_arg("fast", positional="recipe", recipe="standard").
+  """
+  out = ml_collections.ConfigDict(defaults)
+  for item in filter(None, (part.strip() for part in (arg or "").split(","))):
+    key, has_value, value = item.partition("=")
+    if not has_value:
+      if isinstance(defaults.get(key), bool):
+        key, value = key, "true"
+      elif positional:
+        key, value = positional, item
+      else:
+        raise ConfigOverrideError(f"config argument {item!r}: write it as KEY=VALUE")
+    if key not in defaults:
+      raise ConfigOverrideError(f"config argument {key!r} is not one of {', '.join(defaults)}")
+    out[key] = _parse(key, value, defaults[key]) if not isinstance(defaults[key], str) else value
+  return out
+
+
 def from_json(path: str) -> ml_collections.ConfigDict:
   """Rebuilds the ConfigDict that train.py saved as JSON (WORKDIR/config.json).
 

@@ -129,3 +129,16 @@ def test_durations_in_epochs_follow_the_batch_size():
   assert durations.steps(config, "eval_every", 1251) == 500
   config = api.load_config(os.path.join(REPO, "configs/resnet50.py"), eval_every_epochs=0.0)
   assert durations.steps(config, "eval_every", 1251) == 0
+
+
+def test_one_resnet_recipe_file_takes_depth_recipe_and_runlocal():
+  load = lambda arg: config_io.from_file(os.path.join(REPO, "configs", arg))
+  assert (load("resnet.py").model.name, load("resnet.py").optim.name) == ("resnet50", "sgd")
+  fast = load("resnet.py:depth=101,recipe=fast")
+  assert (fast.model.name, fast.optim.name, fast.batch_size) == ("resnet101", "lars", 2048)
+  assert load("resnet50.py:fast").to_dict() == load("resnet.py:fast").to_dict()  # the documented alias
+  assert load("resnet50.py").to_dict() == load("resnet.py").to_dict()
+  small = load("resnet.py:fast,runlocal")
+  assert (small.model.name, small.image_size, small.optim.name) == ("resnet_tiny", 32, "lars")
+  with pytest.raises(config_io.ConfigFileError, match="not one of depth, recipe, runlocal"):
+    load("resnet.py:width=2")

@@ -27,9 +27,8 @@ def folder(tmp_path_factory):
   return root
 
 
-TINY = ("model.name=resnet_tiny", "batch_size=16", "data.workers=0", "precision=fp32",
-        "log_every_steps=4", "eval_every_steps=0", "eval_every_epochs=0", "checkpoint_every_steps=8",
-        "data.eval_split=val")
+# The recipes shrunk for a CPU by the recipe file itself (configs/resnet.py's runlocal).
+FOLDER = ("data.source=imagefolder", "data.eval_split=val")
 
 
 # `python -m jaxnet.main` that also records, for every train step, the batch's image
@@ -63,9 +62,8 @@ finally:
 
 def test_fast_recipe_trains_evaluates_checkpoints_and_counts_corrupt_jpegs(folder, tmp_path):
   steps_file = tmp_path / "steps.json"
-  proc = run_main(tmp_path, f"data.dir={folder}", "data.source=imagefolder", *TINY,
-                  "total_steps=24", "image_size=32", "progressive_resizing=((0.0, 24), (0.5, 32))",
-                  "optim.learning_rate=2.0", config="configs/resnet50.py:fast",
+  proc = run_main(tmp_path, f"data.dir={folder}", *FOLDER, "total_steps=24",
+                  "optim.learning_rate=2.0", config="configs/resnet.py:fast,runlocal",
                   python_prefix=("-c", _RECORD_TRAIN_BATCHES), env={"JAXNET_TEST_STEPS": str(steps_file)})
   # Progressive resizing: 12 steps at 24px, then a loader at 32px that continues from
   # the same position of the example stream (the labels are the stream's, in order).
@@ -88,8 +86,8 @@ def test_fast_recipe_trains_evaluates_checkpoints_and_counts_corrupt_jpegs(folde
 
 
 def test_standard_recipe_runs_on_the_folder(folder, tmp_path):
-  run_main(tmp_path, f"data.dir={folder}", "data.source=imagefolder", *TINY, "total_steps=8",
-           "image_size=32", config="configs/resnet50.py")
+  run_main(tmp_path, f"data.dir={folder}", *FOLDER, "total_steps=8",
+           config="configs/resnet.py:runlocal")
   final = [r for r in read_jsonl(tmp_path) if "eval/top1" in r][-1]
   assert final["step"] == 8 and np.isfinite(final["eval/loss"])
 
@@ -125,8 +123,8 @@ def test_standard_recipe_loss_is_label_smoothed_and_skips_masked_images(folder):
 @pytest.mark.parametrize("source", ["imagefolder", "tfds"])
 def test_missing_dataset_is_one_clear_message(tmp_path, source):
   missing = tmp_path / "no-such-dir"
-  proc = run_main(tmp_path / "w", f"data.dir={missing}", f"data.source={source}", *TINY,
-                  "total_steps=2", config="configs/resnet50.py", check=False)
+  proc = run_main(tmp_path / "w", f"data.dir={missing}", f"data.source={source}",
+                  "total_steps=2", config="configs/resnet.py:runlocal", check=False)
   assert proc.returncode != 0
   assert str(missing) in proc.stderr
   assert "Traceback" not in proc.stderr
