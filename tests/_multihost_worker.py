@@ -36,18 +36,25 @@ def _save_with_replica(self, step, state, *args, **kwargs):
 def _sigterm_after(process: int, step: int) -> None:
   """Process `process` signals itself when the loop asks whether to stop after `step`.
 
-  The loop asks once per step, so in a run from scratch the n-th question follows step n.
+  The loop asks once per step, from the step it resumed at (recorded here from
+  Checkpoints.restore_newest), so the n-th question follows step start + n.
   """
   import jax
-  original = train._StopSignals.should_stop
-  asked = [0]
+  original_stop, original_restore = train._StopSignals.should_stop, checkpoint.Checkpoints.restore_newest
+  current = [0]
+
+  def restore_newest(self, *args, **kwargs):
+    state, start = original_restore(self, *args, **kwargs)
+    current[0] = start or 0
+    return state, start
 
   def should_stop(self, sync):
-    asked[0] += 1
-    if asked[0] == step and jax.process_index() == process:
+    current[0] += 1
+    if current[0] == step and jax.process_index() == process:
       os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the line below
-    return original(self, sync)
+    return original_stop(self, sync)
 
+  checkpoint.Checkpoints.restore_newest = restore_newest
   train._StopSignals.should_stop = should_stop
 
 

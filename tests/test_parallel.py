@@ -369,7 +369,15 @@ def two_process_reference(one_device):
   # (Why the emulation is needed: the unsharded stream starts with other examples.)
   assert not np.array_equal(batches[0]["image"], one_device["batches"][0]["image"])
   _, states, losses = run_steps(exp, one_device["init"], batches)
-  return dict(exp=exp, states=states, losses=losses)
+  # How far a 1-ulp change of the initial weights moves this trajectory at each step:
+  # training is chaotic at ReLU kinks (see test_eight_devices_train_like_one), so two
+  # runs that differ only in summation order may drift apart by that much, no more.
+  init = one_device["init"]
+  ulp = init.replace(params=jax.tree.map(lambda x: np.nextafter(x, np.float32(np.inf)), init.params))
+  _, nudged, nudged_losses = run_steps(exp, ulp, batches)
+  chaos = [rel_diff(params_and_stats(a), params_and_stats(b)) for a, b in zip(nudged, states)]
+  loss_chaos = [abs(a - b) / abs(b) for a, b in zip(nudged_losses, losses)]
+  return dict(exp=exp, states=states, losses=losses, chaos=chaos, loss_chaos=loss_chaos)
 
 
 def _replicas(workdir, step):
@@ -396,12 +404,14 @@ def _check_against_reference(workdir, ref, step: int) -> list[dict]:
   """Both processes' state at `step` is the reference's, and metrics.jsonl logged steps
   1..step once each with the reference's losses (the same examples). Returns its records."""
   diff = _rel_diff_to_reference(_replicas(workdir, step), ref["states"][step - 1])
-  print(f"\n2 processes x 2 devices vs 1 process x 4 devices at step {step}: rel diff {diff:.2e}")
-  assert diff <= REL_TOL
+  print(f"\n2 processes x 2 devices vs 1 process x 4 devices at step {step}: rel diff {diff:.2e} "
+        f"(1 ulp of init moves the reference {ref['chaos'][step - 1]:.2e})")
+  assert diff <= max(REL_TOL, 2 * ref["chaos"][step - 1])
   lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines() if l]
   train_lines = [l for l in lines if "train/loss" in l]
   assert [l["step"] for l in train_lines] == list(range(1, step + 1))
-  np.testing.assert_allclose([l["train/loss"] for l in train_lines], ref["losses"][:step], rtol=REL_TOL)
+  for line, loss, chaos in zip(train_lines, ref["losses"], ref["loss_chaos"]):
+    assert line["train/loss"] == pytest.approx(loss, rel=max(REL_TOL, 2 * chaos)), line["step"]
   return lines
 
 

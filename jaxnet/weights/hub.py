@@ -1,6 +1,6 @@
 """`hf-hub:timm/NAME`: a model.safetensors and its preprocessing from the Hugging Face Hub.
 
-huggingface_hub (the optional extra `jaxnet[hub]`) downloads into its cache
+huggingface_hub (the optional extra `jaxnet-train[hub]`) downloads into its cache
 (~/.cache/huggingface), so later runs read the cached file without network.
 """
 
@@ -24,7 +24,7 @@ def fetch(spec: str) -> tuple[str, dict]:
   try:
     from huggingface_hub import hf_hub_download
   except ImportError:
-    raise ValueError(f"init.weights={spec} needs huggingface_hub: pip install 'jaxnet[hub]' (or "
+    raise ValueError(f"init.weights={spec} needs huggingface_hub: pip install 'jaxnet-train[hub]' (or "
                      f"download model.safetensors yourself and set init.weights to its path)") from None
   try:
     # huggingface_hub logs a warning per retry; the error raised below says what happened.
