@@ -107,7 +107,7 @@ def test_missing_file_and_unknown_format(tmp_path):
 
 def test_hub_spec_without_huggingface_hub(monkeypatch):
   monkeypatch.setitem(sys.modules, "huggingface_hub", None)
-  with pytest.raises(ValueError, match=r"needs huggingface_hub: pip install 'jaxnet\[hub\]'"):
+  with pytest.raises(ValueError, match=r"needs huggingface_hub: pip install 'jaxnet-train\[hub\]'"):
     hub.fetch("hf-hub:timm/resnet18.tv_in1k")
   with pytest.raises(ValueError, match="hf-hub:OWNER/NAME"):
     hub.fetch("hf-hub:resnet18")
