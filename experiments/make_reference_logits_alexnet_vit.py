@@ -10,8 +10,8 @@ timm's img_size argument: 16 patches + the class token), in eval mode:
   2. load the weights `torch_weights.draw(spec, SEED)` draws (numpy only);
   3. run the fixed input `torch_weights.reference_input(...)`, and save only the
      logits (and the library versions, for the record).
-tests/test_alexnet_vit.py redraws the same weights without torch, maps them
-to jaxnet's layout and compares its logits with these. Nothing else is stored:
+tests/test_alexnet_vit.py redraws the same weights without torch, loads them
+through init.weights's path (jaxnet/weights) and compares its logits with these. Nothing else is stored:
 the weights are a function of the seed.
 """
 

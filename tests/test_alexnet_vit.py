@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax.traverse_util import unflatten_dict
+from safetensors.numpy import save_file
 
 from jaxnet import models, parallel, precision, steps, train
 from jaxnet.models import summary
@@ -18,9 +20,11 @@ from jaxnet.models.alexnet import adaptive_avg_pool
 from jaxnet.models.vit import posemb_sincos_2d
 from jaxnet.precision import LossScale
 from jaxnet.state import step_key
+from jaxnet.weights import alexnet_names, pretrained, vit_names
 from tests import models_helpers as H
 from tests import torch_weights as tw
 from tests.test_parallel import make_config, rel_diff, run_steps
+from tests.test_torch_reference import model_shapes
 
 REFERENCE = os.path.join(os.path.dirname(__file__), "data", "reference_logits_alexnet_vit.npz")
 
@@ -130,28 +134,81 @@ def _reference(key):
   return np.load(REFERENCE)[key]
 
 
+def _load_drawn(name, tensors, setup, tmp_path):
+  """`tensors` written to a .safetensors file and read back as `init.weights` reads it."""
+  path = str(tmp_path / f"{name}.safetensors")
+  save_file(tensors, path)
+  shapes = model_shapes(models.create(name), size=setup["image_size"])
+  values, head_reason = pretrained.fill(shapes, pretrained.load(path, name), keep_head=True)
+  assert head_reason is None and set(values) == set(shapes)  # every variable, head included
+  return unflatten_dict(values)
+
+
 def _logits(name, variables, setup):
   x = tw.reference_input(setup["input_seed"], setup["batch"], setup["image_size"]).transpose(0, 2, 3, 1)
   model = models.create(name)
   return np.asarray(jax.jit(lambda v, x: model.apply(v, x, train=False))(variables, x))
 
 
-def test_alexnet_logits_match_torchvision():
+def test_alexnet_logits_match_torchvision(tmp_path):
   setup = tw.ALEXNET_SETUP
   sd = tw.draw(tw.alexnet_spec(), setup["weights_seed"])
-  ours = _logits("alexnet", tw.alexnet_variables(sd), setup)
+  ours = _logits("alexnet", _load_drawn("alexnet", sd, setup, tmp_path), setup)
   ref = _reference("alexnet")
   assert np.abs(ref).max() > 0.5  # logits of order one: the tolerance below means something
   np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
 
 
-def test_vit_tiny_logits_match_timm():
+def test_vit_tiny_logits_match_timm(tmp_path):
   setup = tw.VIT_SETUP
   sd = tw.draw(tw.vit_tiny_spec(setup["image_size"]), setup["weights_seed"])
-  ours = _logits("vit_ti16", tw.vit_variables(sd, tw.VIT_TINY["depth"]), setup)
+  ours = _logits("vit_ti16", _load_drawn("vit_ti16", sd, setup, tmp_path), setup)
   ref = _reference("vit_tiny")
   assert np.abs(ref).max() > 0.5
   np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name,family", [("alexnet_mini", alexnet_names), ("vit_mini", vit_names)])
+def test_weights_names_and_layouts_invert(name, family):
+  """Every variable has a PyTorch name that maps back to it, and the layouts invert."""
+  shapes = model_shapes(models.create(name, num_classes=5), size=64 if name.startswith("alex") else 16)
+  rng = np.random.default_rng(0)
+  for path, shape in shapes.items():
+    torch_name = family.torch_name(path)
+    assert torch_name is not None and family.jaxnet_path(torch_name) == path, path
+    value = rng.standard_normal(shape).astype(np.float32)
+    np.testing.assert_array_equal(family.from_torch_layout(path, family.to_torch_layout(path, value)),
+                                  value, err_msg=str(path))
+
+
+def test_alexnet_weights_fc1_rows_follow_the_flatten_order():
+  # torchvision's fc1 input index is c * 36 + h * 6 + w; jaxnet's is (h * 6 + w) * C + c.
+  c, fout = 4, 3
+  torch_w = np.arange(fout * c * 36, dtype=np.float32).reshape(fout, c * 36)
+  ours = alexnet_names.from_torch_layout(("params", "fc1", "kernel"), torch_w)
+  for h, w, ch, o in [(0, 0, 1, 2), (5, 2, 3, 0), (1, 4, 0, 1)]:
+    assert ours[(h * 6 + w) * c + ch, o] == torch_w[o, ch * 36 + h * 6 + w]
+
+
+def test_vit_weights_mismatch_is_one_error_in_timm_names(tmp_path):
+  shapes = model_shapes(models.create("vit_mini", num_classes=5), size=16)
+  tensors = {vit_names.torch_name(p): np.zeros(vit_names.to_torch_layout(p, np.empty(s, bool)).shape,
+                                                np.float32) for p, s in shapes.items()}
+  del tensors["blocks.0.mlp.fc1.bias"]
+  tensors["blocks.0.norm1.weight"] = np.zeros(7, np.float32)
+  tensors["fc_norm.weight"] = np.zeros(3, np.float32)
+  path = str(tmp_path / "vit.safetensors")
+  save_file(tensors, path)
+  with pytest.raises(pretrained.WeightsMismatchError) as error:
+    pretrained.fill(shapes, pretrained.load(path, "vit_mini"), keep_head=True, spec="init.weights=v")
+  message = str(error.value)
+  assert "missing from the weights: blocks.0.mlp.fc1.bias (block0/fc1/bias)" in message
+  assert "not used by the model: fc_norm.weight" in message
+  assert "shape differs: blocks.0.norm1.weight (block0/norm1/scale) is (7,)" in message
+  assert "(3 problems;" in message
+  # A model family without PyTorch names is refused by name.
+  with pytest.raises(ValueError, match="model 'lenet' has no PyTorch tensor names"):
+    pretrained.load(path, "lenet")
 
 
 # --- training -----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""PyTorch weights for AlexNet (torchvision) and ViT-Ti/16 (timm), drawn or mapped, with numpy only.
+"""PyTorch weights for AlexNet (torchvision) and ViT-Ti/16 (timm), drawn with numpy only.
 
 Shared by tests/test_alexnet_vit.py and experiments/make_reference_logits_alexnet_vit.py,
 so the script (run where torch, torchvision and timm are installed) and the tests
@@ -14,9 +14,9 @@ so the script (run where torch, torchvision and timm are installed) and the test
      other weights (rank >= 2)         N(0, 1) / sqrt(fan_in), fan_in = prod(shape[1:])
    Scaling by fan-in keeps activations of order one through every layer, so
    the logits compare at an absolute tolerance.
-3. `alexnet_variables` / `vit_variables` map the PyTorch tensors (names and
-   layouts) to jaxnet's parameter tree. This is the weight-import mapping for
-   these models; it lives here until jaxnet has a general import path.
+
+The tests load the drawn tensors through jaxnet's own import path
+(jaxnet/weights/alexnet_names.py, vit_names.py, via a .safetensors file).
 """
 
 from __future__ import annotations
@@ -85,37 +85,3 @@ def reference_input(seed: int, batch: int, image_size: int) -> np.ndarray:
   """The models' (already normalised) float32 input, NCHW as PyTorch takes it."""
   return np.random.default_rng(seed).standard_normal((batch, 3, image_size, image_size)).astype(np.float32)
 
-
-def _conv(w):  # PyTorch OIHW -> flax HWIO
-  return np.transpose(w, (2, 3, 1, 0))
-
-
-def alexnet_variables(sd: dict[str, np.ndarray]) -> dict:
-  params = {}
-  for n, (index, *_rest) in enumerate(ALEXNET_CONVS, 1):
-    params[f"conv{n}"] = {"kernel": _conv(sd[f"features.{index}.weight"]),
-                          "bias": sd[f"features.{index}.bias"]}
-  # torchvision flattens the 6x6 map as (c, h, w), jaxnet's NHWC as (h, w, c).
-  w1 = sd["classifier.1.weight"]
-  w1 = w1.reshape(w1.shape[0], 256, 6, 6).transpose(2, 3, 1, 0).reshape(-1, w1.shape[0])
-  params["fc1"] = {"kernel": w1, "bias": sd["classifier.1.bias"]}
-  params["fc2"] = {"kernel": sd["classifier.4.weight"].T, "bias": sd["classifier.4.bias"]}
-  params["head"] = {"kernel": sd["classifier.6.weight"].T, "bias": sd["classifier.6.bias"]}
-  return {"params": params}
-
-
-def vit_variables(sd: dict[str, np.ndarray], depth: int) -> dict:
-  dense = lambda prefix: {"kernel": sd[prefix + ".weight"].T, "bias": sd[prefix + ".bias"]}
-  norm = lambda prefix: {"scale": sd[prefix + ".weight"], "bias": sd[prefix + ".bias"]}
-  params = {"cls_token": sd["cls_token"], "pos_embed": sd["pos_embed"],
-            "patch_embed": {"kernel": _conv(sd["patch_embed.proj.weight"]),
-                            "bias": sd["patch_embed.proj.bias"]},
-            "norm": norm("norm"), "head": dense("head")}
-  for i in range(depth):
-    b = f"blocks.{i}."
-    params[f"block{i}"] = {
-        "norm1": norm(b + "norm1"), "norm2": norm(b + "norm2"),
-        # timm's qkv output is laid out (3, heads, head_dim), as jaxnet's.
-        "attn": {"qkv": dense(b + "attn.qkv"), "proj": dense(b + "attn.proj")},
-        "fc1": dense(b + "mlp.fc1"), "fc2": dense(b + "mlp.fc2")}
-  return {"params": params}

@@ -1,6 +1,9 @@
-"""Pretrained weights: torchvision/timm ResNet tensors in and out, and `config.init`.
+"""Pretrained weights: PyTorch-named tensors in (ResNet, AlexNet, ViT) and out (ResNet), and `config.init`.
 
   resnet_names.py   jaxnet ResNet variable paths <-> torchvision state-dict names and layouts
+  alexnet_names.py  the same for torchvision's AlexNet
+  vit_names.py      the same for timm's Vision Transformers
+  torch_names.py    what those share: PyTorch kernel layouts, a state dict -> jaxnet variables
   tensor_files.py   read .safetensors (numpy only) or .pth (with torch); write .safetensors
   hub.py            `hf-hub:timm/NAME` -> a local model.safetensors and timm's preprocessing
   preprocessing.py  the normalisation and eval resize/crop that weights expect

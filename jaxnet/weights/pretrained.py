@@ -1,9 +1,11 @@
 """`config.init`: start a run from pretrained weights (fine-tuning).
 
-`init.weights` names the source: a torchvision/timm-named .safetensors file
+`init.weights` names the source: a .safetensors file under PyTorch's names
 (read with numpy), a .pth state dict (read with torch, when installed), a jaxnet
 workdir (its latest checkpoint, EMA params if it kept an EMA), or
-`hf-hub:OWNER/NAME` (through huggingface_hub). Every variable of the model must
+`hf-hub:OWNER/NAME` (through huggingface_hub). A file's tensor names are read
+as the model family's: torchvision's for ResNets (timm's plain ResNets share
+them) and AlexNet, timm's for ViTs. Every variable of the model must
 come from the source, except the classifier head when it is re-initialised, and
 every source tensor must be used; otherwise one error lists each missing,
 unused and misshapen tensor.
@@ -26,7 +28,7 @@ import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 
 from jaxnet.quiet import quiet_logger
-from jaxnet.weights import hub, preprocessing, resnet_names, tensor_files
+from jaxnet.weights import alexnet_names, hub, preprocessing, resnet_names, tensor_files, vit_names
 from jaxnet.weights.preprocessing import Preprocessing
 
 Path = tuple[str, ...]
@@ -43,8 +45,22 @@ class Source:
   describe: Callable[[Path], str]       # a variable's name in the source's own terms
 
 
-def _describe_torch(path: Path) -> str:
-  return f"{resnet_names.torch_name(path)} ({'/'.join(path[1:])})"
+# Model-name prefix -> the module that maps that family's PyTorch names and layouts.
+FAMILIES = {"resnet": resnet_names, "vit": vit_names, "alexnet": alexnet_names}
+
+
+def names_of(model: str):
+  """The name map (resnet_names, vit_names, alexnet_names) of model `model` or family `model`."""
+  for prefix, names in FAMILIES.items():
+    if model.startswith(prefix):
+      return names
+  raise ValueError(f"model {model!r} has no PyTorch tensor names in jaxnet: weights files and "
+                   f"hf-hub specs load into {', '.join(p + '*' for p in FAMILIES)} models "
+                   f"(a jaxnet workdir loads into any model)")
+
+
+def _describer(names) -> Callable[[Path], str]:
+  return lambda path: f"{names.torch_name(path) or '(no PyTorch name)'} ({'/'.join(path[1:])})"
 
 
 def _describe_jaxnet(path: Path) -> str:
@@ -60,8 +76,12 @@ def _is_workdir(spec: str) -> bool:
   return True
 
 
-def load(spec: str) -> Source:
-  """The variables of `spec` (a file, a jaxnet workdir or hf-hub:OWNER/NAME)."""
+def load(spec: str, model: str = "resnet") -> Source:
+  """The variables of `spec` (a file, a jaxnet workdir or hf-hub:OWNER/NAME).
+
+  A file's tensors carry the PyTorch names of `model`'s family (`model` is a
+  model name such as "vit_ti16", or a family: "resnet", "vit", "alexnet").
+  """
   if _is_workdir(spec):
     from jaxnet import checkpoint, config_io, steps
     config = config_io.load(spec)
@@ -71,10 +91,11 @@ def load(spec: str) -> Source:
                                      use_ema=config.ema_decay > 0)
     flat = {p: np.asarray(x, np.float32) for p, x in flatten_dict(variables).items()}
     return Source(flat, [], _describe_jaxnet)
+  names = names_of(model)
   path = hub.fetch(spec)[0] if hub.is_hub_spec(spec) else spec
   tensors, _ = tensor_files.read(path)
-  flat, unknown = resnet_names.from_torchvision(tensors)
-  return Source(flat, unknown, _describe_torch)
+  flat, unknown = names.from_torch(tensors)
+  return Source(flat, unknown, _describer(names))
 
 
 def preprocessing_of(spec: str) -> tuple[Preprocessing, str]:
@@ -179,7 +200,7 @@ def _place(value: np.ndarray, like: jax.Array) -> jax.Array:
 def initialise(state, config, log=print):
   """A fresh TrainState with params and BN statistics from `config.init.weights`."""
   spec = config.init.weights
-  source = load(spec)
+  source = load(spec, config.model.name)
   target = flatten_dict({"params": state.params, "batch_stats": state.batch_stats})
   values, reason = fill({p: x.shape for p, x in target.items()}, source, config.init.keep_head,
                         f"init.weights={spec}")

@@ -24,6 +24,8 @@ import re
 
 import numpy as np
 
+from jaxnet.weights import torch_names
+
 Path = tuple[str, ...]
 
 _FIXED = {"stem_conv": "conv1", "stem_bn": "bn1", "head": "fc"}
@@ -95,15 +97,11 @@ def jaxnet_path(name: str) -> Path | None:
 
 
 def to_torch_layout(path: Path, array: np.ndarray) -> np.ndarray:
-  if path[-1] != "kernel":
-    return array
-  return array.T if array.ndim == 2 else array.transpose(3, 2, 0, 1)  # HWIO -> OIHW
+  return torch_names.kernel_to_torch(array) if path[-1] == "kernel" else array
 
 
 def from_torch_layout(path: Path, array: np.ndarray) -> np.ndarray:
-  if path[-1] != "kernel":
-    return array
-  return array.T if array.ndim == 2 else array.transpose(2, 3, 1, 0)  # OIHW -> HWIO
+  return torch_names.kernel_from_torch(array) if path[-1] == "kernel" else array
 
 
 def to_torchvision(variables: dict[Path, np.ndarray]) -> dict[str, np.ndarray]:
@@ -123,18 +121,12 @@ def to_torchvision(variables: dict[Path, np.ndarray]) -> dict[str, np.ndarray]:
   return out
 
 
-def from_torchvision(tensors: dict[str, np.ndarray]) -> tuple[dict[Path, np.ndarray], list[str]]:
+def from_torch(tensors: dict[str, np.ndarray]) -> tuple[dict[Path, np.ndarray], list[str]]:
   """A torchvision state dict -> (flat jaxnet variables, names that map to no jaxnet variable).
 
   Floating tensors come back as float32 (half-precision files included).
   """
-  out, unknown = {}, []
-  for name, array in tensors.items():
-    if name.endswith(".num_batches_tracked") and jaxnet_path(name[:-19] + "running_var"):
-      continue
-    path = jaxnet_path(name)
-    if path is None:
-      unknown.append(name)
-      continue
-    out[path] = np.asarray(from_torch_layout(path, np.asarray(array, np.float32)))
-  return out, unknown
+  # BN's counter has no jaxnet counterpart.
+  dropped = lambda name: (name.endswith(".num_batches_tracked")
+                          and jaxnet_path(name[:-19] + "running_var") is not None)
+  return torch_names.from_torch(tensors, jaxnet_path, from_torch_layout, dropped)

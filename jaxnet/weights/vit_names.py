@@ -1,0 +1,77 @@
+"""jaxnet ViT variables <-> timm Vision Transformer state-dict tensors.
+
+For timm's `vit_*_patch16_224` family (jaxnet's default `vit_flavour=timm`):
+
+  jaxnet                       timm
+  cls_token, pos_embed         cls_token, pos_embed (same layout)
+  patch_embed                  patch_embed.proj
+  blockI/norm1, norm2          blocks.I.norm1, norm2
+  blockI/attn/qkv, attn/proj   blocks.I.attn.qkv, attn.proj
+  blockI/fc1, fc2              blocks.I.mlp.fc1, mlp.fc2
+  norm, head                   norm, head
+
+Leaves: a Dense `kernel` (in, out) is `weight` (out, in), the patch conv's
+(H, W, in, out) is (out, in, H, W); LayerNorm `scale` is `weight`. timm's qkv
+output is ordered (q/k/v, head, head_dim), as jaxnet's, so it maps unchanged.
+"""
+
+import re
+
+import numpy as np
+
+from jaxnet.weights import torch_names
+
+Path = tuple[str, ...]
+
+_OWN = ("cls_token", "pos_embed")  # parameters of the model itself, same names in timm
+_FIXED = {"patch_embed": "patch_embed.proj", "norm": "norm", "head": "head"}
+_IN_BLOCK = {"norm1": "norm1", "norm2": "norm2", "attn/qkv": "attn.qkv", "attn/proj": "attn.proj",
+             "fc1": "mlp.fc1", "fc2": "mlp.fc2"}
+
+
+def _module_to_torch(module: str) -> str | None:
+  if module in _FIXED:
+    return _FIXED[module]
+  m = re.fullmatch(r"block(\d+)/(.+)", module)
+  return f"blocks.{m[1]}.{_IN_BLOCK[m[2]]}" if m and m[2] in _IN_BLOCK else None
+
+
+def _module_from_torch(module: str) -> str | None:
+  inverse = {v: k for k, v in _FIXED.items()}
+  if module in inverse:
+    return inverse[module]
+  m = re.fullmatch(r"blocks\.(\d+)\.(.+)", module)
+  in_block = {v: k for k, v in _IN_BLOCK.items()}
+  return f"block{int(m[1])}/{in_block[m[2]]}" if m and m[2] in in_block else None
+
+
+def _leaves(module: str) -> dict[str, str]:
+  is_norm = module.rpartition("/")[2].startswith("norm")
+  return torch_names.NORM_LEAVES if is_norm else torch_names.LINEAR_LEAVES
+
+
+def torch_name(path: Path) -> str | None:
+  """The timm name of a jaxnet ViT variable path, or None if it has none."""
+  if len(path) == 2 and path[0] == "params" and path[1] in _OWN:
+    return path[1]
+  return torch_names.params_name(path, _module_to_torch, _leaves)
+
+
+def jaxnet_path(name: str) -> Path | None:
+  """The jaxnet variable path of a timm ViT tensor name, or None if it has none."""
+  if name in _OWN:
+    return ("params", name)
+  return torch_names.params_path(name, _module_from_torch, _leaves)
+
+
+def to_torch_layout(path: Path, array: np.ndarray) -> np.ndarray:
+  return torch_names.kernel_to_torch(array) if path[-1] == "kernel" else array
+
+
+def from_torch_layout(path: Path, array: np.ndarray) -> np.ndarray:
+  return torch_names.kernel_from_torch(array) if path[-1] == "kernel" else array
+
+
+def from_torch(tensors: dict[str, np.ndarray]) -> tuple[dict[Path, np.ndarray], list[str]]:
+  """A timm ViT state dict -> (flat jaxnet variables, names that map to no jaxnet variable)."""
+  return torch_names.from_torch(tensors, jaxnet_path, from_torch_layout)
