@@ -414,12 +414,16 @@ def _quiet_failed_saves() -> None:
   for name in ("absl", "asyncio"):
     logging.getLogger(name).addFilter(_DropSaveFailureNoise())
   warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
-  previous_hook = sys.excepthook
+  previous_hook, previous_unraisable = sys.excepthook, sys.unraisablehook
 
   def excepthook(exc_type, exc, tb):
     if not _is_closed_loop_noise(exc_type, exc):
       previous_hook(exc_type, exc, tb)
-  sys.excepthook = excepthook
+
+  def unraisablehook(unraisable):
+    if not _is_closed_loop_noise(unraisable.exc_type, unraisable.exc_value):
+      previous_unraisable(unraisable)
+  sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
 
 
 class _quiet_orbax_warnings:

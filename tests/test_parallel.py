@@ -163,21 +163,33 @@ def test_eight_devices_train_like_one(one_device, eight_devices):
 def test_each_step_on_eight_devices_matches_one_device(one_device, eight_devices):
   """From the same state, one 8-device step = one 1-device step, at every step.
 
-  Unlike the trajectory comparison this cannot be thrown off by a ReLU kink
-  (errors do not compound), so it pins the step itself: gradient averaging,
-  BN statistics over the global batch, optimizer update.
+  Errors do not compound here, so this pins the step itself: gradient averaging,
+  BN statistics over the global batch, optimizer update. One caveat remains: a
+  state with a ReLU input or a max-pool tie within rounding of its kink gives a
+  gradient that jumps under any 1e-7 change. So the bar at each step is the larger
+  of 1e-5 and twice what moving that state's weights by one ulp (up or down) does
+  to the 1-device step; the first steps, far from any kink, hold to 1e-5.
   """
   exp8, step8 = eight_devices["exp"], eight_devices["step"]
+  step1, exp1 = one_device["step"], one_device["exp"]
   before = [one_device["init"]] + one_device["states"][:-1]
-  worst = 0.0
-  for state, batch, after_1 in zip(before, one_device["batches"], one_device["states"]):
+  diff_of = lambda a, b: max(rel_diff(params_and_stats(a), params_and_stats(b)),
+                             rel_diff(a.opt_state, b.opt_state))
+  for i, (state, batch, after_1) in enumerate(zip(before, one_device["batches"], one_device["states"])):
     after_8, _ = step8(jax.device_put(state, exp8.state_sharding),
                        parallel.to_global(batch, exp8.batch_sharding))
-    after_8 = jax.device_get(after_8)
-    worst = max(worst, rel_diff(params_and_stats(after_8), params_and_stats(after_1)),
-                rel_diff(after_8.opt_state, after_1.opt_state))
-  print(f"\nworst single-step rel diff, 8 vs 1 devices: {worst:.2e}")
-  assert worst <= REL_TOL
+    diff = diff_of(jax.device_get(after_8), after_1)
+    allowance = 0.0
+    for direction in (np.inf, -np.inf):
+      nudged = state.replace(params=jax.tree.map(lambda x: np.nextafter(x, np.float32(direction)),
+                                                 state.params))
+      after_nudged, _ = step1(jax.device_put(nudged, exp1.state_sharding),
+                              parallel.to_global(batch, exp1.batch_sharding))
+      allowance = max(allowance, diff_of(jax.device_get(after_nudged), after_1))
+    print(f"\nstep {i + 1}: 8 vs 1 devices {diff:.2e}; 1 ulp of the state moves it {allowance:.2e}")
+    if i == 0:
+      assert allowance < REL_TOL  # the initial state is far from any kink
+    assert diff <= max(REL_TOL, 2 * allowance)
 
 
 def _all_reduced_shapes(hlo: str) -> list[tuple[int, ...]]:
