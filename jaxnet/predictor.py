@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from jaxnet import checkpoint as ckpt
-from jaxnet import config_io, precision, preprocess, steps
+from jaxnet import config_io, models, precision, preprocess, steps
 from jaxnet.quiet import quiet_logger
 
 
@@ -59,8 +59,7 @@ def restore(workdir: str, step: int | None = None, config=None) -> Predictor:
   """The model of WORKDIR's latest (or given) checkpoint, ready for inference."""
   config = config or config_io.load(workdir)
   info = _class_info(workdir, config)
-  from jaxnet import train
-  model = train.build_model(config, info["num_classes"])
+  model = models.from_config(config, info["num_classes"])
   with quiet_logger("absl"):  # orbax warns that a read-only manager is read-only
     tree, step = ckpt.load_arrays(workdir, step)
   variables = steps.eval_variables(tree["params"], tree["ema_params"], tree["batch_stats"],

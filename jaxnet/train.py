@@ -41,28 +41,6 @@ class NonFiniteEvalError(NonFiniteLossError):
   """An evaluation whose loss is inf/NaN: its numbers are wrong, so it is an error, never a metric."""
 
 
-def build_model(config, num_classes: int, bn_num_groups: int = 1):
-  """The model of `config` (also used by jaxnet.api to rebuild a trained model).
-
-  bn_num_groups only changes how training computes BN statistics, not the
-  variables, so inference can rebuild the model with the default of 1.
-  Each model gets the config.model options it has (BN settings, ViT flavour).
-  """
-  m = config.model
-  accepts = models.options(m.name)
-  if m.bn_group_size and "bn_num_groups" not in accepts:
-    raise ValueError(f"config.model.bn_group_size={m.bn_group_size}, but {m.name} has no batch norm; "
-                     "leave it at 0")
-  if m.vit_flavour != "timm" and "flavour" not in accepts:
-    raise ValueError(f"config.model.vit_flavour={m.vit_flavour!r} applies to ViTs, not {m.name}")
-  given = dict(bn_momentum=m.bn_momentum, bn_epsilon=m.bn_epsilon, bn_num_groups=bn_num_groups,
-               zero_init_last_bn=m.zero_init_last_bn, flavour=m.vit_flavour,
-               freeze_bn_stats=m.freeze_bn_stats)
-  return models.create(m.name, num_classes=num_classes,
-                       dtype=precision.get_policy(config.precision).compute_dtype,
-                       **{k: v for k, v in given.items() if k in accepts})
-
-
 class Experiment:
   """Everything built from a config before the first step: data, model, optimizer, jitted steps."""
 
@@ -99,7 +77,7 @@ class Experiment:
     self.eval_every = durations.steps(config, "eval_every", self.steps_per_epoch)
     self.checkpoint_every = durations.steps(config, "checkpoint_every", self.steps_per_epoch)
 
-    self.model = build_model(config, self.num_classes,
+    self.model = models.from_config(config, self.num_classes,
                              parallel.bn_num_groups(config.model.bn_group_size, self.mesh))
     self.schedule = optim.learning_rate_schedule(config.optim, config.batch_size, self.total_steps,
                                                  self.steps_per_epoch)

@@ -337,13 +337,13 @@ def test_model_options_reach_only_the_models_that_have_them():
   from configs import digits
   c = digits.get_config()   # sets model.zero_init_last_bn=False, a ResNet option
   c.model.name, c.model.vit_flavour = "vit_mini", "plain"
-  assert train.build_model(c, 10).flavour == "plain"
+  assert models.from_config(c, 10).flavour == "plain"
   c.model.name = "alexnet_mini"
   with pytest.raises(ValueError, match="vit_flavour='plain' applies to ViTs, not alexnet_mini"):
-    train.build_model(c, 10)
+    models.from_config(c, 10)
   c.model.vit_flavour, c.model.bn_group_size = "timm", 2
   with pytest.raises(ValueError, match="bn_group_size=2, but alexnet_mini has no batch norm"):
-    train.build_model(c, 10)
+    models.from_config(c, 10)
   c.model.bn_group_size = 0
-  assert train.build_model(c, 10).dropout_rate == 0.5
+  assert models.from_config(c, 10).dropout_rate == 0.5
   assert "bn_momentum" in models.options("resnet_tiny") and "bn_momentum" not in models.options("vit_s16")

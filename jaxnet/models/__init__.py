@@ -45,5 +45,28 @@ def options(name: str) -> set[str]:
   return {f.name for f in dataclasses.fields(module) if f.init} - {"parent", "name"}
 
 
+def from_config(config, num_classes: int, bn_num_groups: int = 1) -> nn.Module:
+  """The model `config.model` describes (training builds it, and predict/export rebuild it).
+
+  bn_num_groups only changes how training computes BN statistics, not the
+  variables, so inference can rebuild the model with the default of 1.
+  Each model gets the config.model options it has (BN settings, ViT flavour).
+  """
+  m = config.model
+  accepts = options(m.name)
+  if m.bn_group_size and "bn_num_groups" not in accepts:
+    raise ValueError(f"config.model.bn_group_size={m.bn_group_size}, but {m.name} has no batch norm; "
+                     "leave it at 0")
+  if m.vit_flavour != "timm" and "flavour" not in accepts:
+    raise ValueError(f"config.model.vit_flavour={m.vit_flavour!r} applies to ViTs, not {m.name}")
+  given = dict(bn_momentum=m.bn_momentum, bn_epsilon=m.bn_epsilon, bn_num_groups=bn_num_groups,
+               zero_init_last_bn=m.zero_init_last_bn, flavour=m.vit_flavour,
+               freeze_bn_stats=m.freeze_bn_stats)
+  from jaxnet import precision
+  return create(m.name, num_classes=num_classes,
+                       dtype=precision.get_policy(config.precision).compute_dtype,
+                       **{k: v for k, v in given.items() if k in accepts})
+
+
 # Importing the model files fills the registry.
 from jaxnet.models import alexnet, resnet, vit  # noqa: E402,F401
