@@ -124,14 +124,13 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def check_batch_size(global_batch_size: int, mesh: Mesh, key: str = "batch_size") -> int:
-  """Per-device batch; a batch that does not split evenly is a configuration error."""
+def check_batch_size(global_batch_size: int, mesh: Mesh, key: str = "batch_size") -> None:
+  """Raises if the batch does not split evenly over the mesh's data axis (a configuration error)."""
   devices = mesh.shape[DATA_AXIS]
   if global_batch_size % devices:
     raise ValueError(
         f"{key}={global_batch_size} does not divide evenly over {devices} devices; "
         f"set --config.{key} to a multiple of {devices}")
-  return global_batch_size // devices
 
 
 def bn_num_groups(bn_group_size: int, mesh: Mesh) -> int:

@@ -14,8 +14,6 @@ import dataclasses
 
 import numpy as np
 
-from jaxnet.metrics import read_jsonl
-
 
 @dataclasses.dataclass
 class Series:
@@ -53,10 +51,6 @@ def series(records: list[dict], key: str) -> Series:
   values = np.array([by_step[s][0] for s in steps], dtype=np.float64)
   times = np.array([by_step[s][1] for s in steps], dtype=np.float64)
   return Series(steps, values, times)
-
-
-def load(workdir: str, key: str) -> Series:
-  return series(read_jsonl(workdir), key)
 
 
 def summary(records: list[dict]) -> dict:
