@@ -36,6 +36,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxnet.errors import DIVERGED_HINT, NonFiniteError, UserError
+from jaxnet.quiet import quiet_logger
 
 STATE, DATA_ITER, CONFIG, CHECKSUMS = "state", "data_iter", "config", "checksums"
 CHECKSUM_ALGORITHM = "jaxnet-fmix32-sum-v1"
@@ -171,9 +172,8 @@ class Checkpoints:
     self.keep, self.read_only = keep, read_only
     _quiet_failed_saves()
     if read_only and not os.path.isdir(self.directory):
-      raise FileNotFoundError(f"no checkpoint in {self.directory}: train first "
-                              f"(python -m jaxnet.main --config=... --workdir={workdir})")
-    with _quiet_orbax_warnings():
+      raise self._no_checkpoint()
+    with quiet_logger("absl"):  # orbax warns that a read-only manager is read-only
       options = ocp.CheckpointManagerOptions(
           max_to_keep=None,  # rotation is ours: see _rotate
           create=not read_only, read_only=read_only, enable_async_checkpointing=async_save,
@@ -186,6 +186,21 @@ class Checkpoints:
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
+
+  def resolve_step(self, step: int | None = None) -> int:
+    """`step` (default: the newest); FileNotFoundError, naming the fix, where there is none."""
+    steps = self.steps()
+    if not steps:
+      raise self._no_checkpoint()
+    if step is None:
+      return steps[-1]
+    if step not in steps:
+      raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}; it has steps {steps}")
+    return step
+
+  def _no_checkpoint(self) -> FileNotFoundError:
+    return FileNotFoundError(f"no checkpoint in {self.directory}: train first "
+                             f"(python -m jaxnet.main --config=... --workdir={self.workdir})")
 
   # -- saving ---------------------------------------------------------------
 
@@ -260,7 +275,7 @@ class Checkpoints:
     """
     step_dir = os.path.join(self.directory, str(step))
     try:
-      with _quiet_orbax_warnings():
+      with quiet_logger("absl"):  # orbax warns about items a checkpoint does not have
         metadata = self.manager.item_metadata(step)
       saved_tree = metadata[STATE]
     except Exception as e:
@@ -285,7 +300,7 @@ class Checkpoints:
     if has_checksums:
       items[CHECKSUMS] = ocp.args.JsonRestore()
     try:
-      with _quiet_orbax_warnings():
+      with quiet_logger("absl"):
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:
       if "in checkpoint does not match" in str(e):  # Grain: another pipeline's iterator
@@ -426,19 +441,6 @@ def _quiet_failed_saves() -> None:
   sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
 
 
-class _quiet_orbax_warnings:
-  """Orbax logs a WARNING for every read-only manager and missing optional item: noise here."""
-
-  def __enter__(self):
-    self._logger = logging.getLogger("absl")
-    self._level = self._logger.level
-    if self._level < logging.ERROR:
-      self._logger.setLevel(logging.ERROR)
-
-  def __exit__(self, *exc):
-    self._logger.setLevel(self._level)
-
-
 def abstract(tree, shardings):
   """ShapeDtypeStructs with shardings: a restore target that allocates nothing."""
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
@@ -453,13 +455,7 @@ def load_arrays(workdir: str, step: int | None = None):
   """
   checkpoints = Checkpoints(workdir, read_only=True)
   try:
-    step = checkpoints.manager.latest_step() if step is None else step
-    if step is None:
-      raise FileNotFoundError(f"no checkpoint in {checkpoints.directory}: train first "
-                              f"(python -m jaxnet.main --config=... --workdir={workdir})")
-    if step not in checkpoints.steps():
-      raise FileNotFoundError(f"no checkpoint of step {step} in {checkpoints.directory}; "
-                              f"it has steps {checkpoints.steps()}")
+    step = checkpoints.resolve_step(step)
     tree, checksums = checkpoints.read(step)
     tree = jax.tree.map(np.asarray, tree)
     if checksums is not None:

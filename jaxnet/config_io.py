@@ -72,6 +72,14 @@ def config_file_error(path: str, error: BaseException) -> ConfigFileError:
   return ConfigFileError(f"{where}: {type(error).__name__}: {error}")
 
 
+def get(config, dotted: str):
+  """The value of a dotted key: get(config, "optim.learning_rate")."""
+  node = config
+  for part in dotted.split("."):
+    node = node[part]
+  return node
+
+
 # (key, test, what the value must be). Checked before a run writes anything.
 _RULES = (
     ("batch_size", lambda v: v >= 1, ">= 1"),
@@ -101,11 +109,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   """Raises InvalidConfigError listing every out-of-range value (one line each)."""
   problems = []
   for key, ok, requirement in _RULES:
-    node = config
-    for part in key.split("."):
-      node = node[part]
-    if not ok(node):
-      problems.append(f"{key}={node!r} must be {requirement}")
+    value = get(config, key)
+    if not ok(value):
+      problems.append(f"{key}={value!r} must be {requirement}")
   if config.grad_accum_steps >= 1 and config.batch_size % config.grad_accum_steps:
     problems.append(f"batch_size={config.batch_size} must be a multiple of "
                     f"grad_accum_steps={config.grad_accum_steps}")

@@ -12,6 +12,8 @@ batch_size is overridden. The pairs:
 
 import math
 
+from jaxnet import config_io
+
 # prefix -> (steps key, epochs key), dotted keys of the config.
 PAIRS = {
     "total": ("total_steps", "num_epochs"),
@@ -21,17 +23,10 @@ PAIRS = {
 }
 
 
-def _get(config, dotted):
-  node = config
-  for part in dotted.split("."):
-    node = node[part]
-  return node
-
-
 def steps(config, prefix: str, steps_per_epoch: int) -> int:
   """The duration `prefix` in steps: its _steps key if > 0, else its _epochs key converted."""
   steps_key, epochs_key = PAIRS[prefix]
-  n = _get(config, steps_key)
+  n = config_io.get(config, steps_key)
   if n > 0:
     return int(n)
-  return math.ceil(_get(config, epochs_key) * steps_per_epoch)
+  return math.ceil(config_io.get(config, epochs_key) * steps_per_epoch)

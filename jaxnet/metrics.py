@@ -79,12 +79,11 @@ def _last_record(f):
   for line in iter(f.readline, ""):
     if line.endswith("\n") and line.strip():
       try:
-        last = (json.loads(line)["step"], json.loads(line), offset)
+        record = json.loads(line)
+        last = (record["step"], record, offset)
       except (ValueError, KeyError):
         last = None
     offset = f.tell()
-  if last is not None and offset != f.tell():
-    last = None
   return last
 
 

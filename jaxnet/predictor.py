@@ -14,7 +14,6 @@ import numpy as np
 
 from jaxnet import checkpoint as ckpt
 from jaxnet import config_io, models, precision, preprocess, steps
-from jaxnet.quiet import quiet_logger
 
 
 class Predictor:
@@ -60,8 +59,7 @@ def restore(workdir: str, step: int | None = None, config=None) -> Predictor:
   config = config or config_io.load(workdir)
   info = _class_info(workdir, config)
   model = models.from_config(config, info["num_classes"])
-  with quiet_logger("absl"):  # orbax warns that a read-only manager is read-only
-    tree, step = ckpt.load_arrays(workdir, step)
+  tree, step = ckpt.load_arrays(workdir, step)
   variables = steps.eval_variables(tree["params"], tree["ema_params"], tree["batch_stats"],
                                    use_ema=config.ema_decay > 0)
   _check_matches_model(model, variables, (1, config.image_size, config.image_size,

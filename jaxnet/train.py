@@ -250,8 +250,8 @@ def _mean_metrics(history: list[dict]) -> dict:
   return out
 
 
-def _write_run_info(workdir: str, config, exp: Experiment, changes: dict, step) -> None:
-  workdir_lib.record_config(workdir, config.to_json_best_effort(indent=2), changes, step)
+def _write_run_info(workdir: str, config_json: str, exp: Experiment, changes: dict, step) -> None:
+  workdir_lib.record_config(workdir, config_json, changes, step)
   try:
     rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
                          cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
@@ -314,7 +314,8 @@ def train_and_evaluate(config, workdir: str, accept_config_changes=()) -> dict:
 
 def _train(config, workdir: str, accept: tuple, signals: _StopSignals) -> dict:
   config = pretrained.resolve_config(config, workdir)  # the preprocessing init.weights expect
-  config_dict = json.loads(config.to_json_best_effort())
+  config_json = config.to_json_best_effort(indent=2)
+  config_dict = json.loads(config_json)
   # Before anything is written: is this the run the checkpoints came from?
   changes = workdir_lib.check_config(workdir, config_dict, accept) if _has_checkpoints(workdir) else {}
   exp = Experiment(config, workdir)
@@ -331,11 +332,11 @@ def _train(config, workdir: str, accept: tuple, signals: _StopSignals) -> dict:
     print(f"resumed from checkpoint at step {start_step} in {workdir}/checkpoints", flush=True)
   iterator_state = loader_iter.get_state()
   if is_chief:
-    _write_run_info(workdir, config, exp, changes, start_step)
+    _write_run_info(workdir, config_json, exp, changes, start_step)
     # Records past the restored step describe a model that no longer exists.
     drop_records_after(workdir, start_step)
   writer = MetricWriter(workdir, enabled=is_chief)
-  writer.write_config(config.to_json_best_effort(indent=2))
+  writer.write_config(config_json)
 
   total = exp.total_steps
   print(f"training {config.model.name} on {config.data.source}: {total} steps "
@@ -359,6 +360,7 @@ def _train(config, workdir: str, accept: tuple, signals: _StopSignals) -> dict:
     _raise_if_non_finite(history, step, checkpoints, fp16)
     checkpoints.save(step, state, iterator_state, config_dict)
 
+  record = {}
   try:
     step = start_step
     if step < total:
@@ -401,13 +403,15 @@ def _train(config, workdir: str, accept: tuple, signals: _StopSignals) -> dict:
         if is_chief:
           print(f"eval at step {step}: top1 {eval_metrics['eval/top1']:.4f}  "
                 f"loss {eval_metrics['eval/loss']:.4f}", flush=True)
-      if record:
-        writer.write(step, record)  # one line per step: train and eval metrics together
+      # One line per step, appended once (readers tail the file): a step's train and eval
+      # metrics together; the final step's line waits for the final eval.
+      if record and step != total:
+        writer.write(step, record)
 
       if itstime(step, exp.checkpoint_every, total):  # so does the final save
         save(step)
 
-      if signals.should_stop(sync=log_now):
+      if step < total and signals.should_stop(sync=log_now):  # at total the run ends anyway
         save(step)
         checkpoints.wait()
         print(f"{'interrupted' if signals.received == 'SIGINT' else 'preempted'}: checkpoint saved "
@@ -419,8 +423,9 @@ def _train(config, workdir: str, accept: tuple, signals: _StopSignals) -> dict:
     eval_metrics = exp.evaluate(state)
     elapsed = progress.elapsed()
     checkpoints.wait()
-    # Merges into the final step's line (MetricWriter keeps one line per step).
-    writer.write(step, {**eval_metrics, "train/elapsed_sec": elapsed, "time": elapsed})
+    # With the final step's train metrics; a rerun of a finished run has none, and
+    # MetricWriter then merges the eval into that step's existing line.
+    writer.write(step, {**record, **eval_metrics, "train/elapsed_sec": elapsed, "time": elapsed})
     if is_chief:
       print(f"final: step {step}  test top-1 {eval_metrics['eval/top1']:.4f}  "
             f"top-5 {eval_metrics['eval/top5']:.4f}  loss {eval_metrics['eval/loss']:.4f}  "
@@ -446,10 +451,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
   checkpoints = ckpt.Checkpoints(workdir, read_only=True)
   config = pretrained.resolve_config(config, workdir)
   try:
-    step = checkpoints.manager.latest_step() if step is None else step
-    if step is None:
-      raise FileNotFoundError(f"no checkpoint in {checkpoints.directory}: train first "
-                              f"(python -m jaxnet.main --config=... --workdir={workdir})")
+    step = checkpoints.resolve_step(step)
     exp = Experiment(config, workdir, need_train_data=False)
     state = checkpoints.restore(step, exp.abstract_state)
   finally:

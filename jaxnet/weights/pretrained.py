@@ -27,7 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 
-from jaxnet.quiet import quiet_logger
 from jaxnet.weights import alexnet_names, hub, preprocessing, resnet_names, tensor_files, vit_names
 from jaxnet.weights.preprocessing import Preprocessing
 
@@ -85,8 +84,7 @@ def load(spec: str, model: str = "resnet") -> Source:
   if _is_workdir(spec):
     from jaxnet import checkpoint, config_io, steps
     config = config_io.load(spec)
-    with quiet_logger("absl"):  # orbax warns that a read-only manager is read-only
-      tree, _ = checkpoint.load_arrays(spec)
+    tree, _ = checkpoint.load_arrays(spec)
     variables = steps.eval_variables(tree["params"], tree["ema_params"], tree["batch_stats"],
                                      use_ema=config.ema_decay > 0)
     flat = {p: np.asarray(x, np.float32) for p, x in flatten_dict(variables).items()}
