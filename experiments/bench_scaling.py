@@ -66,12 +66,12 @@ def main():
   args = _parse_args()
   _force_host_devices()
   sys.path.insert(0, REPO)
-  from jaxnet import parallel
-  parallel.set_default_xla_flags()  # the GPU defaults the CLI uses (none on CPU)
+  from jaxnet import runtime
+  runtime.set_default_xla_flags()  # the GPU defaults the CLI uses (none on CPU)
 
   import jax
   import numpy as np
-  from jaxnet import train
+  from jaxnet import experiment
   from jaxnet.config_base import base_config
 
   available = jax.device_count()
@@ -79,7 +79,7 @@ def main():
   if not counts:
     raise SystemExit(f"none of --devices={args.devices} fits the {available} available devices")
 
-  def experiment(n):
+  def make_experiment(n):
     c = base_config()
     c.model.name = args.model
     c.image_size = args.image_size
@@ -90,7 +90,7 @@ def main():
     c.data.source = "synthetic"
     c.data.num_classes = 10 if args.quick else 1000
     c.data.synthetic_size = c.batch_size
-    return train.Experiment(c, workdir="unused", need_train_data=True)
+    return experiment.Experiment(c, need_train_data=True)
 
   backend = jax.default_backend()
   print(f"{args.model} {args.image_size}px {args.precision}, {args.per_device_batch} images per "
@@ -101,7 +101,7 @@ def main():
   # the host from its shapes instead of compiling the random init (which takes
   # longer to compile than the train step of a small model). Scales and
   # variances are 1 so that BN and the loss scale are well defined.
-  first = experiment(counts[0])
+  first = make_experiment(counts[0])
   rng = np.random.default_rng(0)
 
   def fill(path, leaf):
@@ -115,7 +115,7 @@ def main():
   init_host = jax.tree_util.tree_map_with_path(fill, first.abstract_state)
   rows = []
   for n in counts:
-    exp = first if n == counts[0] else experiment(n)
+    exp = first if n == counts[0] else make_experiment(n)
     gb = exp.config.batch_size
     host = {"image": rng.integers(0, 256, (gb,) + exp.image_shape, dtype=np.uint8),
             "label": rng.integers(0, exp.num_classes, (gb,), dtype=np.int32),

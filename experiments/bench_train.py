@@ -7,7 +7,7 @@
     python experiments/bench_train.py --model vit_s16 # any registered model: alexnet, vit_b16, ...
 
 For each (precision, per-device batch):
-  jaxnet        `train.Experiment` built from a config (synthetic source, tiny
+  jaxnet        `experiment.Experiment` built from a config (synthetic source, tiny
                 synthetic_size): its own jitted train step with its shardings and
                 donation, fed one fixed batch from its own loader, placed on the
                 devices once. Compile time is `train_step.lower(...).compile()`;
@@ -48,7 +48,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -117,7 +116,7 @@ def _analysed_bytes(compiled) -> int | None:
 def bench_cell(args, precision: str, per_device_batch: int, shared: dict) -> dict:
   import jax
   import flax_minimal
-  from jaxnet import parallel, train
+  from jaxnet import experiment, parallel
   from jaxnet.config_base import base_config
 
   ndev = jax.device_count()
@@ -131,8 +130,7 @@ def bench_cell(args, precision: str, per_device_batch: int, shared: dict) -> dic
   c.data.synthetic_size = c.batch_size      # one batch is all we feed
   c.data.num_classes = args.num_classes
   c.data.workers = 0
-  with tempfile.TemporaryDirectory() as workdir:
-    exp = train.Experiment(c, workdir)
+  exp = experiment.Experiment(c)
   out = {"precision": precision, "batch_per_device": per_device_batch, "global_batch": c.batch_size}
 
   start = time.perf_counter()

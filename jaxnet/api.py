@@ -9,7 +9,7 @@
 
 `python -m jaxnet.main` calls api.train / api.evaluate, so the command line and
 the API share one path: runtime.setup, then train.train_and_evaluate or
-train.evaluate_checkpoint. See docs/api.md.
+evaluation.evaluate_checkpoint. See docs/api.md.
 """
 
 from jaxnet import config_io, runtime
@@ -57,8 +57,8 @@ def evaluate(workdir: str, config=None, step: int | None = None) -> dict:
   """Eval metrics of WORKDIR's latest (or given) checkpoint; the config defaults to its config.json."""
   config = config or config_io.load(str(workdir))
   runtime.setup(config.distributed)
-  from jaxnet import train as train_lib
-  return train_lib.evaluate_checkpoint(config, str(workdir), step)
+  from jaxnet import evaluation
+  return evaluation.evaluate_checkpoint(config, str(workdir), step)
 
 
 def restore(workdir: str, step: int | None = None, config=None) -> Predictor:

@@ -160,6 +160,12 @@ def _handlers():
           CONFIG: ocp.JsonCheckpointHandler(), CHECKSUMS: ocp.JsonCheckpointHandler()}
 
 
+def has_checkpoints(workdir: str) -> bool:
+  """Whether WORKDIR/checkpoints holds any step directory (intact or not), without opening it."""
+  directory = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(directory) and any(d.isdigit() for d in os.listdir(directory))
+
+
 class Checkpoints:
   """WORKDIR/checkpoints: verified saves and restores, failure reporting, rotation.
 

@@ -37,10 +37,12 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict()
   c.model.name = "resnet50"
-  c.model.num_classes = 0          # 0: take it from the dataset
+  c.model.num_classes = 0          # the classifier's width; 0: the dataset's class count
+                                   # (a wider head is allowed, a narrower one is an error)
   c.model.bn_momentum = 0.9
   c.model.bn_epsilon = 1e-5
   c.model.bn_group_size = 0        # BN statistics over groups of this many devices; 0 = global batch
+                                   # (the model gets it as bn_num_groups = devices / this)
   c.model.zero_init_last_bn = True
   c.model.freeze_bn_stats = False  # True: training too normalises with (and keeps) the BN running
                                    # statistics, e.g. to fine-tune with small batches
@@ -70,7 +72,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.eval_batch_size = 0       # 0: batch_size
   c.data.eval_crop_fraction = 0.875  # eval: resize to image_size / this, center-crop image_size
   c.data.eval_interpolation = "bilinear"  # eval resize filter (antialiased): bilinear | bicubic
-  c.data.num_classes = 1000        # synthetic only
+  c.data.num_classes = 1000        # synthetic only: how many classes its labels draw from
   c.data.synthetic_size = 10_000   # synthetic only: examples per epoch
   c.data.mean = (0.485, 0.456, 0.406)  # per-channel, of pixels in [0, 1]
   c.data.std = (0.229, 0.224, 0.225)

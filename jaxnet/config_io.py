@@ -147,7 +147,7 @@ def parse_arg(arg: str, positional: str | None = None, **defaults) -> ml_collect
 
 
 def from_json(path: str) -> ml_collections.ConfigDict:
-  """Rebuilds the ConfigDict that train.py saved as JSON (WORKDIR/config.json).
+  """Rebuilds the ConfigDict that training saved as JSON (WORKDIR/config.json).
 
   JSON has no tuples, so values come back as lists; merging onto `base_config()`
   restores each known key's type (a list assigned to a tuple field becomes a

@@ -1,4 +1,5 @@
-"""Where metrics go: WORKDIR/metrics.jsonl, TensorBoard events, and the console.
+"""What a run records about itself: WORKDIR/metrics.jsonl, TensorBoard events, the
+console's progress lines, and the run's environment (environment.json, classes.json).
 
 Only process 0 writes; the others get no-op writers, so multi-host runs
 produce one log. Each metrics.jsonl line is one JSON object with "step" and
@@ -9,6 +10,8 @@ import json
 import logging
 import math
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -110,6 +113,30 @@ def drop_records_after(workdir: str, step: int) -> int:
       f.writelines(keep)
     os.replace(tmp, path)
   return len(lines) - len(keep)
+
+
+def write_run_info(workdir: str, *, total_steps: int, steps_per_epoch: int, num_classes: int,
+                   class_names) -> None:
+  """environment.json (versions, devices, git revision: how the numbers were made) and
+  classes.json (what predict/export need to rebuild the model without the dataset)."""
+  import flax
+  import jax
+  import optax
+  try:
+    revision = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    revision = ""
+  environment = {
+      "jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
+      "python": sys.version.split()[0], "platform": jax.default_backend(),
+      "devices": [str(d) for d in jax.devices()], "device_kind": jax.devices()[0].device_kind,
+      "process_count": jax.process_count(), "git_revision": revision,
+      "total_steps": total_steps, "steps_per_epoch": steps_per_epoch}
+  with open(os.path.join(workdir, "environment.json"), "w") as f:
+    json.dump(environment, f, indent=2)
+  with open(os.path.join(workdir, "classes.json"), "w") as f:
+    json.dump({"num_classes": num_classes, "class_names": class_names}, f, indent=2)
 
 
 def read_jsonl(workdir: str) -> list[dict]:

@@ -22,7 +22,7 @@ class Predictor:
     self.config, self.model, self.step, self.workdir = config, model, step, workdir
     self.num_classes = num_classes
     self.class_names = list(class_names) if class_names else [str(i) for i in range(num_classes)]
-    self.channels = len(config.data.mean)  # train.py checks this equals the images' channels
+    self.channels = len(config.data.mean)  # Experiment checks this equals the images' channels
     self.image_shape = (config.image_size, config.image_size, self.channels)
     self.variables = jax.device_put(variables)
     self.logits_fn = steps.make_logits_fn(

@@ -35,6 +35,13 @@ def cross_entropy(logits, labels, num_classes, label_smoothing=0.0):
   return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
 
 
+# How the training loop summarises the train step's metrics over a log window:
+# per-step counts add up, running totals and the current loss scale are read at
+# the window's end, and every other metric is the window's mean.
+WINDOW_REDUCTION = {"data/corrupt_images": "sum", "train/skipped_steps": "last",
+                    "train/loss_scale": "last"}
+
+
 def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_classes: int,
                     mean, std, label_smoothing: float = 0.0, ema_decay: float = 0.0,
                     mix: mixing.Mix | None = None, grad_accum_steps: int = 1):

@@ -82,6 +82,32 @@ class WorkdirLock:
       self._file = None
 
 
+def check_path(workdir: str) -> None:
+  """A --workdir that exists must be a directory (a missing one is created)."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise UserError(f"--workdir {workdir} is a file, not a directory: give a directory "
+                    f"(it is created if missing)")
+
+
+def lock_for_training(stack, workdir: str) -> None:
+  """Process 0 takes WorkdirLock into `stack` (a contextlib.ExitStack); every
+  process raises WorkdirLockedError if it could not."""
+  import jax
+  import numpy as np
+  error = None
+  if jax.process_index() == 0:
+    try:
+      stack.enter_context(WorkdirLock(workdir))
+    except WorkdirLockedError as e:
+      error = e
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    if np.any(multihost_utils.process_allgather(np.array(error is not None))):
+      raise error or WorkdirLockedError(f"process 0 could not lock {workdir}")
+  elif error is not None:
+    raise error
+
+
 def _resumable(key: str) -> bool:
   return any(key == k or (k.endswith(".*") and key.startswith(k[:-1])) for k in RESUMABLE)
 

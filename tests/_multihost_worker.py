@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from jaxnet import checkpoint, train
+from jaxnet import checkpoint, runtime
 
 
 def _save_with_replica(self, step, state, *args, **kwargs):
@@ -40,7 +40,7 @@ def _sigterm_after(process: int, step: int) -> None:
   Checkpoints.restore_newest), so the n-th question follows step start + n.
   """
   import jax
-  original_stop, original_restore = train._StopSignals.should_stop, checkpoint.Checkpoints.restore_newest
+  original_stop, original_restore = runtime.StopSignals.should_stop, checkpoint.Checkpoints.restore_newest
   current = [0]
 
   def restore_newest(self, *args, **kwargs):
@@ -55,7 +55,7 @@ def _sigterm_after(process: int, step: int) -> None:
     return original_stop(self, sync)
 
   checkpoint.Checkpoints.restore_newest = restore_newest
-  train._StopSignals.should_stop = should_stop
+  runtime.StopSignals.should_stop = should_stop
 
 
 _original_save = checkpoint.Checkpoints.save

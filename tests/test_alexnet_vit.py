@@ -14,7 +14,7 @@ import pytest
 from flax.traverse_util import unflatten_dict
 from safetensors.numpy import save_file
 
-from jaxnet import models, parallel, precision, steps, train
+from jaxnet import experiment, models, parallel, precision, steps
 from jaxnet.models import summary
 from jaxnet.models.alexnet import adaptive_avg_pool
 from jaxnet.models.vit import posemb_sincos_2d
@@ -291,8 +291,8 @@ PARALLEL = {
 def test_each_step_on_eight_devices_matches_one_device(name):
   """From the same state and batch, one step on 8 devices = one step on 1 device (2 steps)."""
   extra = {"model.name": name, "total_steps": 2, **PARALLEL[name]}
-  exp1 = train.Experiment(make_config(1, **extra), "unused")
-  exp8 = train.Experiment(make_config(8, **extra), "unused")
+  exp1 = experiment.Experiment(make_config(1, **extra))
+  exp8 = experiment.Experiment(make_config(8, **extra))
   # The init with the cheap-to-compile key (tests/models_helpers.py), not the Experiment's.
   image = jnp.zeros((1,) + exp1.image_shape)
   variables = jax.jit(lambda: exp1.model.init(H.init_key(), image, train=False))()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from configs import digits
-from jaxnet import train
+from jaxnet import experiment
 from tests.test_parallel import rel_diff
 
 
@@ -13,7 +13,7 @@ def _experiment(model, accum, devices, batch=16):
   c = digits.get_config()
   c.model.name, c.grad_accum_steps, c.mesh.num_devices, c.batch_size = model, accum, devices, batch
   c.optim.schedule, c.optim.warmup_epochs, c.optim.learning_rate = "constant", 0.0, 0.4
-  return train.Experiment(c, "unused")
+  return experiment.Experiment(c)
 
 
 def _one_step(exp, state_host, batch):

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxnet import api, parallel, steps, train
+from jaxnet import api, experiment, parallel, steps
 from jaxnet.data import pipeline
 from jaxnet.data.imagefolder import ImageFolderSource
 from jaxnet.data.make_imagefolder import make_imagefolder
@@ -36,9 +36,9 @@ FOLDER = ("data.source=imagefolder", "data.eval_split=val")
 _RECORD_TRAIN_BATCHES = """
 import json, os, sys
 import jax
-from jaxnet import train
+from jaxnet import experiment
 record = []
-build = train.Experiment.__init__
+build = experiment.Experiment.__init__
 def build_and_record(self, *args, **kwargs):
   build(self, *args, **kwargs)
   step = self.train_step
@@ -50,7 +50,7 @@ def build_and_record(self, *args, **kwargs):
     def __getattr__(self, name):
       return getattr(step, name)
   self.train_step = Recorded()
-train.Experiment.__init__ = build_and_record
+experiment.Experiment.__init__ = build_and_record
 sys.argv = ["jaxnet.main"] + sys.argv[1:]
 from jaxnet import main
 try:
@@ -100,7 +100,7 @@ def test_standard_recipe_loss_is_label_smoothed_and_skips_masked_images(folder):
       "model.name": "resnet_tiny", "batch_size": 16, "image_size": 16, "mesh.num_devices": 1,
       "data.workers": 0, "precision": "fp32"})  # fp32: the logits below then match the step's to 1e-5
   assert config.label_smoothing == 0.1
-  exp = train.Experiment(config, "unused")
+  exp = experiment.Experiment(config)
   batch = next(iter(exp.train_loader()))
   batch["mask"] = batch["mask"] & (np.arange(16) % 2 == 0)  # as if every other JPEG were unreadable
   state = exp.init_state()

@@ -24,7 +24,7 @@ if REPO not in sys.path:  # `configs` is a directory of the repo, not an install
 
 from configs import digits  # noqa: E402
 from jaxnet import checkpoint as ckpt  # noqa: E402
-from jaxnet import parallel, train  # noqa: E402
+from jaxnet import experiment, parallel, runtime  # noqa: E402
 from jaxnet.data import pipeline  # noqa: E402
 
 STEPS = 4
@@ -113,7 +113,7 @@ def params_and_stats(state):
 def one_device():
   """The 1-device run; its initial state and batches seed every other run."""
   assert jax.device_count() >= 8, "tests/conftest.py must force 8 host devices"
-  exp = train.Experiment(make_config(1), "unused")
+  exp = experiment.Experiment(make_config(1))
   init_host = jax.device_get(exp.init_state())
   loader = iter(exp.train_loader())
   batches = [next(loader) for _ in range(STEPS)]
@@ -123,7 +123,7 @@ def one_device():
 
 @pytest.fixture(scope="module")
 def eight_devices(one_device):
-  exp = train.Experiment(make_config(8), "unused")
+  exp = experiment.Experiment(make_config(8))
   assert exp.mesh.shape == {"data": 8, "model": 1}
   step, states, losses = run_steps(exp, one_device["init"], one_device["batches"])
   return dict(exp=exp, step=step, states=states, losses=losses)
@@ -237,9 +237,9 @@ def test_host_round_trip_detector_flags_callbacks():
 
 def test_indivisible_batch_is_an_error_naming_both_numbers():
   with pytest.raises(ValueError, match=r"batch_size=12 does not divide evenly over 8 devices"):
-    train.Experiment(make_config(8, batch_size=12), "unused")
+    experiment.Experiment(make_config(8, batch_size=12))
   with pytest.raises(ValueError, match=r"eval_batch_size=20 does not divide evenly over 8 devices"):
-    train.Experiment(make_config(8, **{"data.eval_batch_size": 20}), "unused")
+    experiment.Experiment(make_config(8, **{"data.eval_batch_size": 20}))
 
 
 def test_bn_group_size_validation():
@@ -251,11 +251,11 @@ def test_bn_group_size_validation():
     with pytest.raises(ValueError, match=rf"bn_group_size={bad} does not divide the 8 devices"):
       parallel.bn_num_groups(bad, mesh8)
   with pytest.raises(ValueError, match=r"bn_group_size=3"):
-    train.Experiment(make_config(8, **{"model.bn_group_size": 3}), "unused")
+    experiment.Experiment(make_config(8, **{"model.bn_group_size": 3}))
 
 
 def test_bn_groups_of_four_devices(one_device, eight_devices):
-  exp = train.Experiment(make_config(8, **{"model.bn_group_size": 4}), "unused")
+  exp = experiment.Experiment(make_config(8, **{"model.bn_group_size": 4}))
   assert exp.model.bn_num_groups == 2
   step, states, losses = run_steps(exp, one_device["init"], one_device["batches"][:2])
   assert np.all(np.isfinite(losses))
@@ -381,7 +381,7 @@ def two_process_reference(one_device):
   followed by process 1's (the device order of the global array). Same seed,
   same initial state, same examples: the runs must agree to float rounding.
   """
-  exp = train.Experiment(make_config(4), "unused")
+  exp = experiment.Experiment(make_config(4))
   shard_iters = [iter(pipeline.train_loader(
       exp.train_source, global_batch_size=GLOBAL_BATCH, image_size=exp.config.image_size,
       seed=exp.config.seed, workers=0, process_index=i, process_count=2)) for i in range(2)]
@@ -529,17 +529,17 @@ def _dist(**kw):
 
 
 def test_initialize_distributed_modes(recorded_initialize, monkeypatch):
-  parallel.initialize_distributed(_dist())  # auto, nothing set: single process
-  parallel.initialize_distributed(_dist(enabled="false", coordinator_address="h:1"))
+  runtime.initialize_distributed(_dist())  # auto, nothing set: single process
+  runtime.initialize_distributed(_dist(enabled="false", coordinator_address="h:1"))
   assert recorded_initialize == []
-  parallel.initialize_distributed(_dist(coordinator_address="h:1", num_processes=2, process_id=1))
+  runtime.initialize_distributed(_dist(coordinator_address="h:1", num_processes=2, process_id=1))
   assert recorded_initialize[-1] == dict(coordinator_address="h:1", num_processes=2, process_id=1)
   # Slurm with several tasks, one per GPU: jax's own detection (no arguments).
   monkeypatch.setenv("SLURM_NTASKS", "16")
   for k, v in dict(SLURM_JOB_ID="7", SLURM_LOCALID="3", SLURM_STEP_NUM_TASKS="16",
                    SLURM_STEP_NUM_NODES="2", CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7").items():
     monkeypatch.setenv(k, v)
-  parallel.initialize_distributed(_dist())
+  runtime.initialize_distributed(_dist())
   assert recorded_initialize[-1] == {}
   assert jax.config.jax_cpu_collectives_implementation == "gloo"
 
@@ -549,13 +549,13 @@ def test_slurm_one_process_per_node_gets_every_gpu(recorded_initialize, monkeypa
   for k, v in dict(SLURM_JOB_ID="7", SLURM_LOCALID="0", SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2",
                    SLURM_STEP_NUM_NODES="2", CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7").items():
     monkeypatch.setenv(k, v)
-  parallel.initialize_distributed(_dist())
+  runtime.initialize_distributed(_dist())
   assert recorded_initialize[-1] == {"local_device_ids": list(range(8))}
   monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
   monkeypatch.setenv("SLURM_GPUS_ON_NODE", "4")
-  assert parallel.slurm_process_per_node_device_ids() == [0, 1, 2, 3]
+  assert runtime.slurm_process_per_node_device_ids() == [0, 1, 2, 3]
   # An explicit setting wins.
-  parallel.initialize_distributed(_dist(local_device_ids="1,2"))
+  runtime.initialize_distributed(_dist(local_device_ids="1,2"))
   assert recorded_initialize[-1] == {"local_device_ids": [1, 2]}
 
 
@@ -565,7 +565,7 @@ def test_gpu_xla_flag_defaults_are_overridable_and_never_on_cpu(monkeypatch):
   monkeypatch.setattr(importlib.util, "find_spec", gpu_plugin)
   monkeypatch.delenv("JAX_PLATFORMS", raising=False)
   monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_all_reduce_combine_threshold_bytes=1024")
-  parallel.set_default_xla_flags()
+  runtime.set_default_xla_flags()
   flags = os.environ["XLA_FLAGS"].split()
   assert "--xla_gpu_enable_latency_hiding_scheduler=true" in flags
   # The user's value wins over the default.
@@ -573,10 +573,10 @@ def test_gpu_xla_flag_defaults_are_overridable_and_never_on_cpu(monkeypatch):
 
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-  parallel.set_default_xla_flags()
+  runtime.set_default_xla_flags()
   assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=8"
   monkeypatch.delenv("JAX_PLATFORMS")
   monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no CUDA plugin
-  parallel.set_default_xla_flags()
+  runtime.set_default_xla_flags()
   assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=8"
-  assert parallel.default_xla_flags("cpu") == ""
+  assert runtime.default_xla_flags("cpu") == ""

@@ -295,10 +295,10 @@ def test_ctrl_c_saves_then_exits(tmp_path):
 
 
 def test_a_second_ctrl_c_exits_at_once(monkeypatch, capsys):
-  from jaxnet import train
+  from jaxnet import runtime
   exits = []
   monkeypatch.setattr(os, "_exit", exits.append)
-  with train._StopSignals() as signals:
+  with runtime.StopSignals() as signals:
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.1)  # Python runs the handler between bytecodes
     assert signals.received == "SIGINT" and signals.should_stop(sync=False) and not exits

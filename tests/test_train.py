@@ -71,18 +71,32 @@ def test_eval_mode_reproduces_final_eval(quick_start):
 
 
 def test_non_finite_eval_is_an_error_naming_precision_and_backend(tmp_path):
-  """Experiment.evaluate on NaN weights raises instead of returning NaN metrics."""
+  """evaluation.evaluate on NaN weights raises instead of returning NaN metrics."""
   import jax
-  from jaxnet import api, train
+  from jaxnet import api, evaluation, experiment
   config = api.load_config(os.path.join(REPO, "configs", "digits.py"), precision="fp16",
                            **{"mesh.num_devices": 1})
-  exp = train.Experiment(config, str(tmp_path), need_train_data=False)
+  exp = experiment.Experiment(config, need_train_data=False)
   nan = lambda s: jax.device_put(  # every float NaN (no init to compile)
       np.full(s.shape, np.nan if np.issubdtype(s.dtype, np.floating) else 0, s.dtype), s.sharding)
   state = jax.tree.map(nan, exp.abstract_state)
-  with pytest.raises(train.NonFiniteEvalError,
+  with pytest.raises(evaluation.NonFiniteEvalError,
                      match=r"eval/loss is nan \(precision fp16, backend cpu, 359 examples\)"):
-    exp.evaluate(state)
+    evaluation.evaluate(exp, state)
+
+
+def test_model_num_classes_is_the_head_width_and_never_narrower_than_the_data():
+  """model.num_classes 0 takes the dataset's count; a wider head is allowed, a narrower one
+  (labels past the last logit would get all-zero targets) is an error naming both counts."""
+  from jaxnet import api, experiment
+  digits = os.path.join(REPO, "configs", "digits.py")
+  build = lambda n: experiment.Experiment(
+      api.load_config(digits, **{"mesh.num_devices": 1, "model.num_classes": n}), need_train_data=False)
+  assert build(0).num_classes == 10
+  wide = build(12)
+  assert wide.num_classes == 12 and wide.model.num_classes == 12
+  with pytest.raises(ValueError, match=r"model.num_classes=5, but the digits data has 10 classes"):
+    build(5)
 
 
 def test_nan_bf16_eval_from_the_command_line_is_one_error_line(quick_start):

@@ -1,0 +1,124 @@
+"""Everything built from a config before the first step: mesh, data sources, model,
+optimizer, and the jitted train and eval steps with their shardings.
+
+Training (`jaxnet/train.py`) and evaluation (`jaxnet/evaluation.py`) both start here.
+"""
+
+import jax
+
+from jaxnet import checkpoint as ckpt
+from jaxnet import durations, mixing, models, optim, parallel, precision, steps
+from jaxnet.data import pipeline, sources
+from jaxnet.state import TrainState, init_state
+from jaxnet.weights import pretrained
+
+
+class Experiment:
+  """Everything built from a config before the first step: data, model, optimizer, jitted steps."""
+
+  def __init__(self, config, *, need_train_data: bool = True):
+    self.config = config
+    self.mesh = parallel.make_mesh(config.mesh.num_devices)
+    parallel.check_batch_size(config.batch_size, self.mesh)
+    if config.grad_accum_steps > 1:  # each micro-batch is split over the devices too
+      parallel.check_batch_size(config.batch_size // config.grad_accum_steps, self.mesh,
+                                "batch_size / grad_accum_steps")
+    if config.data.eval_batch_size:  # checked now, not after training when the first eval runs
+      parallel.check_batch_size(config.data.eval_batch_size, self.mesh, "data.eval_batch_size")
+    self.policy = precision.get_policy(config.precision)
+    self.process_index, self.process_count = jax.process_index(), jax.process_count()
+
+    self.train_source = sources.make_source(config.data, "train", config.image_size) if need_train_data else None
+    self.eval_source = sources.make_source(config.data, "eval", config.image_size)
+    ref = self.train_source or self.eval_source
+    self.num_classes = _head_size(config.model.num_classes, ref.num_classes, config.data.source)
+    self.class_names = getattr(ref, "class_names", None)
+    example = ref[0]["image"] if not ref.encoded else None
+    channels = example.shape[-1] if example is not None else 3
+    self.image_shape = (config.image_size, config.image_size, channels)
+    if len(config.data.mean) != channels or len(config.data.std) != channels:
+      raise ValueError(f"config.data.mean/std have {len(config.data.mean)} values but images have "
+                       f"{channels} channels")
+
+    if config.progressive_resizing and not ref.encoded:
+      raise ValueError("config.progressive_resizing needs a JPEG source (imagefolder or tfds): "
+                       f"{config.data.source} images have one fixed size")
+    train_len = len(self.train_source) if self.train_source is not None else config.batch_size
+    self.steps_per_epoch = max(train_len // config.batch_size, 1)
+    self.total_steps = durations.steps(config, "total", self.steps_per_epoch)
+    self.eval_every = durations.steps(config, "eval_every", self.steps_per_epoch)
+    self.checkpoint_every = durations.steps(config, "checkpoint_every", self.steps_per_epoch)
+
+    self.model = models.from_config(config, self.num_classes,
+                                    parallel.bn_num_groups(config.model.bn_group_size, self.mesh))
+    self.schedule = optim.learning_rate_schedule(config.optim, config.batch_size, self.total_steps,
+                                                 self.steps_per_epoch)
+    self.tx = optim.make_optimizer(config.optim, self.schedule)
+
+    init = lambda: init_state(self.model, self.tx, self.image_shape, config.seed, config.loss_scale)
+    abstract_state = jax.eval_shape(init)  # shapes only: nothing is allocated twice
+    replicated = parallel.replicated(self.mesh)
+    self.state_sharding = jax.tree.map(lambda _: replicated, abstract_state)
+    self.abstract_state = ckpt.abstract(abstract_state, self.state_sharding)
+    self._init = jax.jit(init, out_shardings=self.state_sharding)
+    self.batch_sharding = parallel.batch_sharding(self.mesh)
+
+    norm = dict(num_classes=self.num_classes, mean=tuple(config.data.mean), std=tuple(config.data.std))
+    train_step = steps.make_train_step(self.model, self.tx, self.schedule, self.policy,
+                                       label_smoothing=config.label_smoothing,
+                                       ema_decay=config.ema_decay, mix=mixing.Mix(**config.mix),
+                                       grad_accum_steps=config.grad_accum_steps, **norm)
+    eval_step = steps.make_eval_step(self.model, self.policy, use_ema=config.ema_decay > 0, **norm)
+    # Jitted once, with explicit shardings; the old state's buffers are donated
+    # so params and optimizer state are updated in place.
+    self.train_step = jax.jit(train_step, in_shardings=(self.state_sharding, self.batch_sharding),
+                              out_shardings=(self.state_sharding, replicated), donate_argnums=0)
+    self.eval_step = jax.jit(eval_step, in_shardings=(self.state_sharding, self.batch_sharding),
+                             out_shardings=replicated)
+
+  def init_state(self) -> TrainState:
+    state = self._init()
+    if self.config.init.weights:  # fine-tuning: params and BN statistics from pretrained weights
+      state = pretrained.initialise(state, self.config)
+    return state
+
+  def train_image_size(self, step: int) -> int:
+    """The training resolution at `step` under config.progressive_resizing."""
+    size = self.config.image_size
+    for fraction, stage_size in self.config.progressive_resizing:
+      if step >= fraction * self.total_steps:
+        size = stage_size
+    return size
+
+  def train_loader(self, image_size: int | None = None):
+    c = self.config
+    return pipeline.train_loader(
+        self.train_source, global_batch_size=c.batch_size, image_size=image_size or c.image_size,
+        seed=c.seed, workers=c.data.workers, read_threads=c.data.read_threads,
+        process_index=self.process_index, process_count=self.process_count,
+        randaug=(c.data.randaug_num_ops, c.data.randaug_magnitude))
+
+  def eval_batches(self):
+    """The eval set once, in order, as global batches on the mesh (the last one padded, masked)."""
+    c = self.config
+    for local in pipeline.eval_batches(
+        self.eval_source, global_batch_size=c.data.eval_batch_size or c.batch_size,
+        image_size=c.image_size, workers=c.data.workers, process_index=self.process_index,
+        process_count=self.process_count, crop_fraction=c.data.eval_crop_fraction,
+        interpolation=c.data.eval_interpolation):
+      yield parallel.to_global(local, self.batch_sharding)
+
+
+def _head_size(model_num_classes: int, data_num_classes: int, source: str) -> int:
+  """The classifier's width: config.model.num_classes, or the dataset's class count when 0.
+
+  A head narrower than the dataset would silently train on wrong targets (a label
+  past the last logit has an all-zero one-hot target), so that is an error.
+  """
+  if not model_num_classes:
+    return data_num_classes
+  if model_num_classes < data_num_classes:
+    raise ValueError(f"config.model.num_classes={model_num_classes}, but the {source} data has "
+                     f"{data_num_classes} classes: labels past the head would train on all-zero "
+                     f"targets. Set it to 0 (the dataset's count) or at least {data_num_classes}")
+  return model_num_classes
