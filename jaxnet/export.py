@@ -1,10 +1,11 @@
 """Serialize a trained model's inference function with `jax.export`, and load it back.
 
   python -m jaxnet.export --workdir=DIR --out=FILE [--step=N] [--platforms=cpu,cuda]
-  python -m jaxnet.export --workdir=DIR --format=torchvision --out=FILE.safetensors
+  python -m jaxnet.export --workdir=DIR --format=torch --out=FILE.safetensors
 
-`--format=torchvision` writes the weights instead, under torchvision's names
-(jaxnet/weights/export.py); the rest of this docstring is about the default,
+`--format=torch` (or its older name `torchvision`) writes the weights instead, under
+PyTorch's names: torchvision's for ResNets and AlexNet, timm's for ViTs
+(jaxnet/weights/export.py). The rest of this docstring is about the default,
 `--format=jax`.
 
 The exported function is `logits = f(images)`:
@@ -88,23 +89,27 @@ def main(argv=None):
   parser.add_argument("--workdir", required=True, help="a training workdir with checkpoints")
   parser.add_argument("--out", required=True, help="file to write the serialized function to")
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-  parser.add_argument("--format", choices=("jax", "torchvision"), default="jax",
-                      help="jax: the serialized inference function; torchvision: the weights as a "
-                           "torchvision-named .safetensors file")
+  parser.add_argument("--format", choices=("jax", "torch", "torchvision"), default="jax",
+                      help="jax: the serialized inference function; torch (or torchvision, its "
+                           "older name): the weights as a .safetensors file with PyTorch names "
+                           "(torchvision's for ResNets and AlexNet, timm's for ViTs)")
   parser.add_argument("--platforms", default=None,
                       help="comma-separated backends to lower for, e.g. cpu,cuda (default: this one)")
   args = parser.parse_args(argv)
-  if args.format == "torchvision" and not args.out.endswith(".safetensors"):
-    parser.error(f"--format=torchvision writes a .safetensors file; got --out={args.out}")
+  if args.format == "torchvision":
+    args.format = "torch"
+  if args.format == "torch" and not args.out.endswith(".safetensors"):
+    parser.error(f"--format=torch writes a .safetensors file; got --out={args.out}")
 
   from jaxnet import api, errors
   with errors.one_line_errors():
     predictor = api.restore(args.workdir, step=args.step)
-    if args.format == "torchvision":
-      from jaxnet.weights import export as weights_export
+    if args.format == "torch":
+      from jaxnet.weights import export as weights_export, pretrained
       tensors = weights_export.save(predictor, args.out)
+      names = pretrained.names_of(predictor.config.model.name).NAMES
       print(f"exported step {predictor.step} of {args.workdir} to {args.out} ({len(tensors)} "
-            f"tensors, torchvision names)")
+            f"tensors, {names} names)")
       return 0
     platforms = args.platforms.split(",") if args.platforms else None
     save(predictor, args.out, platforms)

@@ -168,6 +168,36 @@ def test_vit_tiny_logits_match_timm(tmp_path):
   np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["alexnet", "vit_ti16"])
+def test_export_writes_back_the_reference_state_dict(name, tmp_path):
+  """`--format=torch` of the variables loaded from the reference state dict is that state
+  dict again, every name, layout and value: torchvision's alexnet and timm's ViT load it
+  strictly and compute the reference logits the tests above compare with."""
+  from jaxnet.weights import export
+  setup = tw.ALEXNET_SETUP if name == "alexnet" else tw.VIT_SETUP
+  spec = tw.alexnet_spec() if name == "alexnet" else tw.vit_tiny_spec(setup["image_size"])
+  sd = tw.draw(spec, setup["weights_seed"])
+  out = export.torch_tensors(_load_drawn(name, sd, setup, tmp_path), name)
+  assert set(out) == set(sd)
+  for key, value in sd.items():
+    assert out[key].dtype == value.dtype and out[key].flags.c_contiguous, key
+    np.testing.assert_array_equal(out[key], value, err_msg=key)
+
+
+def test_plain_vit_export_is_an_error_naming_the_flavour(tmp_path):
+  import types
+  from jaxnet import api
+  from jaxnet.weights import export
+  from tests.helpers import REPO
+  config = api.load_config(os.path.join(REPO, "configs", "vit.py:ti16"))
+  assert config.model.vit_flavour == "plain"  # the recipe's flavour
+  predictor = types.SimpleNamespace(config=config, variables={}, num_classes=10, class_names=None,
+                                    workdir=str(tmp_path), step=1)
+  with pytest.raises(ValueError, match=r"vit_flavour='plain' has no timm counterpart.*--format=jax"):
+    export.save(predictor, str(tmp_path / "vit.safetensors"))
+  assert not os.path.exists(tmp_path / "vit.safetensors")
+
+
 @pytest.mark.parametrize("name,family", [("alexnet_mini", alexnet_names), ("vit_mini", vit_names)])
 def test_weights_names_and_layouts_invert(name, family):
   """Every variable has a PyTorch name that maps back to it, and the layouts invert."""

@@ -36,7 +36,7 @@ def test_round_trip_gives_identical_tensors(tmp_path):
   path, tensors, shapes = drawn_file(tmp_path)
   values, reason = pretrained.fill(shapes, pretrained.load(path), keep_head=True)
   assert reason is None
-  out = export.torchvision_tensors(unflatten_dict(values))
+  out = export.torch_tensors(unflatten_dict(values), "resnet18")
   tensor_files.write(str(tmp_path / "out.safetensors"), out, {})
   back = load_file(str(tmp_path / "out.safetensors"))
   assert set(back) == set(tensors) and len(back) == 122  # torchvision resnet18's state dict

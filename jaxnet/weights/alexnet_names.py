@@ -54,6 +54,14 @@ def from_torch_layout(path: Path, array: np.ndarray) -> np.ndarray:
   return torch_names.kernel_from_torch(array) if path[-1] == "kernel" else array
 
 
+NAMES = "torchvision"
+
+
+def to_torch(variables: dict[Path, np.ndarray]) -> dict[str, np.ndarray]:
+  """Flat jaxnet AlexNet variables -> a torchvision state dict (C-contiguous numpy arrays)."""
+  return torch_names.to_torch(variables, torch_name, to_torch_layout, "torchvision AlexNet")
+
+
 def from_torch(tensors: dict[str, np.ndarray]) -> tuple[dict[Path, np.ndarray], list[str]]:
   """A torchvision AlexNet state dict -> (flat jaxnet variables, names that map to none)."""
   return torch_names.from_torch(tensors, jaxnet_path, from_torch_layout)

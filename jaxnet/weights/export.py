@@ -1,16 +1,19 @@
-"""A trained workdir -> a torchvision-named .safetensors file.
+"""A trained workdir -> a PyTorch-named .safetensors file.
 
-  python -m jaxnet.export --workdir=DIR --format=torchvision --out=resnet50.safetensors
+  python -m jaxnet.export --workdir=DIR --format=torch --out=model.safetensors
 
 The file holds the eval-mode variables (EMA params when the run kept an EMA,
-BN running statistics) under torchvision's names and layouts, so
+BN running statistics) under the names and layouts of the model family's
+PyTorch implementation: torchvision's for the ResNets and AlexNet, timm's for
+the ViTs (`vit_flavour=timm`). So, for a resnet50 run,
 
   model = torchvision.models.resnet50(num_classes=N)
-  model.load_state_dict(safetensors.torch.load_file("resnet50.safetensors"))
+  model.load_state_dict(safetensors.torch.load_file("model.safetensors"))
 
-loads it (for jaxnet's `resnetN` models with the ImageNet stem). Its metadata
-records the model name, the class names and the preprocessing (mean/std, eval
-crop fraction, interpolation), which `init.weights` reads back.
+loads it; likewise `torchvision.models.alexnet(num_classes=N)` and
+`timm.create_model("vit_tiny_patch16_224", num_classes=N)`. Its metadata records
+the model name, the class names and the preprocessing (mean/std, eval crop
+fraction, interpolation), which `init.weights` reads back.
 """
 
 import json
@@ -18,20 +21,26 @@ import json
 import numpy as np
 from flax.traverse_util import flatten_dict
 
-from jaxnet.weights import preprocessing, resnet_names, tensor_files
+from jaxnet.weights import preprocessing, pretrained, tensor_files
 
 
-def torchvision_tensors(variables: dict) -> dict[str, np.ndarray]:
-  """{"params": ..., "batch_stats": ...} -> torchvision state-dict tensors (float32)."""
+def torch_tensors(variables: dict, model: str) -> dict[str, np.ndarray]:
+  """{"params": ..., "batch_stats": ...} of model `model` -> its family's PyTorch state-dict
+  tensors (float32; BN counters int64)."""
   flat = {p: np.asarray(x, np.float32) for p, x in flatten_dict(variables).items()}
-  return resnet_names.to_torchvision(flat)
+  return pretrained.names_of(model).to_torch(flat)
 
 
 def save(predictor, path: str) -> dict[str, np.ndarray]:
   """Writes a Predictor's (jaxnet.api.restore) variables to `path`; returns the tensors."""
-  tensors = torchvision_tensors(predictor.variables)
+  model = predictor.config.model.name
+  if model.startswith("vit") and predictor.config.model.vit_flavour != "timm":
+    raise ValueError(f"a {model} of vit_flavour={predictor.config.model.vit_flavour!r} has no timm "
+                     f"counterpart (timm's ViTs have a class token and learned position "
+                     f"embeddings); export it with --format=jax")
+  tensors = torch_tensors(predictor.variables, model)
   metadata = {
-      "format": "torchvision", "model": predictor.config.model.name,
+      "format": "torch", "names": pretrained.names_of(model).NAMES, "model": model,
       "num_classes": str(predictor.num_classes), "class_names": json.dumps(predictor.class_names),
       "preprocessing": preprocessing.of_config(predictor.config).to_json(),
       "source": f"{predictor.workdir} step {predictor.step}"}

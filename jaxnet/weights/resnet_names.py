@@ -104,20 +104,14 @@ def from_torch_layout(path: Path, array: np.ndarray) -> np.ndarray:
   return torch_names.kernel_from_torch(array) if path[-1] == "kernel" else array
 
 
-def to_torchvision(variables: dict[Path, np.ndarray]) -> dict[str, np.ndarray]:
-  """Flat jaxnet variables -> a torchvision state dict (C-contiguous numpy arrays)."""
-  out, unmapped = {}, []
-  for path, array in variables.items():
-    name = torch_name(path)
-    if name is None:
-      unmapped.append("/".join(path))
-      continue
-    out[name] = np.array(to_torch_layout(path, np.asarray(array)), order="C")
-    if name.endswith(".running_var"):
-      out[name[:-len("running_var")] + "num_batches_tracked"] = np.zeros((), np.int64)
-  if unmapped:
-    raise ValueError(f"{len(unmapped)} variables have no torchvision ResNet name (only jaxnet's "
-                     f"ResNets export to torchvision): {', '.join(unmapped[:5])}")
+NAMES = "torchvision"
+
+
+def to_torch(variables: dict[Path, np.ndarray]) -> dict[str, np.ndarray]:
+  """Flat jaxnet ResNet variables -> a torchvision state dict (C-contiguous numpy arrays)."""
+  out = torch_names.to_torch(variables, torch_name, to_torch_layout, "torchvision ResNet")
+  for name in [n for n in out if n.endswith(".running_var")]:  # BN's counter, which torch expects
+    out[name[:-len("running_var")] + "num_batches_tracked"] = np.zeros((), np.int64)
   return out
 
 

@@ -2,7 +2,8 @@
 
 A family's map (resnet_names, vit_names, alexnet_names) gives `torch_name(path)`,
 `jaxnet_path(name)`, `from_torch_layout(path, array)` and `to_torch_layout(path, array)`;
-`from_torch` here turns a whole state dict into jaxnet variables with them.
+`from_torch` and `to_torch` here turn a whole state dict into jaxnet variables and back
+with them.
 """
 
 from typing import Callable
@@ -43,6 +44,23 @@ def from_torch(tensors: dict[str, np.ndarray], jaxnet_path: Callable[[str], Path
       continue
     out[path] = np.asarray(from_torch_layout(path, np.asarray(array, np.float32)))
   return out, unknown
+
+
+def to_torch(variables: dict[Path, np.ndarray], torch_name: Callable[[Path], str | None],
+             to_torch_layout: Callable[[Path, np.ndarray], np.ndarray], names: str
+             ) -> dict[str, np.ndarray]:
+  """Flat jaxnet variables -> a state dict (C-contiguous numpy arrays) under `names`
+  (e.g. "torchvision ResNet"); a variable without such a name is an error listing it."""
+  out, unmapped = {}, []
+  for path, array in variables.items():
+    name = torch_name(path)
+    if name is None:
+      unmapped.append("/".join(path))
+      continue
+    out[name] = np.array(to_torch_layout(path, np.asarray(array)), order="C")
+  if unmapped:
+    raise ValueError(f"{len(unmapped)} variables have no {names} name: {', '.join(unmapped[:5])}")
+  return out
 
 
 def params_name(path: Path, module_to_torch: Callable[[str], str | None],

@@ -72,6 +72,14 @@ def from_torch_layout(path: Path, array: np.ndarray) -> np.ndarray:
   return torch_names.kernel_from_torch(array) if path[-1] == "kernel" else array
 
 
+NAMES = "timm"
+
+
+def to_torch(variables: dict[Path, np.ndarray]) -> dict[str, np.ndarray]:
+  """Flat jaxnet ViT variables (timm flavour) -> a timm state dict (C-contiguous numpy arrays)."""
+  return torch_names.to_torch(variables, torch_name, to_torch_layout, "timm ViT")
+
+
 def from_torch(tensors: dict[str, np.ndarray]) -> tuple[dict[Path, np.ndarray], list[str]]:
   """A timm ViT state dict -> (flat jaxnet variables, names that map to no jaxnet variable)."""
   return torch_names.from_torch(tensors, jaxnet_path, from_torch_layout)
