@@ -42,7 +42,7 @@ def to_torch_layout(path: Path, array: np.ndarray) -> np.ndarray:
     fin, fout = array.shape
     hwc = array.reshape(_POOL, _POOL, fin // _POOL**2, fout)
     return hwc.transpose(3, 2, 0, 1).reshape(fout, fin)
-  return torch_names.kernel_to_torch(array) if path[-1] == "kernel" else array
+  return torch_names.to_torch_layout(path, array)
 
 
 def from_torch_layout(path: Path, array: np.ndarray) -> np.ndarray:
@@ -51,7 +51,7 @@ def from_torch_layout(path: Path, array: np.ndarray) -> np.ndarray:
     fout, fin = array.shape
     chw = array.reshape(fout, fin // _POOL**2, _POOL, _POOL)
     return chw.transpose(2, 3, 1, 0).reshape(fin, fout)
-  return torch_names.kernel_from_torch(array) if path[-1] == "kernel" else array
+  return torch_names.from_torch_layout(path, array)
 
 
 NAMES = "torchvision"

@@ -25,6 +25,15 @@ def kernel_from_torch(array: np.ndarray) -> np.ndarray:
   return array.T if array.ndim == 2 else array.transpose(2, 3, 1, 0)  # (out, in) / OIHW -> HWIO
 
 
+def to_torch_layout(path: Path, array: np.ndarray) -> np.ndarray:
+  """A variable's array in PyTorch's layout, for families where only kernels differ."""
+  return kernel_to_torch(array) if path[-1] == "kernel" else array
+
+
+def from_torch_layout(path: Path, array: np.ndarray) -> np.ndarray:
+  return kernel_from_torch(array) if path[-1] == "kernel" else array
+
+
 def from_torch(tensors: dict[str, np.ndarray], jaxnet_path: Callable[[str], Path | None],
                from_torch_layout: Callable[[Path, np.ndarray], np.ndarray],
                dropped: Callable[[str], bool] = lambda name: False

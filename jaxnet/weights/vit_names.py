@@ -64,12 +64,8 @@ def jaxnet_path(name: str) -> Path | None:
   return torch_names.params_path(name, _module_from_torch, _leaves)
 
 
-def to_torch_layout(path: Path, array: np.ndarray) -> np.ndarray:
-  return torch_names.kernel_to_torch(array) if path[-1] == "kernel" else array
-
-
-def from_torch_layout(path: Path, array: np.ndarray) -> np.ndarray:
-  return torch_names.kernel_from_torch(array) if path[-1] == "kernel" else array
+# Only kernels change layout.
+to_torch_layout, from_torch_layout = torch_names.to_torch_layout, torch_names.from_torch_layout
 
 
 NAMES = "timm"
