@@ -61,7 +61,7 @@ def _raise_if_non_finite(history: list[dict], last_step: int, checkpoints, fp16:
         f"{checkpoints.intact_sentence()} {DIVERGED_HINT}")
 
 
-def _mean_metrics(history: list[dict]) -> dict:
+def _summarize_window(history: list[dict]) -> dict:
   """One record for a log window's per-step metrics (steps.WINDOW_REDUCTION says how)."""
   stacked = jax.device_get(history)
   reduce = {"mean": lambda v: float(np.mean(v)), "sum": lambda v: np.sum(v).item(),
@@ -164,7 +164,7 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals) ->
       log_now = step == total or itstime(step, config.log_every_steps, total)
       if log_now:
         _raise_if_non_finite(history, step, checkpoints, fp16)
-        record = _mean_metrics(history)
+        record = _summarize_window(history)
         record["train/window_steps"] = len(history)  # fewer than log_every_steps after a resume
         history = []
         record["train/images_per_sec"] = progress.rate(step)
