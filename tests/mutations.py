@@ -1,7 +1,7 @@
 """Mutation check: break each documented behaviour in a copy of the repository, run the
 tests that claim it, and report every break those tests do not notice.
 
-    python tests/mutations.py            # all of them (about 30 minutes on 2 cores)
+    python tests/mutations.py            # all of them (about 15 minutes on 2 cores)
     python tests/mutations.py --ci       # the quick subset .ci/run runs (about 3 minutes)
     python tests/mutations.py --list     # names, files and tests, nothing run
     python tests/mutations.py NAME ...   # only these
