@@ -4,9 +4,9 @@ Each training process logs `time`, seconds since *it* started training, so a
 resumed run starts again near 0. A new process is recognised by time or step
 going backwards; its times are shifted to continue after the previous
 process's last record, which gives one wall-clock axis for the whole run.
-When a run resumed from a checkpoint older than its last logged step, the
-re-run steps are logged twice; the later record wins (it is the one the final
-model descends from). Records without `time` (from `--mode=eval`) keep their
+A resumed run drops the records past the step it resumed from, so each step
+has one line; where an older jaxnet's log holds a step twice, the later record
+wins (it is the one the final model descends from). Records without `time` (from `--mode=eval`) keep their
 step but have no wall time, and do not replace a timed record of the same step.
 """
 

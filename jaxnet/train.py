@@ -1,4 +1,5 @@
-"""The training loop: restore -> for each step: batch -> train_step -> log -> checkpoint -> eval.
+"""The training loop: restore -> for each step: batch -> train_step -> log -> eval ->
+checkpoint -> stop on a signal; then the final checkpoint and the final eval.
 
 This file only orders things in time. What it orders is built elsewhere: the
 experiment (data, model, optimizer, jitted steps) in experiment.py, the loss and

@@ -14,10 +14,12 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import PIL.Image
 import pytest
 
 from jaxnet import api, checkpoint as ckpt, config_io, errors
@@ -178,6 +180,21 @@ def test_non_finite_state_is_never_saved(tmp_path):
   assert (f"newest intact checkpoint is step {newest}" if saved else "no intact checkpoint") in line
 
 
+def test_fp16_stops_on_a_non_finite_loss_not_on_a_skipped_step():
+  """fp16 skips a step with non-finite gradients (loss scaling) and goes on; a non-finite
+  loss stops it, naming the step. fp32/bf16 stop at a non-finite gradient norm too."""
+  from jaxnet import train
+  newest = types.SimpleNamespace(intact_sentence=lambda: "The newest intact checkpoint is step 5.")
+  skipped = {"train/loss": jnp.float32(2.3), "train/grad_norm": jnp.float32(jnp.inf)}
+  finite = {"train/loss": jnp.float32(2.2), "train/grad_norm": jnp.float32(1.0)}
+  train._raise_if_non_finite([finite, skipped, finite], 8, newest, fp16=True)
+  with pytest.raises(errors.NonFiniteError, match=r"diverged at step 7,.*intact checkpoint is step 5"):
+    train._raise_if_non_finite([finite, skipped, finite], 8, newest, fp16=False)
+  nan_loss = {"train/loss": jnp.float32(jnp.nan), "train/grad_norm": jnp.float32(jnp.nan)}
+  with pytest.raises(errors.NonFiniteError, match=r"diverged at step 8,"):
+    train._raise_if_non_finite([finite, skipped, nan_loss], 8, newest, fp16=True)
+
+
 # 4 -------------------------------------------------------------------------
 
 def test_resume_with_a_changed_config(trained, tmp_path):
@@ -219,6 +236,18 @@ def test_resume_with_a_changed_config(trained, tmp_path):
   api.train(changed, workdir, accept_config_changes=["optim.learning_rate"])
   assert json.load(open(workdir / "config.json"))["optim"]["learning_rate"] == 0.2
   assert ckpt.load_arrays(workdir)[1] == 26
+
+  # Another model, accepted: its arrays cannot take the checkpoint's. One line naming them;
+  # the checkpoints are healthy, so nothing is set aside, and config.json is unchanged.
+  config_before, steps_before = (workdir / "config.json").read_bytes(), os.listdir(workdir / "checkpoints")
+  proc = run_main(workdir, *ARGS, "model.name=resnet18", flags=("--accept_config_changes=all",),
+                  check=False)
+  line = _assert_one_clear_line(proc)
+  assert "holds a different model or optimizer" in line, line
+  assert "(16,) in the checkpoint, (64,) in this run" in line, line  # resnet_tiny vs resnet18 widths
+  assert os.listdir(workdir / "checkpoints") == steps_before
+  assert not (workdir / "checkpoints_damaged").exists()
+  assert (workdir / "config.json").read_bytes() == config_before
 
 
 # 5 -------------------------------------------------------------------------
@@ -370,6 +399,20 @@ def test_predict_and_export_errors_are_one_line(trained, tmp_path, capsys):
   with pytest.raises(SystemExit):
     export.main([f"--workdir={empty}", f"--out={tmp_path / 'm.jax'}"])
   assert "no checkpoint" in capsys.readouterr().err
+
+  # A damaged newest checkpoint: predict and export stop with one line, as --mode=eval does.
+  damaged = _copy(trained, tmp_path)
+  _flip_bytes_of_largest_file(damaged / "checkpoints" / "20" / "state")
+  image = tmp_path / "seven.png"
+  PIL.Image.fromarray(np.full((8, 8), 200, np.uint8)).save(image)
+  for entry, argv in [(predict.main, [f"--workdir={damaged}", str(image)]),
+                      (export.main, [f"--workdir={damaged}", f"--out={tmp_path / 'd.jax'}"])]:
+    with pytest.raises(SystemExit) as stopped:
+      entry(argv)
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "checkpoint 20" in err and "damaged" in err, err
+  assert not (tmp_path / "d.jax").exists()
 
 
 # 8 -------------------------------------------------------------------------

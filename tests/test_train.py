@@ -195,10 +195,13 @@ def test_sigkill_while_checkpointing_leaves_previous_checkpoint(tmp_path):
   assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
   _, step = ckpt.load_arrays(tmp_path)  # the step-8 save never completed
   assert step == 4
+  left = [d for d in os.listdir(tmp_path / "checkpoints") if not d.isdigit()]
+  assert left and all("tmp" in d for d in left), left  # orbax's temporary directory of step 8
   proc = run_main(tmp_path, *args)
   assert "resumed from checkpoint at step 4" in proc.stdout
   _, step = ckpt.load_arrays(tmp_path)
   assert step == 12
+  assert all(d.isdigit() for d in os.listdir(tmp_path / "checkpoints"))  # cleaned up on resume
 
 
 def test_mistyped_override_names_the_key(tmp_path):

@@ -1,4 +1,4 @@
-"""Pretrained weights: PyTorch-named tensors in (ResNet, AlexNet, ViT) and out (ResNet), and `config.init`.
+"""Pretrained weights: PyTorch-named tensors in and out (ResNet, AlexNet, ViT), and `config.init`.
 
   resnet_names.py   jaxnet ResNet variable paths <-> torchvision state-dict names and layouts
   alexnet_names.py  the same for torchvision's AlexNet
@@ -8,7 +8,7 @@
   hub.py            `hf-hub:timm/NAME` -> a local model.safetensors and timm's preprocessing
   preprocessing.py  the normalisation and eval resize/crop that weights expect
   pretrained.py     `init.weights`: a source's variables into a fresh train state
-  export.py         a workdir -> torchvision-named .safetensors (`python -m jaxnet.export --format=torchvision`)
+  export.py         a workdir -> PyTorch-named .safetensors (`python -m jaxnet.export --format=torch`)
 
 See docs/models.md ("Pretrained weights").
 """
