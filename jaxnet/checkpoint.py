@@ -176,7 +176,7 @@ class Checkpoints:
     self.workdir = os.path.abspath(workdir)
     self.directory = os.path.join(self.workdir, "checkpoints")
     self.keep, self.read_only = keep, read_only
-    _quiet_failed_saves()
+    _quiet_reported_failures()
     if read_only and not os.path.isdir(self.directory):
       raise self._no_checkpoint()
     with quiet_logger("absl"):  # orbax warns that a read-only manager is read-only
@@ -400,14 +400,19 @@ def describe_os_error(error: BaseException) -> str:
 
 def _first_line(e: BaseException) -> str:
   text = str(e).strip()
-  return (text.splitlines()[0] if text else type(e).__name__)[:300]
+  line = text.splitlines()[0] if text else type(e).__name__
+  return line.split(" See full TensorStore details")[0][:300]  # a repr of the whole store follows
+
+
+_READ_ERROR = "Encountered error while reading array index"  # orbax, for each unreadable array
 
 
 class _DropSaveFailureNoise(logging.Filter):
-  """Drops orbax's (and asyncio's) own tracebacks of a failed background save.
+  """Drops orbax's (and asyncio's) own tracebacks of a failed background save or read.
 
-  Checkpoints reports each failed save once, as CheckpointSaveError; orbax
-  would log the same failure from several threads, 100+ lines each time.
+  Checkpoints reports each failed save once, as CheckpointSaveError, and each
+  unreadable checkpoint once, as DamagedCheckpointError; orbax and asyncio would
+  log the same failure from several threads or futures, 100+ lines each time.
   """
 
   def filter(self, record: logging.LogRecord) -> bool:
@@ -415,34 +420,40 @@ class _DropSaveFailureNoise(logging.Filter):
       return True
     message = record.getMessage()
     if record.name == "asyncio":  # "Task exception was never retrieved" of a failed write
-      return not any(s in message for s in ("RESOURCE_EXHAUSTED", "No space left", "Errno"))
+      return not any(s in message for s in ("RESOURCE_EXHAUSTED", "No space left", "Errno", _READ_ERROR))
     if "orbax" not in record.pathname:
       return True
     return not (record.exc_info or "RESOURCE_EXHAUSTED" in message or "Errno" in message)
 
 
-def _is_closed_loop_noise(exc_type, exc) -> bool:
-  # tensorstore's write callbacks land on orbax's event loop after a failed save
-  # closed it; Python prints each as a traceback. They say nothing new.
-  return exc_type is RuntimeError and str(exc) == "Event loop is closed"
+def _is_reported_noise(exc_type, exc) -> bool:
+  """Tracebacks Python would print for failures Checkpoints already reported in one line.
+
+  After a failed save, tensorstore's write callbacks land on orbax's closed event
+  loop. After a failed read (a damaged checkpoint), the reads of the other arrays
+  are coroutines that end with orbax's read error when they are collected, often
+  at exit: thousands of lines, each saying nothing new.
+  """
+  return ((exc_type is RuntimeError and str(exc) == "Event loop is closed")
+          or str(exc).startswith(_READ_ERROR))
 
 
-def _quiet_failed_saves() -> None:
+def _quiet_reported_failures() -> None:
   """Installs the filters above once per process (not with JAXNET_DEBUG=1)."""
-  if os.environ.get("JAXNET_DEBUG") or getattr(_quiet_failed_saves, "done", False):
+  if os.environ.get("JAXNET_DEBUG") or getattr(_quiet_reported_failures, "done", False):
     return
-  _quiet_failed_saves.done = True
+  _quiet_reported_failures.done = True
   for name in ("absl", "asyncio"):
     logging.getLogger(name).addFilter(_DropSaveFailureNoise())
   warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
   previous_hook, previous_unraisable = sys.excepthook, sys.unraisablehook
 
   def excepthook(exc_type, exc, tb):
-    if not _is_closed_loop_noise(exc_type, exc):
+    if not _is_reported_noise(exc_type, exc):
       previous_hook(exc_type, exc, tb)
 
   def unraisablehook(unraisable):
-    if not _is_closed_loop_noise(unraisable.exc_type, unraisable.exc_value):
+    if not _is_reported_noise(unraisable.exc_type, unraisable.exc_value):
       previous_unraisable(unraisable)
   sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
 
