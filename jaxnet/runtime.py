@@ -168,6 +168,16 @@ def sync_processes(name: str, timeout_s: int = 3600) -> None:
                                   processes=set(range(jax.process_count())))
 
 
+def any_process(flag: bool) -> bool:
+  """Whether `flag` is true in any process (every process must call this at the same point)."""
+  import jax
+  if jax.process_count() == 1:
+    return bool(flag)
+  import numpy as np
+  from jax.experimental import multihost_utils
+  return bool(np.any(multihost_utils.process_allgather(np.array(bool(flag)))))
+
+
 def compile_then_sync(jitted, args, name: str) -> None:
   """Multi-process runs: compile `jitted` for `args` now, then wait for every process.
 
@@ -225,6 +235,4 @@ class StopSignals:
     if not sync:
       return False
     # Every process must stop at the same step, or the collective save would hang.
-    import numpy as np
-    from jax.experimental import multihost_utils
-    return bool(np.any(multihost_utils.process_allgather(np.array(self.received is not None))))
+    return any_process(self.received is not None)

@@ -84,10 +84,9 @@ def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_cl
     correct = jnp.argmax(logits, -1) == batch["label"]
     return jnp.sum(correct * batch["mask"].astype(jnp.float32))
 
-  def gradients(state: TrainState, batch):
-    """(grads, loss, correct predictions, new batch_stats) of the whole batch."""
+  def gradients(state: TrainState, batch, count):
+    """(grads, loss, correct predictions, new batch_stats) of the whole batch of `count` examples."""
     key, scale = step_key(state), state.loss_scale.scale
-    count = jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0)
     if grad_accum_steps == 1:
       grads, (loss, logits, stats) = grad_fn(state.params, state.batch_stats, batch, key, count, scale)
       return grads, loss, correct_count(logits, batch), stats
@@ -113,7 +112,8 @@ def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_cl
     return grads, loss, correct, stats
 
   def train_step(state: TrainState, batch):
-    grads, loss, correct, new_batch_stats = gradients(state, batch)
+    count = jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0)  # real examples
+    grads, loss, correct, new_batch_stats = gradients(state, batch, count)
     if policy.uses_loss_scale:
       grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
@@ -140,7 +140,7 @@ def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_cl
                               opt_state=new_opt_state, loss_scale=loss_scale, ema_params=ema)
     metrics = {
         "train/loss": loss,
-        "train/accuracy": correct / jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0),
+        "train/accuracy": correct / count,
         "train/learning_rate": schedule(state.step),
         "train/grad_norm": optax.global_norm(grads),
         "data/corrupt_images": jnp.sum(batch["corrupt"]),

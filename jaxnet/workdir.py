@@ -93,19 +93,15 @@ def lock_for_training(stack, workdir: str) -> None:
   """Process 0 takes WorkdirLock into `stack` (a contextlib.ExitStack); every
   process raises WorkdirLockedError if it could not."""
   import jax
-  import numpy as np
+  from jaxnet import runtime
   error = None
   if jax.process_index() == 0:
     try:
       stack.enter_context(WorkdirLock(workdir))
     except WorkdirLockedError as e:
       error = e
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-    if np.any(multihost_utils.process_allgather(np.array(error is not None))):
-      raise error or WorkdirLockedError(f"process 0 could not lock {workdir}")
-  elif error is not None:
-    raise error
+  if runtime.any_process(error is not None):
+    raise error or WorkdirLockedError(f"process 0 could not lock {workdir}")
 
 
 def _resumable(key: str) -> bool:

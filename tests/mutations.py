@@ -65,7 +65,7 @@ MUTATIONS = [
              "    if jax.process_count() == 1:\n      return False",
              ("tests/test_train.py::test_sigterm_saves_and_resume_matches_uninterrupted_run",)),
     Mutation("sigterm_stops_every_process", "jaxnet/runtime.py",
-             "return bool(np.any(multihost_utils.process_allgather(np.array(self.received is not None))))",
+             "return any_process(self.received is not None)",
              "return self.received is not None",
              (PARALLEL + "test_sigterm_to_one_process_stops_both_at_the_same_step",)),
     Mutation("environment_json_revision", "jaxnet/metrics.py",

@@ -11,7 +11,8 @@ the ViTs (`vit_flavour=timm`). So, for a resnet50 run,
   model.load_state_dict(safetensors.torch.load_file("model.safetensors"))
 
 loads it; likewise `torchvision.models.alexnet(num_classes=N)` and
-`timm.create_model("vit_tiny_patch16_224", num_classes=N)`. Its metadata records
+`timm.create_model("vit_tiny_patch16_224", num_classes=N, img_size=S)` for a ViT
+trained at image_size S. Its metadata records
 the model name, the class names and the preprocessing (mean/std, eval crop
 fraction, interpolation), which `init.weights` reads back.
 """
