@@ -188,6 +188,7 @@ class Checkpoints:
                                            item_names=(STATE, DATA_ITER, CONFIG, CHECKSUMS),
                                            item_handlers=_handlers())
     self._pending = None           # step of a save that may still be in flight
+    self._failed = set()           # steps whose partial directories close() removes again
     self.newest_intact = None      # newest step known to be complete and verified
 
   def steps(self) -> list[int]:
@@ -256,12 +257,32 @@ class Checkpoints:
 
   def _save_failed(self, step: int, error: BaseException) -> CheckpointSaveError:
     path = os.path.join(self.directory, str(step))
-    for partial in glob.glob(path + ".orbax-checkpoint-tmp*"):  # give the space back
-      shutil.rmtree(partial, ignore_errors=True)
+    self._failed.add(step)
+    self._remove_partials(step)  # give the space back
     cause = describe_os_error(error)
     fix = "Free space there, then" if cause == "no space left on device" else "Fix that, then"
     return CheckpointSaveError(f"checkpoint at step {step} FAILED ({cause}) writing {path}. "
                                f"{self.intact_sentence()} {fix} rerun the same command to resume.")
+
+  def _remove_partials(self, step: int, settle_sec: float = 0.0) -> None:
+    """Removes a failed save's temporary directories.
+
+    The first failed write ends orbax's save, but tensorstore's writes of the other
+    arrays may still land afterwards and recreate the directory. With `settle_sec`,
+    keeps removing until it has stayed absent that long (at most 20 times as long).
+    """
+    pattern = os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*")
+    deadline, absent_since = time.monotonic() + 20 * settle_sec, None
+    while True:
+      partials = glob.glob(pattern)
+      for partial in partials:
+        shutil.rmtree(partial, ignore_errors=True)
+      now = time.monotonic()
+      if partials or absent_since is None:
+        absent_since = now
+      if now - absent_since >= settle_sec or now > deadline:
+        return
+      time.sleep(settle_sec / 5)
 
   def _rotate(self) -> None:
     if not self.keep:
@@ -362,6 +383,8 @@ class Checkpoints:
       self.wait()
     finally:
       self.manager.close()
+      for step in self._failed:
+        self._remove_partials(step, settle_sec=0.5)
 
 
 def _check_fits(saved_tree, abstract_state, step_dir: str) -> None:
