@@ -11,12 +11,14 @@ import os
 
 import jax
 import jax.numpy as jnp
+import flax.linen as nn
 import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict, unflatten_dict
 from safetensors.numpy import save_file
 
 from jaxnet import models
+from jaxnet.models import resnet
 from jaxnet.weights import pretrained, resnet_names
 from tests import reference_weights
 
@@ -36,8 +38,8 @@ def torchvision_shapes(shapes: dict) -> dict:
           for p, s in shapes.items()}
 
 
-@pytest.mark.parametrize("name", ["resnet18", "resnet50"])
-def test_logits_equal_torchvision_for_the_same_weights(name, tmp_path):
+def jaxnet_logits(name, tmp_path):
+  """jaxnet's fp32 eval-mode logits for the reference weights and images of `name`."""
   model = models.create(name, num_classes=1000)
   shapes = model_shapes(model)
   images, tensors = reference_weights.draw(torchvision_shapes(shapes))
@@ -47,9 +49,29 @@ def test_logits_equal_torchvision_for_the_same_weights(name, tmp_path):
   values, head_reason = pretrained.fill(shapes, pretrained.load(path), keep_head=True)
   assert head_reason is None and set(values) == set(shapes)  # every variable, head included
   # Eager (un-jitted) apply: no compile, fast enough at 64 px on the CPU.
-  logits = np.asarray(model.apply(unflatten_dict(values), images.transpose(0, 2, 3, 1), train=False))
+  return np.asarray(model.apply(unflatten_dict(values), images.transpose(0, 2, 3, 1), train=False))
 
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet50"])
+def test_logits_equal_torchvision_for_the_same_weights(name, tmp_path):
+  logits = jaxnet_logits(name, tmp_path)
   reference = np.load(LOGITS)[name]
   assert logits.shape == reference.shape == (2, 1000)
   assert np.abs(reference).max() > 0.5  # the reference is not degenerate
   assert np.abs(logits - reference).max() <= 1e-4
+
+
+@pytest.mark.parametrize("name, measured", [("resnet18", 0.099), ("resnet50", 0.178)])
+def test_same_padding_would_be_far_from_torchvision(name, measured, tmp_path, monkeypatch):
+  # jaxnet's ResNets once padded the stem max-pool and the stride-2 3x3 convs "SAME"
+  # (0 before, 1 after on even sizes). docs/models.md gives the error that would make.
+  def same_padded_conv(features, kernel_size, strides=(1, 1), **kwargs):
+    padding = "SAME" if strides != (1, 1) and kernel_size == (3, 3) else [(k // 2, k // 2) for k in kernel_size]
+    return nn.Conv(features, kernel_size, strides, padding=padding, **kwargs)
+
+  max_pool = nn.max_pool
+  monkeypatch.setattr(resnet, "_conv", same_padded_conv)
+  monkeypatch.setattr(resnet.nn, "max_pool", lambda x, *a, **k: max_pool(x, *a, **{**k, "padding": "SAME"}))
+  error = np.abs(jaxnet_logits(name, tmp_path) - np.load(LOGITS)[name]).max()
+  assert error > 100 * 1e-4  # far outside what the test above allows
+  assert error == pytest.approx(measured, abs=0.005)
