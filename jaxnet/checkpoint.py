@@ -502,5 +502,5 @@ def load_arrays(workdir: str, step: int | None = None):
       verify(tree, checksums, step, checkpoints.directory)
     return tree, step
   finally:
-    checkpoints.manager.close()
+    checkpoints.close()
 

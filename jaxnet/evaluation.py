@@ -60,7 +60,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
     exp = Experiment(config, need_train_data=False)
     state = checkpoints.restore(step, exp.abstract_state)
   finally:
-    checkpoints.manager.close()
+    checkpoints.close()
   metrics = evaluate(exp, state)
   if exp.process_index == 0:
     print(f"eval of checkpoint {step}: top-1 {metrics['eval/top1']:.4f}  top-5 "

@@ -6,6 +6,7 @@ disk), so they run `python -m jaxnet.main` on digits with tiny runs.
 
 import ast
 import contextlib
+import errno
 import glob
 import json
 import os
@@ -289,7 +290,7 @@ def test_a_failed_saves_late_writes_are_removed_at_close(tmp_path):
   checkpoints = ckpt.Checkpoints(str(tmp_path))
   partial = os.path.join(checkpoints.directory, "10.orbax-checkpoint-tmp", "state", "d")
   os.makedirs(partial)
-  error = checkpoints._save_failed(10, OSError(28, "No space left on device"))
+  error = checkpoints._save_failed(10, OSError(errno.ENOSPC, "No space left on device"))
   assert "no space left on device" in str(error)
   assert not os.path.exists(os.path.dirname(os.path.dirname(partial)))
 
@@ -319,7 +320,6 @@ def describe(error):
 
 
 def test_save_errors_name_their_cause():
-  import errno
   assert describe(OSError(errno.ENOSPC, "x")) == "no space left on device"
   assert describe(ValueError("RESOURCE_EXHAUSTED: Failed writing")) == "no space left on device"
   assert describe(OSError(errno.EACCES, "x")) == "permission denied"

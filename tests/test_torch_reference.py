@@ -65,11 +65,13 @@ def test_logits_equal_torchvision_for_the_same_weights(name, tmp_path):
 def test_same_padding_would_be_far_from_torchvision(name, measured, tmp_path, monkeypatch):
   # jaxnet's ResNets once padded the stem max-pool and the stride-2 3x3 convs "SAME"
   # (0 before, 1 after on even sizes). docs/models.md gives the error that would make.
-  def same_padded_conv(features, kernel_size, strides=(1, 1), **kwargs):
-    padding = "SAME" if strides != (1, 1) and kernel_size == (3, 3) else [(k // 2, k // 2) for k in kernel_size]
-    return nn.Conv(features, kernel_size, strides, padding=padding, **kwargs)
+  conv, max_pool = resnet._conv, nn.max_pool
 
-  max_pool = nn.max_pool
+  def same_padded_conv(features, kernel_size, strides=(1, 1), **kwargs):
+    if strides != (1, 1) and kernel_size == (3, 3):
+      return nn.Conv(features, kernel_size, strides, padding="SAME", **kwargs)
+    return conv(features, kernel_size, strides, **kwargs)
+
   monkeypatch.setattr(resnet, "_conv", same_padded_conv)
   monkeypatch.setattr(resnet.nn, "max_pool", lambda x, *a, **k: max_pool(x, *a, **{**k, "padding": "SAME"}))
   error = np.abs(jaxnet_logits(name, tmp_path) - np.load(LOGITS)[name]).max()
