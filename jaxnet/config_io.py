@@ -156,11 +156,27 @@ def from_json(path: str) -> ml_collections.ConfigDict:
   """
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: is this a workdir written by jaxnet training?")
-  with open(path) as f:
-    saved = json.load(f)
+  saved = read_json(path)
   config = base_config()
   _merge(config, saved)
   return config
+
+
+def read_json(path: str) -> dict:
+  """A saved config (WORKDIR/config.json); a UserError naming the file and the fix if
+  it is not a JSON object (an edit gone wrong, a write cut short)."""
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+  except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+    saved = e
+  if not isinstance(saved, dict):
+    why = f"{saved}" if isinstance(saved, ValueError) else "it holds no JSON object"
+    raise UserError(
+        f"{path} is not a valid config ({why}). It records the config the workdir was trained "
+        f"with: put back a good copy, or delete it and train again, which restores it from "
+        f"the newest checkpoint")
+  return saved
 
 
 def _merge(node: ml_collections.ConfigDict, values: dict) -> None:

@@ -79,11 +79,17 @@ def train_and_evaluate(config, workdir: str, accept_config_changes=()) -> dict:
   """
   config_io.validate(config)
   workdir_lib.check_path(workdir)
+  created = not os.path.exists(workdir)
   os.makedirs(workdir, exist_ok=True)
-  with contextlib.ExitStack() as stack:
-    workdir_lib.lock_for_training(stack, workdir)
-    signals = stack.enter_context(runtime.StopSignals())
-    return _train(config, workdir, tuple(accept_config_changes), signals)
+  try:
+    with contextlib.ExitStack() as stack:
+      workdir_lib.lock_for_training(stack, workdir)
+      signals = stack.enter_context(runtime.StopSignals())
+      return _train(config, workdir, tuple(accept_config_changes), signals)
+  except BaseException:
+    if created:  # refused before writing anything (a bad model name, too few devices, ...)
+      workdir_lib.remove_if_unused(workdir)
+    raise
 
 
 def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals) -> dict:

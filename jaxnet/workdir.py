@@ -5,7 +5,8 @@
   on `kill -9`, so a lock is never stale. A second run exits at once, naming the
   holder. Multi-host runs: process 0 holds it.
 - A resumed run must be the same experiment: its config is compared with the
-  workdir's config.json before anything is written. Keys that only change how
+  workdir's config.json before anything is written (a deleted config.json is
+  first restored from the config the newest checkpoint carries). Keys that only change how
   the run is carried out (RESUMABLE) may change and are recorded in
   config_history.jsonl; any other change stops the run with a list of the changes.
 """
@@ -89,6 +90,18 @@ def check_path(workdir: str) -> None:
                     f"(it is created if missing)")
 
 
+def remove_if_unused(workdir: str) -> None:
+  """Removes a workdir this run created if it holds nothing but the lock: a run refused
+  before it wrote anything leaves no directory behind."""
+  try:
+    if set(os.listdir(workdir)) <= {LOCK_FILE}:
+      if os.path.exists(os.path.join(workdir, LOCK_FILE)):
+        os.remove(os.path.join(workdir, LOCK_FILE))
+      os.rmdir(workdir)
+  except OSError:  # another process of the run removed it first, or wrote into it
+    pass
+
+
 def lock_for_training(stack, workdir: str) -> None:
   """Process 0 takes WorkdirLock into `stack` (a contextlib.ExitStack); every
   process raises WorkdirLockedError if it could not."""
@@ -128,13 +141,12 @@ def check_config(workdir: str, config_dict: dict, accept: tuple[str, ...] = ()) 
   """Compares a resuming run's config with WORKDIR/config.json; returns the accepted changes.
 
   Raises ConfigChangedError listing every change that is neither RESUMABLE nor
-  named in `accept` (keys, or "all"). Writes nothing.
+  named in `accept` (keys, or "all"). Writes nothing, except that a missing
+  config.json is put back from the checkpoints (saved_config).
   """
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  old = saved_config(workdir)
+  if old is None:
     return {}
-  with open(path) as f:
-    old = json.load(f)
   from jaxnet.config_base import base_config
   defaults = json.loads(base_config().to_json_best_effort())
   changes = config_changes(old, config_dict, flatten(defaults))
@@ -147,6 +159,28 @@ def check_config(workdir: str, config_dict: dict, accept: tuple[str, ...] = ()) 
         f"Train in a new --workdir, or accept the changes for this workdir with "
         f"--accept_config_changes={','.join(refused)}")
   return changes
+
+
+def saved_config(workdir: str) -> dict | None:
+  """The config WORKDIR was trained with: its config.json, or, where that was deleted,
+  the config saved with the newest checkpoint that has one (config.json is then
+  restored from it, by process 0). None for a workdir without either.
+
+  An unreadable config.json is an error naming it: guessing would defeat the check.
+  """
+  from jaxnet import checkpoint as ckpt
+  from jaxnet.config_io import read_json
+  path = os.path.join(workdir, CONFIG_FILE)
+  if os.path.exists(path):
+    return read_json(path)
+  step, config = ckpt.newest_saved_config(workdir)
+  if config is None:
+    return None
+  import jax
+  if jax.process_index() == 0:
+    write_atomically(path, json.dumps(config, indent=2))
+    print(f"{path} was missing: restored it from the config saved with checkpoint {step}", flush=True)
+  return config
 
 
 def record_config(workdir: str, config_json: str, changes: dict, step: int | None) -> None:

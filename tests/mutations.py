@@ -224,6 +224,17 @@ MUTATIONS = [
     Mutation("time_to_accuracy_rows_as_they_finish", "experiments/time_to_accuracy.py",
              'print("\\n" + TABLE_HEADER + "\\n" + table_row(result), flush=True)', "pass",
              (EXPERIMENTS + "test_time_to_accuracy_quick_reaches_both_targets",)),
+    # --- reliability, third round (issue 27) --------------------------------------
+    Mutation("config_json_restored_from_checkpoints", "jaxnet/workdir.py",
+             "  step, config = ckpt.newest_saved_config(workdir)\n", "  step, config = None, None\n",
+             ("tests/test_reliability.py::test_a_deleted_config_json_is_restored_from_the_checkpoints",)),
+    Mutation("invalid_config_json_named", "jaxnet/config_io.py",
+             "  except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError\n    saved = e\n",
+             "  except ValueError:\n    raise\n",
+             ("tests/test_reliability.py::test_an_invalid_config_json_is_one_line_naming_it",)),
+    Mutation("refused_run_leaves_no_workdir", "jaxnet/train.py",
+             "      workdir_lib.remove_if_unused(workdir)\n", "      pass\n",
+             ("tests/test_reliability.py::test_a_refused_run_leaves_no_workdir_behind",), ci=True),
 ]
 
 

@@ -252,6 +252,62 @@ def test_resume_with_a_changed_config(trained, tmp_path):
   assert (workdir / "config.json").read_bytes() == config_before
 
 
+def _digits(*overrides):
+  """The config the command line builds from ARGS and these overrides."""
+  pairs = (o.split("=") for o in (*ARGS, *overrides))
+  return api.load_config(os.path.join(REPO, "configs/digits.py"),
+                         {k: v if v.isalnum() and not v.isdigit() else ast.literal_eval(v)
+                          for k, v in pairs})
+
+
+def test_a_deleted_config_json_is_restored_from_the_checkpoints(trained, tmp_path):
+  workdir = _copy(trained, tmp_path)
+  original = json.load(open(workdir / "config.json"))
+  os.remove(workdir / "config.json")
+  # The checkpoints' config is the reference: a changed learning rate is refused...
+  with pytest.raises(workdir_lib.ConfigChangedError, match=r"optim.learning_rate: 0.4 -> 0.2"):
+    api.train(_digits("optim.learning_rate=0.2"), workdir)
+  # ...and config.json is back, as the checkpoint saved it; nothing else was written.
+  assert json.load(open(workdir / "config.json")) == original
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["10", "20"]
+
+  # Without checkpoint 20's config, the older checkpoint's is used.
+  os.remove(workdir / "config.json")
+  os.remove(workdir / "checkpoints" / "20" / "config" / ckpt.JSON_ITEM_FILE)
+  assert workdir_lib.saved_config(str(workdir)) == json.load(
+      open(workdir / "checkpoints" / "10" / "config" / ckpt.JSON_ITEM_FILE))
+
+
+def test_an_invalid_config_json_is_one_line_naming_it(trained, tmp_path):
+  workdir = _copy(trained, tmp_path)
+  (workdir / "config.json").write_text('{\n  "seed": 0,\n}\n')
+  for attempt in (lambda: api.train(_digits(), workdir), lambda: api.evaluate(workdir)):
+    with pytest.raises(errors.UserError) as refused:
+      attempt()
+    message = str(refused.value)
+    assert message.startswith(f"{workdir / 'config.json'} is not a valid config (") and "\n" not in message
+    assert "delete it and train again" in message, message
+  (workdir / "config.json").write_text("[]")
+  with pytest.raises(errors.UserError, match="holds no JSON object"):
+    workdir_lib.saved_config(str(workdir))
+
+
+def test_a_refused_run_leaves_no_workdir_behind(tmp_path):
+  """Values that only the experiment's build can refuse (an unknown model, too few
+  devices): a workdir this run created goes again; one that existed stays."""
+  for override, message in [("model.name=nope", "unknown model 'nope'"),
+                            ("mesh.num_devices=64", "asked for 64 devices")]:
+    workdir = tmp_path / "new"
+    with pytest.raises((errors.UserError, ValueError), match=message):
+      api.train(_digits(override), workdir)
+    assert not workdir.exists()
+  existing = tmp_path / "existing"
+  existing.mkdir()
+  with pytest.raises(ValueError, match="unknown model"):
+    api.train(_digits("model.name=nope"), existing)
+  assert existing.is_dir()
+
+
 # 5 -------------------------------------------------------------------------
 
 @contextlib.contextmanager
