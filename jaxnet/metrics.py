@@ -35,6 +35,7 @@ class MetricWriter:
       # resumed run continues the same file.
       self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a+", buffering=1)
       self._last = _last_record(self._jsonl)
+      _end_line(self._jsonl)
       try:
         from tensorboardX import SummaryWriter
         self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), flush_secs=30)
@@ -90,6 +91,16 @@ def _last_record(f):
   return last
 
 
+def _end_line(f) -> None:
+  """Ends a last line cut short (a kill during a write), so this writer's records start on
+  a line of their own instead of joining it into one unreadable line; readers skip it."""
+  end = f.seek(0, os.SEEK_END)
+  if end:
+    f.seek(end - 1)
+    if f.read(1) != "\n":
+      f.write("\n")
+
+
 def drop_records_after(workdir: str, step: int) -> int:
   """Removes metrics.jsonl records of steps after `step` (a resumed run redoes them).
 
@@ -105,7 +116,7 @@ def drop_records_after(workdir: str, step: int) -> int:
     try:
       if json.loads(line)["step"] <= step:
         keep.append(line)
-    except (ValueError, KeyError):
+    except (ValueError, KeyError, TypeError):
       pass  # a line cut short by a crash
   if len(keep) != len(lines):
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -140,8 +151,28 @@ def write_run_info(workdir: str, *, total_steps: int, steps_per_epoch: int, num_
 
 
 def read_jsonl(workdir: str) -> list[dict]:
+  """The records of WORKDIR/metrics.jsonl; lines that are not records are skipped
+  (read_jsonl_counted says how many)."""
+  return read_jsonl_counted(workdir)[0]
+
+
+def read_jsonl_counted(workdir: str) -> tuple[list[dict], int]:
+  """(records, how many lines were skipped): a line cut short by a kill during a write
+  is not a record, and one torn line must not make the whole log unreadable."""
+  records, skipped = [], 0
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    for line in f:
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except ValueError:
+        record = None
+      if isinstance(record, dict) and "step" in record:
+        records.append(record)
+      else:
+        skipped += 1
+  return records, skipped
 
 
 class Progress:

@@ -20,7 +20,7 @@ matplotlib.use("Agg")  # files only: no display needed (servers, CI, notebooks' 
 import matplotlib.pyplot as plt  # noqa: E402
 
 from jaxnet import runlog  # noqa: E402
-from jaxnet.metrics import read_jsonl  # noqa: E402
+from jaxnet.metrics import read_jsonl_counted  # noqa: E402
 
 # figure name -> (y label, [(metric, line style, legend suffix)])
 PLOTS = {
@@ -86,7 +86,12 @@ def format_summary(label: str, s: dict) -> str:
 def report(workdirs: list[str], out_dir: str | None = None) -> dict:
   """Writes the plots and summaries; returns {label: summary dict}."""
   out_dir = out_dir or (os.path.join(workdirs[0], "report") if len(workdirs) == 1 else "jaxnet-report")
-  runs = {label: read_jsonl(w) for label, w in zip(labels_for(workdirs), workdirs)}
+  runs = {}
+  for label, workdir in zip(labels_for(workdirs), workdirs):
+    runs[label], skipped = read_jsonl_counted(workdir)
+    if skipped:
+      print(f"note: skipped {skipped} unreadable line{'s' if skipped > 1 else ''} of "
+            f"{os.path.join(workdir, 'metrics.jsonl')} (a write cut short, e.g. by a kill)")
   plot(runs, out_dir)
   summaries = {label: runlog.summary(records) for label, records in runs.items()}
   text = "\n".join(format_summary(label, s) for label, s in summaries.items())

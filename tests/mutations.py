@@ -235,6 +235,12 @@ MUTATIONS = [
     Mutation("refused_run_leaves_no_workdir", "jaxnet/train.py",
              "      workdir_lib.remove_if_unused(workdir)\n", "      pass\n",
              ("tests/test_reliability.py::test_a_refused_run_leaves_no_workdir_behind",), ci=True),
+    Mutation("metrics_writer_starts_a_fresh_line", "jaxnet/metrics.py",
+             "      _end_line(self._jsonl)\n", "",
+             ("tests/test_reliability.py::test_a_torn_last_metrics_line_is_skipped_and_never_joined",)),
+    Mutation("metrics_readers_skip_a_torn_line", "jaxnet/metrics.py",
+             "      except ValueError:\n        record = None\n", "      except KeyError:\n        record = None\n",
+             ("tests/test_reliability.py::test_a_torn_last_metrics_line_is_skipped_and_never_joined",)),
 ]
 
 

@@ -530,3 +530,29 @@ def test_metrics_have_one_line_per_step_after_a_resume(trained, tmp_path):
   by_step = {r["step"]: r for r in records}
   assert by_step[12]["train/window_steps"] == 2 and by_step[16]["train/window_steps"] == 4
   assert "eval/top1" in by_step[20] and "train/loss" in by_step[20]  # one line, both kinds
+
+
+def test_a_torn_last_metrics_line_is_skipped_and_never_joined(trained, tmp_path, capsys):
+  """A kill during a write leaves the last line of metrics.jsonl cut short: readers skip
+  and count it; `--mode=eval` writes its record on a line of its own, which a resume keeps."""
+  from jaxnet import metrics, report
+  workdir = _copy(trained, tmp_path)
+  path = workdir / "metrics.jsonl"
+  whole = read_jsonl(workdir)
+  path.write_text(path.read_text() + '{"step": 25, "train/loss": 0.3')  # torn mid-record
+  assert metrics.read_jsonl_counted(workdir) == (whole, 1)
+
+  assert report.main([str(workdir), "--out", str(tmp_path / "report")]) == 0
+  out = capsys.readouterr().out
+  assert f"note: skipped 1 unreadable line of {path} (a write cut short" in out
+  assert json.load(open(tmp_path / "report" / "summary.json"))["w"]["final_step"] == 20
+
+  evaluated = api.evaluate(workdir, step=10)
+  records, skipped = metrics.read_jsonl_counted(workdir)
+  assert skipped == 1 and records[:-1] == whole
+  assert records[-1]["step"] == 10 and records[-1]["eval/top1"] == pytest.approx(evaluated["eval/top1"])
+
+  # A resume from step 20 drops only the torn line: every record, the eval's too, stays.
+  assert metrics.drop_records_after(str(workdir), 20) == 1
+  assert metrics.read_jsonl_counted(workdir) == (records, 0)
+
