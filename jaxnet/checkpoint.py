@@ -215,6 +215,7 @@ class Checkpoints:
                                            item_handlers=_handlers())
     self._pending = None           # step of a save that may still be in flight
     self._failed = set()           # steps whose partial directories close() removes again
+    self._saved = set()            # steps whose save this object started
     self.newest_intact = None      # newest step known to be complete and verified
 
   def steps(self) -> list[int]:
@@ -260,6 +261,7 @@ class Checkpoints:
     except Exception as e:  # orbax raises many types; each becomes one clear message
       raise self._save_failed(step, e) from e
     self._pending = step
+    self._saved.add(step)
 
   def wait(self) -> None:
     """Waits for a save in flight; raises CheckpointSaveError if it failed. Then rotates."""
@@ -275,6 +277,18 @@ class Checkpoints:
       raise self._save_failed(step, RuntimeError("the checkpoint directory was not finalized"))
     self.newest_intact = step
     self._rotate()
+
+  def complete_sentence(self) -> str:
+    """intact_sentence, counting also the saves of this run that have completed on disk but
+    were not yet waited for (a run stopped from another thread, see peers.py)."""
+    try:
+      on_disk = {int(d) for d in os.listdir(self.directory) if d.isdigit()}
+    except OSError:
+      on_disk = set()
+    newest = max(on_disk & self._saved | {self.newest_intact} - {None}, default=None)
+    if newest is None:
+      return self.intact_sentence()
+    return f"The newest intact checkpoint is step {newest}."
 
   def intact_sentence(self) -> str:
     if self.newest_intact is None:

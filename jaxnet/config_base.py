@@ -116,5 +116,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.distributed.num_processes = 0
   c.distributed.process_id = -1
   c.distributed.local_device_ids = ""
+  c.distributed.heartbeat_timeout_sec = 100.0  # a process silent this long counts as dead: the
+                                   # others stop with one line naming it (jaxnet/peers.py);
+                                   # jax's own heartbeat timeout is set to twice this
   return c
 

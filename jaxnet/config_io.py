@@ -102,6 +102,7 @@ _RULES = (
     ("data.eval_batch_size", lambda v: v >= 0, ">= 0 (0 means batch_size)"),
     ("data.eval_crop_fraction", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("optim.learning_rate", lambda v: v >= 0, ">= 0"),
+    ("distributed.heartbeat_timeout_sec", lambda v: v >= 1, ">= 1"),
 )
 
 

@@ -113,6 +113,10 @@ def initialize_distributed(dist_config) -> None:
   # (GPUs use NCCL), and a user's explicit choice (e.g. "mpi") is kept.
   if jax.config.jax_cpu_collectives_implementation is None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  # jaxnet's own check of the other processes (peers.PeerWatch) must report before
+  # jax's, which terminates the process from C++ without a usable word.
+  from jaxnet import peers
+  kwargs["heartbeat_timeout_seconds"] = peers.jax_heartbeat_timeout(dist_config.heartbeat_timeout_sec)
   jax.distributed.initialize(**kwargs)
   logging.info("jax.distributed: process %d of %d, %d local / %d global devices",
                jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from jaxnet import checkpoint as ckpt
-from jaxnet import config_io, evaluation, parallel, runtime, steps
+from jaxnet import config_io, evaluation, parallel, peers, runtime, steps
 from jaxnet import workdir as workdir_lib
 from jaxnet.errors import DIVERGED_HINT, NonFiniteError, UserError
 from jaxnet.experiment import Experiment
@@ -85,14 +85,23 @@ def train_and_evaluate(config, workdir: str, accept_config_changes=()) -> dict:
     with contextlib.ExitStack() as stack:
       workdir_lib.lock_for_training(stack, workdir)
       signals = stack.enter_context(runtime.StopSignals())
-      return _train(config, workdir, tuple(accept_config_changes), signals)
+      watch = stack.enter_context(peers.PeerWatch(config.distributed.heartbeat_timeout_sec))
+      try:
+        return _train(config, workdir, tuple(accept_config_changes), signals, watch)
+      except Exception as e:
+        if not isinstance(e, UserError):
+          # A process that died fails the others' collectives first (gloo): let the
+          # watcher name it, in one line, instead of this exception.
+          watch.wait_for_verdict(e)
+        raise
   except BaseException:
     if created:  # refused before writing anything (a bad model name, too few devices, ...)
       workdir_lib.remove_if_unused(workdir)
     raise
 
 
-def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals) -> dict:
+def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
+           watch: peers.PeerWatch) -> dict:
   config = pretrained.resolve_config(config, workdir)  # the preprocessing init.weights expect
   config_json = config.to_json_best_effort(indent=2)
   config_dict = json.loads(config_json)
@@ -101,6 +110,7 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals) ->
   exp = Experiment(config)
   is_chief = exp.process_index == 0
   checkpoints = ckpt.Checkpoints(workdir, config.keep_checkpoints, config.async_checkpointing)
+  watch.checkpoint_sentence = checkpoints.complete_sentence
 
   image_size = exp.train_image_size(0)
   loader_iter = iter(exp.train_loader(image_size))
@@ -166,6 +176,7 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals) ->
         traced.append(state)
       history.append(metrics)
       step += 1
+      watch.step = step
 
       record = {}
       log_now = step == total or itstime(step, config.log_every_steps, total)

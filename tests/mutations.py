@@ -241,6 +241,15 @@ MUTATIONS = [
     Mutation("metrics_readers_skip_a_torn_line", "jaxnet/metrics.py",
              "      except ValueError:\n        record = None\n", "      except KeyError:\n        record = None\n",
              ("tests/test_reliability.py::test_a_torn_last_metrics_line_is_skipped_and_never_joined",)),
+    Mutation("peer_watch_reports_a_silent_process", "jaxnet/peers.py",
+             "and now - self._changed[p] > self.timeout_s]", "and False]",
+             (PARALLEL + "test_peer_watch_names_the_process_that_stopped_answering",), ci=True),
+    Mutation("peer_watch_ignores_a_process_that_is_done", "jaxnet/peers.py",
+             "if p != self._me and self._values.get(p) != DONE", "if p != self._me",
+             (PARALLEL + "test_peer_watch_names_the_process_that_stopped_answering",), ci=True),
+    Mutation("jax_heartbeat_longer_than_jaxnets", "jaxnet/peers.py",
+             "return max(2, int(2 * timeout_s))", "return max(2, int(timeout_s))",
+             (PARALLEL + "test_initialize_distributed_modes",), ci=True),
 ]
 
 

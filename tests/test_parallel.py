@@ -13,6 +13,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -24,7 +25,7 @@ if REPO not in sys.path:  # `configs` is a directory of the repo, not an install
 
 from configs import digits  # noqa: E402
 from jaxnet import checkpoint as ckpt  # noqa: E402
-from jaxnet import experiment, parallel, runtime  # noqa: E402
+from jaxnet import experiment, parallel, peers, runtime  # noqa: E402
 from jaxnet.data import pipeline  # noqa: E402
 
 STEPS = 4
@@ -492,6 +493,118 @@ def test_resumed_two_process_run_continues_exactly(multihost_preempted, two_proc
   _check_against_reference(workdir, ref, PREEMPTED_AT)
 
 
+@pytest.mark.slow  # ~95 s on 2 cores: two runs of two processes; the fast check is the one below
+def test_a_dead_process_is_named_in_one_line_and_the_rerun_resumes(tmp_path):
+  """kill -9 of process 1: process 0 ends with one jaxnet line (which process, the step, the
+  newest intact checkpoint), not jax's C++ abort, and a rerun of both resumes from there."""
+  workdir = tmp_path / "run"
+  timeout = "--config.distributed.heartbeat_timeout_sec=8"
+  run = _start_two_processes(workdir, "lost", "--config.total_steps=100000",
+                             "--config.checkpoint_every_steps=3", timeout)
+  survivor, victim = run["procs"]
+  try:
+    deadline = time.time() + 400
+    while not (workdir / "checkpoints" / "3").is_dir():
+      assert survivor.poll() is None and victim.poll() is None, run["logs"][0].read_text()[-3000:]
+      assert time.time() < deadline, "no checkpoint after 400 s"
+      time.sleep(0.2)
+    victim.kill()  # SIGKILL: no handler runs
+    killed_at = time.time()
+    survivor.wait(timeout=120)
+    noticed_after = time.time() - killed_at
+  finally:
+    for p in run["procs"]:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  out = run["logs"][0].read_text()
+  assert survivor.returncode == 1, out[-3000:]
+  for noise in ("Traceback", "Check failure", "Fatal Python error", "Terminating process"):
+    assert noise not in out, out[-3000:]
+  last = out.strip().splitlines()[-1]
+  match = re.fullmatch(r"error: process 1 of 2 stopped answering \(no heartbeat for 8 s\) at step (\d+)\. "
+                       r"The newest intact checkpoint is step (\d+)\. Rerun all processes to resume\.", last)
+  assert match, out[-3000:]
+  step, intact = int(match[1]), int(match[2])
+  assert 3 <= intact <= step and intact % 3 == 0
+  assert (workdir / "checkpoints" / str(intact)).is_dir()
+  print(f"\nprocess 1 killed; process 0 named it {noticed_after:.1f} s later")
+  assert noticed_after < 8 + 30  # the configured timeout, not jax's (16 s) abort or a hang
+
+  resumed = _start_two_processes(workdir, "rerun", f"--config.total_steps={intact + 1}", timeout)
+  outputs = _wait(resumed)
+  for out in outputs:
+    assert f"resumed from checkpoint at step {intact}" in out, out[-3000:]
+  assert f"final: step {intact + 1}" in outputs[0]
+  assert (workdir / "checkpoints" / str(intact + 1)).is_dir()
+
+
+class _KeyValueStore:
+  """Stands in for jax's distributed client: the calls peers.PeerWatch makes."""
+
+  def __init__(self):
+    self.values, self.down = {}, False
+
+  def key_value_set(self, key, value, allow_overwrite=False):
+    if self.down:
+      raise RuntimeError("UNAVAILABLE: Failed to send RPC to coordination service")
+    self.values[key] = value
+
+  def key_value_dir_get(self, prefix):
+    if self.down:
+      raise RuntimeError("UNAVAILABLE: Failed to send RPC to coordination service")
+    return [(k, v) for k, v in self.values.items() if k.startswith(prefix)]
+
+
+def test_peer_watch_names_the_process_that_stopped_answering():
+  """Process 0 of 3 watching: process 2 leaves on purpose (done), process 1 beats, then stops.
+  Only process 1 is reported, once its heartbeat has not moved for the timeout."""
+  store, reports = _KeyValueStore(), []
+  watch = peers.PeerWatch(1.0, exit_on_loss=lambda message: reports.append((message, time.monotonic())))
+  watch.checkpoint_sentence = lambda: "The newest intact checkpoint is step 6."
+  watch.step = 8
+  watch.start(store, 0, 3)
+  prefix = watch._prefix
+  store.key_value_set(prefix + "2", peers.DONE)
+  started = time.monotonic()
+  for beat in range(15):  # 1.5 s of beats: longer than the timeout, yet nobody is missing
+    store.key_value_set(prefix + "1", f"{beat}:7")
+    time.sleep(0.1)
+  assert reports == []
+  stopped = time.monotonic()
+  while not reports and time.monotonic() - stopped < 5:
+    time.sleep(0.05)
+  watch.__exit__(None, None, None)
+  message, noticed = reports[0]
+  # The last beat was read at most one interval (0.2 s) before `stopped`.
+  assert 0.8 <= noticed - stopped < 3.0 and noticed - started > 2.3
+  assert message == ("process 1 of 3 stopped answering (no heartbeat for 1 s) at step 7. "
+                        "The newest intact checkpoint is step 6. Rerun all processes to resume.")
+  assert store.values[prefix + "0"] == peers.DONE  # its peers will not miss it
+
+  # A failed collective waits for the watcher's verdict (gloo fails before any heartbeat is
+  # missed); any other error is raised at once.
+  waited = time.monotonic()
+  watch.wait_for_verdict(TypeError("unsupported operand type(s)"))
+  assert time.monotonic() - waited < 0.1
+  watch.wait_for_verdict(ValueError("UNKNOWN: Gloo AllReduce failed: Connection closed by peer"))
+  assert time.monotonic() - waited >= 1.0
+
+  # The coordination service (in process 0) gone: process 0 is the one that stopped answering.
+  store, reports = _KeyValueStore(), []
+  watch = peers.PeerWatch(1.0, exit_on_loss=reports.append)
+  watch.start(store, 1, 2)
+  store.key_value_set(watch._prefix + "0", "1:None")
+  time.sleep(0.3)
+  store.down = True
+  deadline = time.monotonic() + 10
+  while not reports and time.monotonic() < deadline:
+    time.sleep(0.05)
+  watch.__exit__(None, None, None)
+  assert reports[0].startswith("process 0 of 2 stopped answering (no heartbeat for 1 s) before "
+                               "training started. There is no intact checkpoint")
+
+
 @pytest.mark.parametrize("num_records,processes,global_batch", [(359, 2, 16), (10, 3, 6), (2, 4, 4)])
 def test_multi_process_eval_sees_every_example_once(num_records, processes, global_batch):
   from jaxnet.data import sources
@@ -533,14 +646,15 @@ def test_initialize_distributed_modes(recorded_initialize, monkeypatch):
   runtime.initialize_distributed(_dist(enabled="false", coordinator_address="h:1"))
   assert recorded_initialize == []
   runtime.initialize_distributed(_dist(coordinator_address="h:1", num_processes=2, process_id=1))
-  assert recorded_initialize[-1] == dict(coordinator_address="h:1", num_processes=2, process_id=1)
+  assert recorded_initialize[-1] == dict(coordinator_address="h:1", num_processes=2, process_id=1,
+                                         heartbeat_timeout_seconds=200)
   # Slurm with several tasks, one per GPU: jax's own detection (no arguments).
   monkeypatch.setenv("SLURM_NTASKS", "16")
   for k, v in dict(SLURM_JOB_ID="7", SLURM_LOCALID="3", SLURM_STEP_NUM_TASKS="16",
                    SLURM_STEP_NUM_NODES="2", CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7").items():
     monkeypatch.setenv(k, v)
-  runtime.initialize_distributed(_dist())
-  assert recorded_initialize[-1] == {}
+  runtime.initialize_distributed(_dist(heartbeat_timeout_sec=30))
+  assert recorded_initialize[-1] == {"heartbeat_timeout_seconds": 60}
   assert jax.config.jax_cpu_collectives_implementation == "gloo"
 
 
@@ -550,13 +664,13 @@ def test_slurm_one_process_per_node_gets_every_gpu(recorded_initialize, monkeypa
                    SLURM_STEP_NUM_NODES="2", CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7").items():
     monkeypatch.setenv(k, v)
   runtime.initialize_distributed(_dist())
-  assert recorded_initialize[-1] == {"local_device_ids": list(range(8))}
+  assert recorded_initialize[-1] == {"local_device_ids": list(range(8)), "heartbeat_timeout_seconds": 200}
   monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
   monkeypatch.setenv("SLURM_GPUS_ON_NODE", "4")
   assert runtime.slurm_process_per_node_device_ids() == [0, 1, 2, 3]
   # An explicit setting wins.
   runtime.initialize_distributed(_dist(local_device_ids="1,2"))
-  assert recorded_initialize[-1] == {"local_device_ids": [1, 2]}
+  assert recorded_initialize[-1] == {"local_device_ids": [1, 2], "heartbeat_timeout_seconds": 200}
 
 
 def test_gpu_xla_flag_defaults_are_overridable_and_never_on_cpu(monkeypatch):
