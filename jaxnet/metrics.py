@@ -6,6 +6,7 @@ produce one log. Each metrics.jsonl line is one JSON object with "step" and
 the metric names of the public contract (train/loss, eval/top1, ...).
 """
 
+import contextlib
 import json
 import logging
 import math
@@ -16,12 +17,40 @@ import time
 
 import numpy as np
 
+from jaxnet.errors import UserError
+
+
+class RunWriteError(UserError):
+  """Writing one of the run's records (metrics, TensorBoard, config, run info) failed."""
+
+  def __init__(self, path: str, error: OSError):
+    from jaxnet.checkpoint import describe_os_error
+    self.path, self.cause = path, describe_os_error(error)
+    super().__init__(f"writing {path} FAILED ({self.cause})")
+
+  def stopped_at(self, step, checkpoint_sentence: str) -> UserError:
+    """The one line that ends the run: what failed, where training stopped, what to do."""
+    where = f" at step {step}" if step is not None else ""
+    fix = "Free space there, then" if self.cause == "no space left on device" else "Fix that, then"
+    return UserError(f"{self}{where}; training stopped. {checkpoint_sentence} {fix} rerun the "
+                     f"same command to resume.")
+
+
+@contextlib.contextmanager
+def reporting_failed_writes(path: str):
+  """An OSError while writing `path` becomes RunWriteError naming it (no traceback chain)."""
+  try:
+    yield
+  except OSError as e:
+    raise RunWriteError(path, e) from None
+
 
 class MetricWriter:
   """Appends one JSON line per step to metrics.jsonl (and scalars to TensorBoard).
 
   Writing a step that is already the file's last line (train metrics, then the
-  eval of the same step) merges into that line, so each step has one line.
+  eval of the same step) merges into that line, so each step has one line. A
+  failed write (a full disk) raises RunWriteError; writing then stops for good.
   """
 
   def __init__(self, workdir: str, enabled: bool = True):
@@ -29,46 +58,118 @@ class MetricWriter:
     self._jsonl = None
     self._tb = None
     self._last = None  # (step, record, byte offset) of the file's last line
+    self._failed = False
+    self._path = os.path.join(workdir, "metrics.jsonl")
     if enabled:
       os.makedirs(workdir, exist_ok=True)
-      # Line-buffered append: a crash loses at most the line being written, and a
-      # resumed run continues the same file.
-      self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a+", buffering=1)
-      self._last = _last_record(self._jsonl)
-      _end_line(self._jsonl)
-      try:
-        from tensorboardX import SummaryWriter
-        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), flush_secs=30)
-      except ImportError:  # TensorBoard is optional; the JSONL log is the record
-        logging.warning("tensorboardX is not installed: no TensorBoard events will be written")
+      with self._reporting(self._path):
+        # Line-buffered append: a crash loses at most the line being written, and a
+        # resumed run continues the same file.
+        self._jsonl = open(self._path, "a+", buffering=1)
+        self._last = _last_record(self._jsonl)
+        _end_line(self._jsonl)
+      tb_dir = os.path.join(workdir, "tensorboard")
+      with self._reporting(tb_dir):
+        self._tb = EventFile.create(tb_dir)
+
+  @contextlib.contextmanager
+  def _reporting(self, path):
+    try:
+      with reporting_failed_writes(path):
+        yield
+    except RunWriteError:
+      self._failed = True
+      raise
 
   def write(self, step: int, metrics: dict) -> None:
-    if not self.enabled:
+    if not self.enabled or self._failed:
       return
     clean = {k: _to_python(v) for k, v in metrics.items()}
     record = {"step": int(step), **clean}
-    if self._last is not None and self._last[0] == int(step):
-      _, previous, offset = self._last
-      record = {**previous, **record}
-      self._jsonl.truncate(offset)
-    offset = self._jsonl.seek(0, os.SEEK_END)
-    self._jsonl.write(json.dumps(record) + "\n")
+    with self._reporting(self._path):
+      if self._last is not None and self._last[0] == int(step):
+        _, previous, offset = self._last
+        record = {**previous, **record}
+        self._jsonl.truncate(offset)
+      offset = self._jsonl.seek(0, os.SEEK_END)
+      self._jsonl.write(json.dumps(record) + "\n")
     self._last = (int(step), record, offset)
     if self._tb is not None:
-      for key, value in clean.items():
-        if isinstance(value, (int, float)) and math.isfinite(value):
-          self._tb.add_scalar(key, value, int(step))
+      with self._reporting(self._tb.path):
+        self._tb.add_scalars({k: v for k, v in clean.items()
+                              if isinstance(v, (int, float)) and math.isfinite(v)}, int(step))
 
   def write_config(self, config_json: str) -> None:
     """The run's config as TensorBoard text (Text tab), so a curve says how it was made."""
-    if self._tb is not None:
-      self._tb.add_text("config", "```\n" + config_json + "\n```", 0)
+    if self._tb is not None and not self._failed:
+      with self._reporting(self._tb.path):
+        self._tb.add_text("config", "```\n" + config_json + "\n```", 0)
 
   def close(self) -> None:
-    if self._jsonl:
-      self._jsonl.close()
-    if self._tb is not None:
-      self._tb.close()
+    """Closes the files; after a failed write, quietly (that failure was already raised)."""
+    for f, path in ((self._jsonl, self._path), (self._tb, self._tb and self._tb.path)):
+      if f is None:
+        continue
+      try:
+        with reporting_failed_writes(path):
+          f.close()
+      except RunWriteError:
+        if not self._failed:
+          self._failed = True
+          raise
+    self._jsonl = self._tb = None
+
+
+class EventFile:
+  """TensorBoard scalars and text, written in the calling thread (flushed every
+  FLUSH_SECS, and at close, as tensorboardX's writer does).
+
+  tensorboardX's SummaryWriter writes from a background thread; when that thread
+  dies (a full disk) the next add_* blocks forever on its full queue, and no signal
+  can stop the run. Written here, a failed write is an OSError in the training
+  loop, which stops the run with one line.
+  """
+
+  FLUSH_SECS = 30  # each flush is an fsync
+
+  def __init__(self, logdir: str, tensorboardx):
+    os.makedirs(logdir, exist_ok=True)
+    self._summary, self._event_pb2 = tensorboardx
+    from tensorboardX.event_file_writer import EventsWriter
+    self._writer = EventsWriter(os.path.join(logdir, "events"))
+    self.path = getattr(self._writer, "_file_name", logdir)
+    self._flushed = 0.0
+
+  def _flush_now_and_then(self) -> None:
+    if time.monotonic() - self._flushed > self.FLUSH_SECS:
+      self._writer.flush()
+      self._flushed = time.monotonic()
+
+  @classmethod
+  def create(cls, logdir: str):
+    """An EventFile in `logdir`, or None (with a warning) when tensorboardX is missing."""
+    try:
+      from tensorboardX import summary
+      from tensorboardX.proto import event_pb2
+    except ImportError:  # TensorBoard is optional; the JSONL log is the record
+      logging.warning("tensorboardX is not installed: no TensorBoard events will be written")
+      return None
+    return cls(logdir, (summary, event_pb2))
+
+  def _add(self, summary, step: int) -> None:
+    self._writer.write_event(self._event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+
+  def add_scalars(self, values: dict, step: int) -> None:
+    for key, value in values.items():
+      self._add(self._summary.scalar(key, value), step)
+    self._flush_now_and_then()
+
+  def add_text(self, tag: str, text: str, step: int) -> None:
+    self._add(self._summary.text(tag, text), step)
+    self._flush_now_and_then()
+
+  def close(self) -> None:
+    self._writer.close()
 
 
 def _to_python(value):
@@ -120,9 +221,14 @@ def drop_records_after(workdir: str, step: int) -> int:
       pass  # a line cut short by a crash
   if len(keep) != len(lines):
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-      f.writelines(keep)
-    os.replace(tmp, path)
+    with reporting_failed_writes(path):
+      try:
+        with open(tmp, "w") as f:
+          f.writelines(keep)
+        os.replace(tmp, path)
+      finally:
+        if os.path.exists(tmp):  # a failed write: give the space back
+          os.remove(tmp)
   return len(lines) - len(keep)
 
 
@@ -144,10 +250,11 @@ def write_run_info(workdir: str, *, total_steps: int, steps_per_epoch: int, num_
       "devices": [str(d) for d in jax.devices()], "device_kind": jax.devices()[0].device_kind,
       "process_count": jax.process_count(), "git_revision": revision,
       "total_steps": total_steps, "steps_per_epoch": steps_per_epoch}
-  with open(os.path.join(workdir, "environment.json"), "w") as f:
-    json.dump(environment, f, indent=2)
-  with open(os.path.join(workdir, "classes.json"), "w") as f:
-    json.dump({"num_classes": num_classes, "class_names": class_names}, f, indent=2)
+  for name, content in (("environment.json", environment),
+                        ("classes.json", {"num_classes": num_classes, "class_names": class_names})):
+    path = os.path.join(workdir, name)
+    with reporting_failed_writes(path), open(path, "w") as f:
+      json.dump(content, f, indent=2)
 
 
 def read_jsonl(workdir: str) -> list[dict]:

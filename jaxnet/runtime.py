@@ -201,8 +201,8 @@ def compile_then_sync(jitted, args, name: str) -> None:
 class StopSignals:
   """SIGTERM (preemption) and a first Ctrl-C become a flag the training loop checks between steps.
 
-  The loop then saves a checkpoint and returns. A second Ctrl-C exits at once
-  without saving (the newest complete checkpoint stays intact).
+  The loop then saves a checkpoint and returns. A second Ctrl-C (or a second
+  SIGTERM) exits at once without saving (the newest complete checkpoint stays intact).
   """
 
   def __init__(self):
@@ -219,11 +219,16 @@ class StopSignals:
 
   def _handle(self, signum, frame):
     del frame
-    if signum == signal.SIGINT and self.received == "SIGINT":
-      print("second Ctrl-C: exiting now without saving", file=sys.stderr, flush=True)
-      os._exit(130)
-    self.received = signal.Signals(signum).name
-    how = "press Ctrl-C again to quit without saving" if signum == signal.SIGINT else "then exiting"
+    name = signal.Signals(signum).name
+    if self.received == name:
+      # The loop has not reached its next stop yet (a long step, a save, a blocked write):
+      # a second signal of the same kind always ends the process.
+      what = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+      print(f"second {what}: exiting now without saving", file=sys.stderr, flush=True)
+      os._exit(130 if signum == signal.SIGINT else 128 + signal.SIGTERM)
+    self.received = name
+    how = ("press Ctrl-C again to quit without saving" if signum == signal.SIGINT
+           else "then exiting; a second SIGTERM exits at once without saving")
     print(f"{self.received} received: saving a checkpoint after this step ({how})",
           file=sys.stderr, flush=True)
 

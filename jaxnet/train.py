@@ -23,7 +23,8 @@ from jaxnet import config_io, evaluation, parallel, peers, runtime, steps
 from jaxnet import workdir as workdir_lib
 from jaxnet.errors import DIVERGED_HINT, NonFiniteError, UserError
 from jaxnet.experiment import Experiment
-from jaxnet.metrics import MetricWriter, Progress, drop_records_after, write_run_info
+from jaxnet.metrics import (MetricWriter, Progress, RunWriteError, drop_records_after,
+                            write_run_info)
 from jaxnet.profiling import StepProfiler
 from jaxnet.weights import pretrained
 
@@ -88,6 +89,8 @@ def train_and_evaluate(config, workdir: str, accept_config_changes=()) -> dict:
       watch = stack.enter_context(peers.PeerWatch(config.distributed.heartbeat_timeout_sec))
       try:
         return _train(config, workdir, tuple(accept_config_changes), signals, watch)
+      except RunWriteError as e:  # a full disk under metrics, TensorBoard, config or run info
+        raise e.stopped_at(watch.step, watch.checkpoint_sentence()) from None
       except Exception as e:
         if not isinstance(e, UserError):
           # A process that died fails the others' collectives first (gloo): let the

@@ -20,6 +20,7 @@ import socket
 
 from jaxnet.config_io import flatten
 from jaxnet.errors import UserError
+from jaxnet.metrics import reporting_failed_writes
 
 LOCK_FILE, CONFIG_FILE, HISTORY_FILE = "lock", "config.json", "config_history.jsonl"
 ABSENT = object()  # a key one of two configs does not have
@@ -188,7 +189,8 @@ def record_config(workdir: str, config_json: str, changes: dict, step: int | Non
   if changes:
     entry = {"time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
              "resumed_from_step": step, "changes": {k: [None if a is ABSENT else a, b] for k, (a, b) in changes.items()}}
-    with open(os.path.join(workdir, HISTORY_FILE), "a") as f:
+    path = os.path.join(workdir, HISTORY_FILE)
+    with reporting_failed_writes(path), open(path, "a") as f:
       f.write(json.dumps(entry) + "\n")
     print("config changes accepted on resume: " +
           ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items()), flush=True)
@@ -196,10 +198,16 @@ def record_config(workdir: str, config_json: str, changes: dict, step: int | Non
 
 
 def write_atomically(path: str, text: str) -> None:
+  """Writes `path` whole or not at all; a failed write is RunWriteError naming it."""
   tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
+  with reporting_failed_writes(path):
+    try:
+      with open(tmp, "w") as f:
+        f.write(text)
+      os.replace(tmp, path)
+    finally:
+      if os.path.exists(tmp):  # a failed write (a full disk): give the space back
+        os.remove(tmp)
 
 
 def _show(value) -> str:

@@ -250,6 +250,13 @@ MUTATIONS = [
     Mutation("jax_heartbeat_longer_than_jaxnets", "jaxnet/peers.py",
              "return max(2, int(2 * timeout_s))", "return max(2, int(timeout_s))",
              (PARALLEL + "test_initialize_distributed_modes",), ci=True),
+    Mutation("full_disk_under_the_records_is_one_line", "jaxnet/train.py",
+             "        raise e.stopped_at(watch.step, watch.checkpoint_sentence()) from None\n",
+             "        raise\n",
+             ("tests/test_reliability.py::test_a_full_disk_under_config_or_run_info_is_one_line",)),
+    Mutation("second_sigterm_exits_at_once", "jaxnet/runtime.py",
+             "    if self.received == name:\n", "    if self.received == name == 'SIGINT':\n",
+             ("tests/test_reliability.py::test_a_second_sigterm_exits_at_once",), ci=True),
 ]
 
 

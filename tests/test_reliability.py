@@ -10,6 +10,7 @@ import errno
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -402,6 +403,25 @@ def test_ctrl_c_saves_then_exits(tmp_path):
 
 
 
+def test_sigterm_stops_at_the_latest_at_the_next_log_step(tmp_path):
+  """A single-process run too: the host reaches step boundaries ahead of the device and
+  waits for it at log steps, so a signal that arrives while it waits is acted on there."""
+  proc = _popen(tmp_path / "term", "total_steps=100000", "log_every_steps=5",
+                "checkpoint_every_steps=0", "batch_size=32")
+  _wait_until(proc, _printed(proc, "step      10/"), "the step-10 progress line")
+  seen = open(proc.log.name).read()
+  proc.send_signal(signal.SIGTERM)
+  out, err = _finish(proc, 300)
+  assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+  stopped = int(out.split("preempted: checkpoint saved at step ")[1].split(";")[0])
+  logged_before = [int(l.split()[1].split("/")[0]) for l in seen.splitlines() if l.startswith("step ")]
+  logged_after = [int(l.split()[1].split("/")[0]) for l in out[len(seen):].splitlines()
+                  if l.startswith("step ")]
+  # Never past the first log step printed after the signal (nor before the last one before it).
+  assert max(logged_before) <= stopped <= (logged_after[0] if logged_after else max(logged_before) + 5)
+  assert ckpt.load_arrays(tmp_path / "term")[1] == stopped
+
+
 def test_a_second_ctrl_c_exits_at_once(monkeypatch, capsys):
   from jaxnet import runtime
   exits = []
@@ -556,3 +576,106 @@ def test_a_torn_last_metrics_line_is_skipped_and_never_joined(trained, tmp_path,
   assert metrics.drop_records_after(str(workdir), 20) == 1
   assert metrics.read_jsonl_counted(workdir) == (records, 0)
 
+
+
+# A full disk under the run's own records, injected: the Nth write to metrics.jsonl, or to
+# the TensorBoard event file, fails with ENOSPC as it would on a full filesystem.
+_FULL_DISK = """
+import errno, os, sys
+target, budget = os.environ["JAXNET_TEST_FULL"], [int(os.environ["JAXNET_TEST_FULL_AFTER"])]
+
+def spend():
+  budget[0] -= 1
+  if budget[0] < 0:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+if target == "metrics.jsonl":
+  import builtins
+  from jaxnet import metrics
+
+  class Full:
+    def __init__(self, f):
+      self._f = f
+    def __getattr__(self, name):
+      return getattr(self._f, name)
+    def write(self, text):
+      spend()
+      return self._f.write(text)
+
+  def open_(path, *args, **kwargs):
+    f = builtins.open(path, *args, **kwargs)
+    return Full(f) if str(path).endswith("metrics.jsonl") else f
+  metrics.open = open_
+else:
+  from tensorboardX import record_writer
+  write = record_writer.RecordWriter.write
+  def write_(self, data):
+    spend()
+    return write(self, data)
+  record_writer.RecordWriter.write = write_
+sys.argv = ["jaxnet.main"] + sys.argv[1:]
+from jaxnet import main
+main.run()
+"""
+
+
+@pytest.mark.parametrize("target,after", [("metrics.jsonl", 3), ("tensorboard", 20)])
+def test_a_full_disk_under_metrics_or_tensorboard_is_one_line(tmp_path, target, after):
+  """Once, the TensorBoard writer's thread died and the run hung; a failed metrics.jsonl
+  write ended in three chained tracebacks. Now: one line, the newest intact checkpoint."""
+  workdir = tmp_path / "w"
+  proc = run_main(workdir, "total_steps=40", "log_every_steps=1", "checkpoint_every_steps=2",
+                  "async_checkpointing=False", "batch_size=32", python_prefix=("-c", _FULL_DISK),
+                  env={"JAXNET_TEST_FULL": target, "JAXNET_TEST_FULL_AFTER": str(after)},
+                  check=False, timeout=150)
+  line = _assert_one_clear_line(proc)
+  assert len(proc.stderr.strip().splitlines()) <= 2, proc.stderr[-3000:]
+  written = re.escape(f"{workdir}/{target}")
+  match = re.fullmatch(rf"error: writing {written}\S* FAILED \(no space left on device\) at step "
+                       rf"(\d+); training stopped\. The newest intact checkpoint is step (\d+)\. "
+                       rf"Free space there, then rerun the same command to resume\.", line)
+  assert match, line
+  step, intact = int(match[1]), int(match[2])
+  assert intact == step - 2 + step % 2  # the last save before the failed write (every 2 steps)
+  assert ckpt.load_arrays(workdir)[1] == intact
+  if target == "metrics.jsonl":
+    assert step == after + 1  # one line per step: the 4th line failed
+    assert [r["step"] for r in read_jsonl(workdir)] == list(range(1, after + 1))
+
+
+@pytest.mark.parametrize("name", ["config.json", "environment.json"])
+def test_a_full_disk_under_config_or_run_info_is_one_line(trained, tmp_path, monkeypatch, name):
+  import builtins
+  from jaxnet import metrics
+  workdir = _copy(trained, tmp_path)
+  before = (workdir / name).read_bytes()
+
+  def full_open(path, mode="r", *args, **kwargs):
+    if os.path.basename(str(path)).startswith(name) and "w" in mode:
+      raise OSError(errno.ENOSPC, "No space left on device")
+    return builtins.open(path, mode, *args, **kwargs)
+  monkeypatch.setattr(workdir_lib, "open", full_open, raising=False)
+  monkeypatch.setattr(metrics, "open", full_open, raising=False)
+  with pytest.raises(errors.UserError) as stopped:
+    api.train(_digits("total_steps=25"), workdir)
+  assert str(stopped.value) == (
+      f"writing {workdir / name} FAILED (no space left on device); training stopped. The newest "
+      f"intact checkpoint is step 20. Free space there, then rerun the same command to resume.")
+  assert (workdir / name).read_bytes() == before  # config.json is replaced whole or not at all
+  assert not list(workdir.glob("*.tmp-*"))
+
+
+def test_a_second_sigterm_exits_at_once(monkeypatch, capsys):
+  """However the loop is held up (a long save, a blocked write), a second SIGTERM ends the process."""
+  from jaxnet import runtime
+  exits = []
+  monkeypatch.setattr(os, "_exit", exits.append)
+  with runtime.StopSignals() as signals:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.1)
+    assert signals.received == "SIGTERM" and not exits
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.1)
+  assert exits == [143]
+  err = capsys.readouterr().err
+  assert "a second SIGTERM exits at once" in err and "second SIGTERM: exiting now without saving" in err
