@@ -15,7 +15,7 @@ from jaxnet import checkpoint as ckpt
 from jaxnet import config_io, runtime, xla_flags
 from jaxnet.errors import NonFiniteError
 from jaxnet.experiment import Experiment
-from jaxnet.metrics import MetricWriter
+from jaxnet.metrics import MetricWriter, RunWriteError
 from jaxnet.state import TrainState
 from jaxnet.weights import pretrained
 
@@ -66,11 +66,14 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
     print(f"eval of checkpoint {step}: top-1 {metrics['eval/top1']:.4f}  top-5 "
           f"{metrics['eval/top5']:.4f}  loss {metrics['eval/loss']:.4f}  "
           f"({metrics['eval/examples']} examples)", flush=True)
+    writer = None
     try:
       writer = MetricWriter(workdir)
       writer.write(step, metrics)
       writer.close()
-    except OSError as e:
+    except RunWriteError as e:  # a read-only workdir, a full disk: the numbers are printed above
+      if writer is not None:
+        writer.close()  # quietly: the failure is reported here
       print(f"warning: could not record the eval metrics in {workdir}/metrics.jsonl "
-            f"({e.strerror or e})", file=sys.stderr, flush=True)
+            f"({e.cause})", file=sys.stderr, flush=True)
   return metrics
