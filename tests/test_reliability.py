@@ -619,6 +619,22 @@ main.run()
 """
 
 
+def _tensorboard_scalars(workdir) -> dict:
+  """{tag: {step: value}} of WORKDIR's TensorBoard event file (TFRecord framing of Event protos)."""
+  import struct
+  from tensorboardX.proto import event_pb2
+  [path] = glob.glob(str(workdir / "tensorboard" / "events.out.tfevents*"))
+  data, scalars, at = open(path, "rb").read(), {}, 0
+  while at < len(data):
+    (length,) = struct.unpack("<Q", data[at:at + 8])
+    event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+    at += 12 + length + 4
+    for value in event.summary.value:
+      if value.HasField("simple_value"):
+        scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+  return scalars
+
+
 @pytest.mark.parametrize("target,after", [("metrics.jsonl", 3), ("tensorboard", 20)])
 def test_a_full_disk_under_metrics_or_tensorboard_is_one_line(tmp_path, target, after):
   """Once, the TensorBoard writer's thread died and the run hung; a failed metrics.jsonl
@@ -640,7 +656,11 @@ def test_a_full_disk_under_metrics_or_tensorboard_is_one_line(tmp_path, target, 
   assert ckpt.load_arrays(workdir)[1] == intact
   if target == "metrics.jsonl":
     assert step == after + 1  # one line per step: the 4th line failed
-    assert [r["step"] for r in read_jsonl(workdir)] == list(range(1, after + 1))
+    records = read_jsonl(workdir)
+    assert [r["step"] for r in records] == list(range(1, after + 1))
+    # TensorBoard holds the same numbers (written by the loop, flushed at close).
+    assert _tensorboard_scalars(workdir)["train/loss"] == pytest.approx(
+        {r["step"]: r["train/loss"] for r in records})
 
 
 @pytest.mark.parametrize("name", ["config.json", "environment.json"])
