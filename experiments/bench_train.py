@@ -22,6 +22,12 @@ For each (precision, per-device batch):
                 definition), AlexNet from torchvision, ViTs from timm (torchvision's
                 for B/16 and L/16 without timm); the test models alexnet_mini and
                 vit_mini have no torch counterpart (the peer reports an error).
+  keras         experiments/peers/keras_resnet.py, in its own process after torch's:
+                Keras 3 on its JAX backend, keras-hub's ResNet-50 v1.5 (resnet50
+                only; 25,610,152 weights checked), its documented stateless jit
+                step, `mixed_bfloat16`/`mixed_float16`/`float32` policies. A
+                benchmark-only install (see its docstring); skipped with a note
+                when keras-hub is not installed.
 
 Timing: warm-up steps excluded, then `--repeats` timings of `--steps` steps each,
 `jax.block_until_ready` before reading the clock; the median is reported.
@@ -68,6 +74,8 @@ PEAK_TFLOPS = [
     ("H200", (989.0, 494.5)),   # SXM: same compute as H100 SXM, more and faster memory
     ("A100", (312.0, 156.0)),
 ]
+
+PEER_PACKAGES = ("torch", "torchvision", "keras", "keras-hub")  # their versions head the output
 
 MODES = {
     # model, image size, per-device batches, steps per repeat, warm-up steps, repeats
@@ -241,6 +249,23 @@ def _run_lines(cmd: list[str], env: dict, timeout: float) -> tuple[dict, list[di
   return info, results, problem
 
 
+def run_peer(name: str, script: str, extra: list[str], args, precisions, batches,
+             share: float, env: dict) -> tuple[dict, dict, str]:
+  """Runs a peer's script in its own process: (its INFO, its RESULTs by cell, how it failed or "").
+  With --max-seconds the peer gets `share` of the budget; cells it has not started by then
+  are reported as not run."""
+  cmd = [sys.executable, str(HERE / "peers" / script), *extra,
+         "--precisions", ",".join(precisions), "--batches", ",".join(map(str, batches)),
+         "--image-size", str(args.image_size), "--num-classes", str(args.num_classes),
+         "--steps", str(args.steps), "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
+  timeout = args.timeout
+  if args.max_seconds:
+    cmd += ["--deadline", str(time.time() + args.max_seconds * share)]
+    timeout = min(timeout, args.max_seconds * share + 120)
+  info, results, problem = _run_lines(cmd, env, timeout)
+  return info, {(r["precision"], r["batch"]): r for r in results}, problem and f"{name} peer " + problem
+
+
 def run_torch(args, precisions, batches) -> tuple[dict, dict, str]:
   """The torch peer's (INFO, RESULTs by cell, a note: why it did not run, or how its process failed)."""
   import importlib.util
@@ -250,18 +275,23 @@ def run_torch(args, precisions, batches) -> tuple[dict, dict, str]:
     return {}, {}, "torch is not installed: torch peer skipped"
   env = dict(os.environ)
   env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see torch_resnet.py: spin-waiting on a shared CPU
-  cmd = [sys.executable, str(HERE / "peers" / "torch_resnet.py"), "--model", args.model,
-         "--precisions", ",".join(precisions), "--batches", ",".join(map(str, batches)),
-         "--image-size", str(args.image_size), "--num-classes", str(args.num_classes),
-         "--steps", str(args.steps), "--warmup", str(args.warmup), "--repeats", str(args.repeats),
-         "--compile", args.torch_compile, "--threads", str(args.torch_threads)]
-  timeout = args.timeout
-  if args.max_seconds:
-    # The peer gets a third of the budget; cells it has not started by then are skipped.
-    cmd += ["--deadline", str(time.time() + args.max_seconds / 3)]
-    timeout = min(timeout, args.max_seconds / 3 + 120)
-  info, results, problem = _run_lines(cmd, env, timeout)
-  return info, {(r["precision"], r["batch"]): r for r in results}, problem and "torch peer " + problem
+  return run_peer("torch", "torch_resnet.py",
+                  ["--model", args.model, "--compile", args.torch_compile,
+                   "--threads", str(args.torch_threads)],
+                  args, precisions, batches, 1 / 3, env)
+
+
+def run_keras(args, precisions, batches) -> tuple[dict, dict, str]:
+  """The Keras peer's (INFO, RESULTs by cell, a note: why it did not run, or how its process failed)."""
+  import importlib.util
+  if args.no_keras:
+    return {}, {}, "keras peer off (--no-keras)"
+  if args.model != "resnet50":
+    return {}, {}, f"keras peer: resnet50 only (not {args.model})"
+  if importlib.util.find_spec("keras_hub") is None:
+    return {}, {}, ("keras-hub is not installed: keras peer skipped "
+                    "(pip install --no-deps keras keras-hub regex tokenizers)")
+  return run_peer("keras", "keras_resnet.py", [], args, precisions, batches, 1 / 4, dict(os.environ))
 
 
 def fmt_bytes(n) -> str:
@@ -291,6 +321,7 @@ def main(argv=None) -> int:
   parser.add_argument("--peak-tflops-fp32", type=float, help="peak TFLOP/s per device used for fp32 MFU")
   parser.add_argument("--no-flax", action="store_true", help="skip the flax-minimal peer")
   parser.add_argument("--no-torch", action="store_true", help="skip the torch peer")
+  parser.add_argument("--no-keras", action="store_true", help="skip the keras peer")
   parser.add_argument("--torch-compile", default="auto", choices=["auto", "on", "off"],
                       help="torch.compile the peer (auto: on with CUDA, off on CPU)")
   parser.add_argument("--torch-threads", type=int, default=0, help="torch CPU threads (0: default)")
@@ -320,7 +351,7 @@ def main(argv=None) -> int:
         f"{args.warmup} warm-up steps, median of {args.repeats} x {args.steps} steps")
   print("command: " + command)
   print(benchlib.cpu_line())
-  print(benchlib.versions_line("torch", "torchvision"))
+  print(benchlib.versions_line(*PEER_PACKAGES))
   print(benchlib.date_line())
   if os.environ.get("XLA_FLAGS"):
     print("XLA_FLAGS: " + os.environ["XLA_FLAGS"])
@@ -330,6 +361,9 @@ def main(argv=None) -> int:
   torch_info, torch_results, torch_note = run_torch(args, precisions, batches)
   if torch_note and not torch_results:
     print("torch: " + torch_note.splitlines()[0][:300], flush=True)
+  keras_info, keras_results, keras_note = run_keras(args, precisions, batches)
+  if keras_note and not keras_results:
+    print("keras: " + keras_note.splitlines()[0][:300], flush=True)
 
   worker = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", args.model,
             "--image-size", str(args.image_size), "--num-classes", str(args.num_classes),
@@ -362,10 +396,11 @@ def main(argv=None) -> int:
         f"peers: flax-minimal on the same devices; torch on one "
         f"{torch_info.get('device', '-')} device "
         f"(torch.compile {'on' if torch_info.get('compile') else 'off'}, "
-        f"{torch_info.get('threads', '-')} CPU threads)")
+        f"{torch_info.get('threads', '-')} CPU threads); keras on one "
+        f"{keras_info.get('device', '-')} device")
   header = (f"{'prec':>5} {'batch/dev':>9} {'jaxnet img/s':>12} {'ms/step':>9} {'TFLOP/s':>8} "
             f"{'MFU':>6} {'peak mem':>10} {'compile s':>9} {'flax img/s':>10} {'jaxnet/flax':>11} "
-            f"{'torch img/s':>11} {'jaxnet/torch':>12}")
+            f"{'torch img/s':>11} {'jaxnet/torch':>12} {'keras img/s':>11} {'jaxnet/keras':>12}")
   print(header)
   print("-" * len(header))
   peaks, mem_sources, rows = set(), set(), []
@@ -373,6 +408,7 @@ def main(argv=None) -> int:
     for b in batches:
       r = results.get((p, b), {"error": "no result (worker failed)"})
       t = torch_results.get((p, b), {})
+      k = keras_results.get((p, b), {})
       if "error" in r:
         print(f"{p:>5} {b:>9}  jaxnet error: {r['error'][:150]}")
         rows.append({"precision": p, "batch_per_device": b, **r})
@@ -388,13 +424,18 @@ def main(argv=None) -> int:
       # The torch peer uses one device: compare per-device rates.
       torch_ratio = (r["img_s"] / ndev) / torch_img_s if torch_img_s else None
       torch_cell = fmt(torch_img_s, ".1f", "error" if "error" in t else "-")
+      keras_img_s = k.get("img_s")
+      keras_ratio = (r["img_s"] / ndev) / keras_img_s if keras_img_s else None  # keras: one device too
+      keras_cell = fmt(keras_img_s, ".1f", "error" if "error" in k else "-")
       print(f"{p:>5} {b:>9} {r['img_s']:12.1f} {r['ms_step']:9.2f} {fmt(tflops, '8.3f'):>8} "
             f"{fmt(mfu and 100 * mfu, '5.1f'):>5}{'%' if mfu else ' '} "
             f"{fmt_bytes(r.get('peak_bytes')):>10} {r['compile_s']:9.1f} "
             f"{fmt(r.get('flax_img_s'), '10.1f'):>10} {fmt(flax_ratio, '11.3f'):>11} "
-            f"{torch_cell:>11} {fmt(torch_ratio, '12.3f'):>12}", flush=True)
+            f"{torch_cell:>11} {fmt(torch_ratio, '12.3f'):>12} "
+            f"{keras_cell:>11} {fmt(keras_ratio, '12.3f'):>12}", flush=True)
       rows.append({**r, "tflops_per_device": tflops, "mfu": mfu, "peak_tflops": peak,
-                   "jaxnet_over_flax": flax_ratio, "torch": t, "jaxnet_over_torch": torch_ratio})
+                   "jaxnet_over_flax": flax_ratio, "torch": t, "jaxnet_over_torch": torch_ratio,
+                   "keras": k, "jaxnet_over_keras": keras_ratio})
   gflop = [r["flops_per_step_per_device"] * ndev / r["global_batch"] / 1e9 for r in rows
            if r.get("flops_per_step_per_device")]
   print(f"\nimg/s: all {ndev} device(s). TFLOP/s and MFU: per device, flops of the compiled jaxnet step "
@@ -403,26 +444,37 @@ def main(argv=None) -> int:
   print(f"peak mem: jaxnet only, from {' / '.join(sorted(mem_sources))} "
         "(memory_stats: the device allocator's peak_bytes_in_use; memory_analysis: the compiled "
         "step's arguments + outputs - donated + temporaries)")
-  print("compile s: jaxnet's train_step.lower().compile(). jaxnet/flax and jaxnet/torch: ratios of "
+  print("compile s: jaxnet's train_step.lower().compile(). jaxnet/flax, jaxnet/torch, jaxnet/keras: ratios of "
         "images/s per device (> 1: jaxnet faster)")
   if torch_results:
     src = next(iter(torch_results.values())).get("model_source", "?")
     print(f"torch: model {src}; AMP autocast for bf16/fp16, GradScaler for fp16, channels_last")
   elif torch_note:
     print("torch: " + torch_note.splitlines()[0][:300])
+  if keras_results:
+    k0 = next(iter(keras_results.values()))
+    print(f"keras: {keras_info.get('keras', '?')}, keras-hub {keras_info.get('keras_hub', '?')}, "
+          f"backend {keras_info.get('backend', '?')}; ResNetBackbone v1.5 + Dense head, "
+          f"{k0.get('weights', 0):,} weights; stateless jit step, donated state")
+  elif keras_note:
+    print("keras: " + keras_note.splitlines()[0][:300])
   if info.get("platform") == "cpu":
     print("CPU timings: a shared machine's numbers are noisy (" + benchlib.load_line() + " at the end); "
           "these are not GPU numbers")
   for problem in problems:
     print("worker problem: " + problem[-800:])
   print(f"total {total:.0f} s")
-  torch_failed = torch_note.startswith("torch peer exit")  # not: off, or not installed
-  failures = failed_cells(rows, torch_results, problems + ([torch_note] if torch_failed else []))
+  # A peer's process that failed is a failure; one that was off, not installed or not
+  # applicable to the model is only a note.
+  peer_failures = [n for n in (torch_note, keras_note) if " peer exit " in n]
+  failures = failed_cells(rows, {"torch": torch_results, "keras": keras_results},
+                          problems + peer_failures)
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"command": command, "mode": mode_name, "info": info, "torch_info": torch_info,
-                 "torch_note": torch_note, "cpu": benchlib.cpu_line(),
-                 "versions": benchlib.versions_line("torch", "torchvision"),
+                 "torch_note": torch_note, "keras_info": keras_info,
+                 "keras_note": keras_note, "cpu": benchlib.cpu_line(),
+                 "versions": benchlib.versions_line(*PEER_PACKAGES),
                  "date": benchlib.date_line(), "rows": rows, "failures": failures}, f, indent=1, default=str)
   if failures:
     print(f"FAILED: {len(failures)} problem(s):\n  " + "\n  ".join(f[:300] for f in failures), flush=True)
@@ -430,13 +482,14 @@ def main(argv=None) -> int:
   return 0
 
 
-def failed_cells(rows: list[dict], torch_results: dict, problems: list[str]) -> list[str]:
-  """What makes the run a failure: a cell that errored (jaxnet or torch), a failed process,
-  or no measurement at all. Cells skipped because --max-seconds was spent are not failures."""
+def failed_cells(rows: list[dict], peer_results: dict, problems: list[str]) -> list[str]:
+  """What makes the run a failure: a cell that errored (jaxnet's or a peer's: `peer_results`
+  maps a peer's name to its results by cell), a failed process, or no measurement at all.
+  Cells skipped because --max-seconds was spent are not failures."""
   out = [f"jaxnet {r['precision']} batch {r['batch_per_device']}: {r['error']}"
          for r in rows if benchlib.cell_failed(r)]
-  out += [f"torch {p} batch {b}: {t['error']}" for (p, b), t in torch_results.items()
-          if benchlib.cell_failed(t)]
+  out += [f"{peer} {p} batch {b}: {t['error']}" for peer, results in peer_results.items()
+          for (p, b), t in results.items() if benchlib.cell_failed(t)]
   out += list(problems)
   if not any("error" not in r for r in rows):
     out.append("no cell was measured")

@@ -2,7 +2,9 @@
 # Every GPU benchmark of experiments/ in ONE device call, outputs to $OUT.
 #
 # Here (where PyPI is reachable), from the repository root, once:
-#   bash ../shared/device/wheels.sh simplejpeg   # grain, tfds, ml-collections, ... into .whl/
+#   bash ../shared/device/wheels.sh simplejpeg keras keras-hub namex optree
+# (grain, tfds, ml-collections, ... into .whl/; keras, keras-hub and the two of their
+# requirements the GPU image lacks, for the Keras peer: ~4.5 MB of the ~16 MB carried.
 # (not opencv-python-headless: its 61 MB wheel overflows the 64 MiB carry; the input
 # pipeline then resizes with PIL, and bench_input's header says "opencv not installed".
 # The C region decoder is not built there either: the tree is used from PYTHONPATH.)
@@ -14,16 +16,20 @@
 # whole script ends by BUDGET_S (570 s). The stages run most important first:
 #   1. torch_compile   the PyTorch peer with torch.compile (resnet50, bf16, batch 256):
 #                      the comparison that matters, so it runs first and always.
-#   2. bench_train     jaxnet vs the hand-written flax loop, resnet50 224px, bf16 first,
+#   2. keras           the Keras 3 (JAX backend) peer, keras-hub ResNet-50 v1.5, bf16,
+#                      batch 256 (experiments/peers/keras_resnet.py); skipped with a
+#                      note when keras-hub's wheels were not carried.
+#   3. bench_train     jaxnet vs the hand-written flax loop, resnet50 224px, bf16 first,
 #                      batch 256 first (the torch cell); cells without time are "not run".
-#   3. time_to_accuracy digits and a generated ImageFolder, bf16; rows as they finish.
-#   4. bench_input     the input pipeline on the machine's CPU cores.
-#   5. bench_scaling   only with more than one GPU (one device says nothing of scaling).
+#   4. time_to_accuracy digits and a generated ImageFolder, bf16; rows as they finish.
+#   5. bench_input     the input pipeline on the machine's CPU cores.
+#   6. bench_scaling   only with more than one GPU (one device says nothing of scaling).
 # Each stage is cut to the time left, and stops early if less than a minute is left.
 #
 # $OUT gets 4 files (at most 8 come back, so nothing can be pushed out):
 #   summary.txt   machine, GPU, versions (protobuf too), each stage's exit status and
-#                 seconds, every error, the headline jaxnet/torch.compile ratio
+#                 seconds, every error, the headline jaxnet/torch.compile and
+#                 jaxnet/keras ratios
 #   log.txt       the full output of every stage, in order (all the tables)
 #   bench_train.json, time_to_accuracy.json   the measurements
 #
@@ -65,7 +71,8 @@ fi
 import platform
 from importlib import metadata
 names = ["jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint",
-         "grain", "protobuf", "numpy", "torch", "torchvision", "opencv-python-headless", "simplejpeg"]
+         "grain", "protobuf", "numpy", "torch", "torchvision", "opencv-python-headless", "simplejpeg",
+         "keras", "keras-hub"]
 def version(name):
   try:
     return metadata.version(name)
@@ -108,23 +115,31 @@ stage() {  # stage NAME SECONDS COMMAND...: runs with a time limit cut to what i
 
 if [[ $QUICK == 1 ]]; then
   torch_args=(--model resnet_tiny --image-size 16 --batches 2 --steps 3 --warmup 1 --repeats 2)
+  keras_args=(--image-size 32 --batches 2 --steps 2 --warmup 1 --repeats 1)  # resnet50: keras has no tiny one
   train_args=(--tiny --precisions bf16,fp32 --max-seconds 60 --timeout 150)
   tta_args=(--quick --timeout 240)
   input_args=(--quick --workers 0,1)
-  limits=(240 200 500 90 90)
+  limits=(240 200 500 90 90 200)
 else
   torch_args=(--model resnet50 --image-size 224 --batches 256)
+  keras_args=(--image-size 224 --batches 256)
   # bf16 first (the headline), batch 256 first (the torch.compile cell). Cells start
   # until --max-seconds; --timeout stops the worker early enough to print the table.
   train_args=(--precisions bf16,fp16,fp32 --batches 256,128,64 --one-process --max-seconds 110
               --timeout 215)
   tta_args=(--quick --timeout 50)
   input_args=(--quick --workers 0,4,8,16)
-  limits=(150 235 110 45 60)
+  limits=(150 200 75 45 60 100)  # with one GPU (no scaling stage) these sum to BUDGET_S
 fi
 
 stage torch_compile "${limits[0]}" "$TORCH_PYTHON" experiments/peers/torch_resnet.py \
   --precisions bf16 --compile on "${torch_args[@]}"
+if "$PYTHON" -c "import keras_hub" > /dev/null 2>&1; then
+  stage keras "${limits[5]}" "$PYTHON" experiments/peers/keras_resnet.py --precisions bf16 \
+    "${keras_args[@]}"
+else
+  note "keras: not run (keras-hub is not installed: carry its wheels, see this script's header)"
+fi
 stage bench_train "${limits[1]}" "$PYTHON" experiments/bench_train.py --no-torch \
   "${train_args[@]}" --json "$OUT/bench_train.json"
 stage time_to_accuracy "${limits[2]}" "$PYTHON" experiments/time_to_accuracy.py --precision bf16 \
@@ -136,8 +151,9 @@ else
   note "bench_scaling: not run (${gpus} GPU: scaling needs several)"
 fi
 
-# The headline: jaxnet's bf16 rate against torch.compile's, same model and batch.
-"$PYTHON" - "$TMP/torch_compile.txt" "$OUT/bench_train.json" <<'EOF' 2>&1 | tee -a "$SUMMARY"
+# The headlines: jaxnet's bf16 rate against torch.compile's and Keras's, same model and batch.
+"$PYTHON" - "$OUT/bench_train.json" "torch.compile=$TMP/torch_compile.txt" "keras=$TMP/keras.txt" \
+  <<'EOF' 2>&1 | tee -a "$SUMMARY"
 import json, sys
 def read(path, parse):
   try:
@@ -145,20 +161,22 @@ def read(path, parse):
       return parse(f)
   except (OSError, ValueError, KeyError):
     return []
-torch = read(sys.argv[1], lambda f: [json.loads(l[7:]) for l in f if l.startswith("RESULT ")])
-torch = [r for r in torch if "img_s" in r]
-rows = read(sys.argv[2], lambda f: json.load(f)["rows"])
-for t in torch:
-  mine = [r for r in rows if r.get("precision") == t["precision"]
-          and r.get("batch_per_device") == t["batch"] and "img_s" in r]
-  if mine:
-    j = mine[0]["img_s"] / mine[0]["global_batch"] * t["batch"]  # per device, as torch's one GPU
-    print(f"headline: {t['precision']} batch {t['batch']}: jaxnet {j:.1f} img/s, torch.compile "
-          f"{t['img_s']:.1f} img/s, jaxnet/torch {j / t['img_s']:.3f}")
-  else:
-    print(f"headline: torch.compile {t['img_s']:.1f} img/s; no jaxnet cell at {t['precision']} batch {t['batch']}")
-if not torch:
-  print("headline: no torch.compile result")
+rows = read(sys.argv[1], lambda f: json.load(f)["rows"])
+for peer_arg in sys.argv[2:]:
+  peer, path = peer_arg.split("=", 1)
+  results = read(path, lambda f: [json.loads(l[7:]) for l in f if l.startswith("RESULT ")])
+  results = [r for r in results if "img_s" in r]
+  for t in results:
+    mine = [r for r in rows if r.get("precision") == t["precision"]
+            and r.get("batch_per_device") == t["batch"] and "img_s" in r]
+    if mine:
+      j = mine[0]["img_s"] / mine[0]["global_batch"] * t["batch"]  # per device, as the peer's one GPU
+      print(f"headline: {t['precision']} batch {t['batch']}: jaxnet {j:.1f} img/s, {peer} "
+            f"{t['img_s']:.1f} img/s, jaxnet/{peer} {j / t['img_s']:.3f}")
+    else:
+      print(f"headline: {peer} {t['img_s']:.1f} img/s; no jaxnet cell at {t['precision']} batch {t['batch']}")
+  if not results:
+    print(f"headline: no {peer} result")
 EOF
 
 files=$(find "$OUT" -type f | wc -l)

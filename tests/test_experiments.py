@@ -38,23 +38,26 @@ def test_bench_train_tiny_has_every_precision_and_both_peer_ratios(tmp_path):
                    xla_flags="--xla_backend_optimization_level=0")
   header = next(line for line in out.splitlines() if line.strip().startswith("prec"))
   columns = header.split()
-  assert "jaxnet/flax" in columns and "jaxnet/torch" in columns and "MFU" in columns
+  assert "jaxnet/flax" in columns and "jaxnet/torch" in columns and "jaxnet/keras" in columns
+  assert "MFU" in columns
   rows = {line.split()[0]: line.split() for line in out.splitlines()
           if line.split() and line.split()[0] in PRECISIONS}
   assert set(rows) == set(PRECISIONS), out
   has_torch = importlib.util.find_spec("torch") is not None
   for precision, cells in rows.items():
-    # 12 columns; "peak mem" is two tokens ("9.8 MiB").
-    assert len(cells) == 13, (precision, cells)
-    jaxnet_img_s, flax_ratio, torch_ratio = cells[2], cells[-3], cells[-1]
+    # 14 columns; "peak mem" is two tokens ("9.8 MiB").
+    assert len(cells) == 15, (precision, cells)
+    jaxnet_img_s, flax_ratio, torch_ratio, keras_ratio = cells[2], cells[-5], cells[-3], cells[-1]
     assert NUMBER.match(jaxnet_img_s) and float(jaxnet_img_s) > 0
     assert NUMBER.match(flax_ratio) and 0.1 < float(flax_ratio) < 10, cells
     if has_torch:
       assert NUMBER.match(torch_ratio) and float(torch_ratio) > 0, cells
     else:
       assert torch_ratio == "-"
+    assert keras_ratio == "-"  # the Keras peer builds resnet50 only
   if not has_torch:
     assert "torch is not installed" in out
+  assert "keras peer: resnet50 only (not resnet_tiny)" in out
   assert "CPU:" in out and "devices: 1 x cpu" in out and "versions: python" in out and "date:" in out
 
   record = json.loads((tmp_path / "r.json").read_text())
@@ -101,10 +104,26 @@ def test_bench_train_exits_non_zero_when_a_cell_fails():
   assert "FAILED: 3 problem(s)" in out  # two cells, and nothing measured
 
 
-def test_peak_table_picks_the_device_and_precision():
+def _load_bench_train():
   spec = importlib.util.spec_from_file_location("bench_train", os.path.join(REPO, "experiments", "bench_train.py"))
   bench_train = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(bench_train)
+  return bench_train
+
+
+def test_a_failed_peer_cell_fails_the_run_but_a_cell_not_run_does_not():
+  bench_train = _load_bench_train()
+  measured = [{"precision": "bf16", "batch_per_device": 8, "img_s": 1.0}]
+  peers = {"torch": {("bf16", 8): {"img_s": 1.0}},
+           "keras": {("bf16", 8): {"error": "ValueError: keras-hub built 1 weights"},
+                     ("fp32", 8): {"error": "not run: time budget spent"}}}
+  assert bench_train.failed_cells(measured, peers, []) == [
+      "keras bf16 batch 8: ValueError: keras-hub built 1 weights"]
+  assert bench_train.failed_cells(measured, {"keras": {("fp32", 8): peers["keras"][("fp32", 8)]}}, []) == []
+
+
+def test_peak_table_picks_the_device_and_precision():
+  bench_train = _load_bench_train()
 
   class Args:
     peak_tflops = peak_tflops_fp32 = None
