@@ -229,9 +229,20 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
     return eval_metrics
   finally:
     profiler.stop()
-    writer.close()
+    # The checkpoints first: closing them removes a failed save's partial files, giving
+    # the disk space back before the writer flushes its buffered TensorBoard events.
+    _close_all((checkpoints.close, writer.close), failing=sys.exc_info()[0] is not None)
+
+
+def _close_all(closers, failing: bool) -> None:
+  """Calls every closer. A run that is already failing reports that first failure: a
+  close that fails for the same cause (a full disk) must not replace it; otherwise the
+  first close's UserError is raised once all have run."""
+  first = None
+  for close in closers:
     try:
-      checkpoints.close()
-    except UserError:
-      if sys.exc_info()[0] is None:  # not already failing: this is the error to report
-        raise
+      close()
+    except UserError as e:
+      first = first or e
+  if first is not None and not failing:
+    raise first

@@ -257,6 +257,10 @@ MUTATIONS = [
     Mutation("second_sigterm_exits_at_once", "jaxnet/runtime.py",
              "    if self.received == name:\n", "    if self.received == name == 'SIGINT':\n",
              ("tests/test_reliability.py::test_a_second_sigterm_exits_at_once",), ci=True),
+    Mutation("a_close_failure_never_replaces_the_first_error", "jaxnet/train.py",
+             "  if first is not None and not failing:\n", "  if first is not None:\n",
+             ("tests/test_reliability.py::test_a_failed_save_is_the_error_reported_when_closing_fails_too",),
+             ci=True),
 ]
 
 
