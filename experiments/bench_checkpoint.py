@@ -32,7 +32,7 @@ def main():
 
   import jax
   import numpy as np
-  from jaxnet import checkpoint as ckpt
+  from jaxnet import checkpoint as ckpt, integrity
   from jaxnet import optim, parallel
   from jaxnet.config_base import base_config
   from jaxnet.models import create
@@ -56,8 +56,8 @@ def main():
       times.append(time.perf_counter() - start)
     return benchlib.median(times)
 
-  ckpt.inspect(state)  # compile once
-  inspect_s = timed(lambda: ckpt.inspect(state))
+  integrity.inspect(state)  # compile once
+  inspect_s = timed(lambda: integrity.inspect(state))
   with tempfile.TemporaryDirectory(dir=args.dir) as workdir:
     checkpoints = ckpt.Checkpoints(workdir, keep=1, async_save=False)
     step = iter(range(1, 1000))

@@ -20,36 +20,25 @@ checkpoint as the latest. What this module adds to orbax:
   have completed, so the newest intact checkpoint is never deleted.
 """
 
-import errno
 import glob
 import json
 import logging
 import os
 import shutil
-import sys
 import time
-import warnings
 
 import grain.python as grain
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxnet.errors import DIVERGED_HINT, NonFiniteError, UserError
+from jaxnet import integrity
+from jaxnet.errors import UserError, describe_os_error, first_line
+from jaxnet.integrity import DamagedCheckpointError, leaf_name  # noqa: F401 (ckpt.* names)
 from jaxnet.quiet import quiet_logger
 
 STATE, DATA_ITER, CONFIG, CHECKSUMS = "state", "data_iter", "config", "checksums"
-CHECKSUM_ALGORITHM = "jaxnet-fmix32-sum-v1"
 DAMAGED_DIR = "checkpoints_damaged"
-
-
-class DamagedCheckpointError(UserError):
-  """A checkpoint failed verification, could not be read, or is incomplete."""
-
-  def __init__(self, step, directory, reason):
-    self.step, self.reason = step, reason
-    super().__init__(f"checkpoint {step} in {directory} is damaged: {reason}")
 
 
 class CheckpointMismatchError(UserError):
@@ -76,81 +65,6 @@ class IteratorPosition:
 
   def get_state(self) -> bytes:
     return self._state
-
-
-# ---------------------------------------------------------------------------
-# Checksums and the finiteness check: one jitted pass over the state.
-
-def leaf_name(path) -> str:
-  """'params/stem_conv/kernel' for a pytree path, whether the node is a dict or a dataclass."""
-  parts = []
-  for key in path:
-    for attr in ("key", "name", "idx"):
-      if hasattr(key, attr):
-        parts.append(str(getattr(key, attr)))
-        break
-    else:
-      parts.append(str(key))
-  return "/".join(parts)
-
-
-def _words(x):
-  """The array's bits as uint32 words (16- and 8-bit types widened), flattened."""
-  x = jnp.asarray(x)
-  if x.dtype == jnp.bool_:
-    return x.astype(jnp.uint32).ravel()
-  bits = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
-  return jax.lax.bitcast_convert_type(x, bits).astype(jnp.uint32).ravel()
-
-
-def _fmix32(h):
-  # MurmurHash3's finalizer: every input bit affects every output bit.
-  h = h ^ (h >> 16)
-  h = h * jnp.uint32(0x85EBCA6B)
-  h = h ^ (h >> 13)
-  h = h * jnp.uint32(0xC2B2AE35)
-  return h ^ (h >> 16)
-
-
-def _checksum(x):
-  # A sum (mod 2**32) of position-salted hashes: any changed word changes the
-  # sum except with probability 2**-32, and the sum is order-free, so XLA can
-  # compute it as one parallel reduction.
-  words = _words(x)
-  salt = jnp.arange(words.size, dtype=jnp.uint32) * jnp.uint32(0x9E3779B9)
-  return jnp.sum(_fmix32(words ^ salt), dtype=jnp.uint32)
-
-
-@jax.jit
-def _inspect(tree):
-  leaves = jax.tree.leaves(tree)
-  finite = [jnp.all(jnp.isfinite(x)) for x in leaves if jnp.issubdtype(x.dtype, jnp.inexact)]
-  all_finite = jnp.all(jnp.stack(finite)) if finite else jnp.bool_(True)
-  return all_finite, jnp.stack([_checksum(x) for x in leaves])
-
-
-def inspect(tree) -> tuple[bool, dict, list[str]]:
-  """(all floats finite, {leaf name: checksum}, names of non-finite leaves) of a pytree."""
-  paths = [leaf_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-  all_finite, sums = jax.device_get(_inspect(tree))
-  checksums = {name: f"{int(s):08x}" for name, s in zip(paths, sums)}
-  bad = []
-  if not all_finite:  # rare: worth a second pass to say where
-    bad = [leaf_name(p) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
-           if jnp.issubdtype(x.dtype, jnp.inexact) and not bool(jnp.all(jnp.isfinite(x)))]
-  return bool(all_finite), checksums, bad
-
-
-def verify(tree, saved: dict, step, directory) -> None:
-  """Raises DamagedCheckpointError unless `tree`'s checksums equal those saved with it."""
-  if saved.get("algorithm") != CHECKSUM_ALGORITHM:
-    raise DamagedCheckpointError(step, directory, f"unknown checksum algorithm {saved.get('algorithm')!r}")
-  _, actual, _ = inspect(tree)
-  expected = saved["leaves"]
-  wrong = sorted(k for k in set(actual) | set(expected) if actual.get(k) != expected.get(k))
-  if wrong:
-    more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
-    raise DamagedCheckpointError(step, directory, f"checksum mismatch in {', '.join(wrong[:3])}{more}")
 
 
 # ---------------------------------------------------------------------------
@@ -202,7 +116,6 @@ class Checkpoints:
     self.workdir = os.path.abspath(workdir)
     self.directory = os.path.join(self.workdir, "checkpoints")
     self.keep, self.read_only = keep, read_only
-    _quiet_reported_failures()
     if read_only and not os.path.isdir(self.directory):
       raise self._no_checkpoint()
     with quiet_logger("absl"):  # orbax warns that a read-only manager is read-only
@@ -245,18 +158,13 @@ class Checkpoints:
     or the previous one in flight failed; older checkpoints are intact).
     """
     self.wait()
-    finite, checksums, bad = inspect(state)
-    if not finite:
-      raise NonFiniteError(
-          f"training diverged: the train state at step {step} has non-finite values "
-          f"({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); it was not saved. "
-          f"{self.intact_sentence()} {DIVERGED_HINT}")
+    checksums = integrity.check_finite_state(state, step, self.intact_sentence())
     try:
       self.manager.save(step, args=ocp.args.Composite(**{
           STATE: ocp.args.StandardSave(state),
           DATA_ITER: grain.PyGrainCheckpointSave(IteratorPosition(iterator_state)),
           CONFIG: ocp.args.JsonSave(config_dict),
-          CHECKSUMS: ocp.args.JsonSave({"algorithm": CHECKSUM_ALGORITHM, "leaves": checksums}),
+          CHECKSUMS: ocp.args.JsonSave({"algorithm": integrity.CHECKSUM_ALGORITHM, "leaves": checksums}),
       }))
     except Exception as e:  # orbax raises many types; each becomes one clear message
       raise self._save_failed(step, e) from e
@@ -346,13 +254,13 @@ class Checkpoints:
         metadata = self.manager.item_metadata(step)
       saved_tree = metadata[STATE]
     except Exception as e:
-      raise DamagedCheckpointError(step, self.directory, f"its metadata cannot be read ({_first_line(e)})")
+      raise DamagedCheckpointError(step, self.directory, f"its metadata cannot be read ({first_line(e)})")
     if saved_tree is None:
       raise DamagedCheckpointError(step, self.directory, "it holds no train state (empty or incomplete)")
     _check_fits(saved_tree, abstract_state, step_dir)
     state, checksums = self.read(step, abstract_state, iterator)
     if checksums is not None:
-      verify(state, checksums, step, self.directory)
+      integrity.verify(state, checksums, step, self.directory)
     else:
       logging.warning("checkpoint %d in %s has no checksums (written by jaxnet before they were "
                       "added): restored without verification", step, self.directory)
@@ -373,9 +281,9 @@ class Checkpoints:
       if "in checkpoint does not match" in str(e):  # Grain: another pipeline's iterator
         raise CheckpointMismatchError(
             f"the data iterator saved at step {step} in {self.directory} does not fit this run's "
-            f"input pipeline ({_first_line(e)}). Resume with the same data.source, data.dir, "
+            f"input pipeline ({first_line(e)}). Resume with the same data.source, data.dir, "
             f"data.workers, batch_size and seed as the run that wrote it, or use a new workdir.") from e
-      raise DamagedCheckpointError(step, self.directory, f"it cannot be read ({_first_line(e)})") from e
+      raise DamagedCheckpointError(step, self.directory, f"it cannot be read ({first_line(e)})") from e
     if restored[STATE] is None:
       raise DamagedCheckpointError(step, self.directory, "it holds no train state")
     return restored[STATE], restored[CHECKSUMS] if has_checksums else None
@@ -443,84 +351,6 @@ def _check_fits(saved_tree, abstract_state, step_dir: str) -> None:
       f"or a new --workdir.")
 
 
-def describe_os_error(error: BaseException) -> str:
-  """The cause of a failed write, in words: 'no space left on device', 'permission denied', ..."""
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    if isinstance(error, OSError) and error.errno is not None:
-      if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "no space left on device"
-      return os.strerror(error.errno).lower()
-    text = str(error)
-    if "RESOURCE_EXHAUSTED" in text or "No space left" in text:
-      return "no space left on device"
-    if "already exists" in text:
-      return "a checkpoint of this step already exists (is another run using this workdir?)"
-    error = error.__cause__ or error.__context__
-  return _first_line(error) if error is not None else "unknown error"
-
-
-def _first_line(e: BaseException) -> str:
-  text = str(e).strip()
-  line = text.splitlines()[0] if text else type(e).__name__
-  return line.split(" See full TensorStore details")[0][:300]  # a repr of the whole store follows
-
-
-_READ_ERROR = "Encountered error while reading array index"  # orbax, for each unreadable array
-
-
-class _DropSaveFailureNoise(logging.Filter):
-  """Drops orbax's (and asyncio's) own tracebacks of a failed background save or read.
-
-  Checkpoints reports each failed save once, as CheckpointSaveError, and each
-  unreadable checkpoint once, as DamagedCheckpointError; orbax and asyncio would
-  log the same failure from several threads or futures, 100+ lines each time.
-  """
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    if record.levelno < logging.ERROR:
-      return True
-    message = record.getMessage()
-    if record.name == "asyncio":  # "Task exception was never retrieved" of a failed write
-      return not any(s in message for s in ("RESOURCE_EXHAUSTED", "No space left", "Errno", _READ_ERROR))
-    if "orbax" not in record.pathname:
-      return True
-    return not (record.exc_info or "RESOURCE_EXHAUSTED" in message or "Errno" in message)
-
-
-def _is_reported_noise(exc_type, exc) -> bool:
-  """Tracebacks Python would print for failures Checkpoints already reported in one line.
-
-  After a failed save, tensorstore's write callbacks land on orbax's closed event
-  loop. After a failed read (a damaged checkpoint), the reads of the other arrays
-  are coroutines that end with orbax's read error when they are collected, often
-  at exit: thousands of lines, each saying nothing new.
-  """
-  return ((exc_type is RuntimeError and str(exc) == "Event loop is closed")
-          or str(exc).startswith(_READ_ERROR))
-
-
-def _quiet_reported_failures() -> None:
-  """Installs the filters above once per process (not with JAXNET_DEBUG=1)."""
-  if os.environ.get("JAXNET_DEBUG") or getattr(_quiet_reported_failures, "done", False):
-    return
-  _quiet_reported_failures.done = True
-  for name in ("absl", "asyncio"):
-    logging.getLogger(name).addFilter(_DropSaveFailureNoise())
-  warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
-  previous_hook, previous_unraisable = sys.excepthook, sys.unraisablehook
-
-  def excepthook(exc_type, exc, tb):
-    if not _is_reported_noise(exc_type, exc):
-      previous_hook(exc_type, exc, tb)
-
-  def unraisablehook(unraisable):
-    if not _is_reported_noise(unraisable.exc_type, unraisable.exc_value):
-      previous_unraisable(unraisable)
-  sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
-
-
 def abstract(tree, shardings):
   """ShapeDtypeStructs with shardings: a restore target that allocates nothing."""
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
@@ -539,7 +369,7 @@ def load_arrays(workdir: str, step: int | None = None):
     tree, checksums = checkpoints.read(step)
     tree = jax.tree.map(np.asarray, tree)
     if checksums is not None:
-      verify(tree, checksums, step, checkpoints.directory)
+      integrity.verify(tree, checksums, step, checkpoints.directory)
     return tree, step
   finally:
     checkpoints.close()

@@ -7,6 +7,7 @@ and what to do about it.
 
 
 import contextlib
+import errno
 import os
 import sys
 
@@ -28,8 +29,11 @@ def one_line_errors(*also):
   """For command-line entry points: a UserError (or FileNotFoundError, ValueError, or
   a type in `also`) is printed as one line on stderr and exits with status 1.
 
-  JAXNET_DEBUG=1 lets the exception through, with its traceback.
+  JAXNET_DEBUG=1 lets the exception through, with its traceback. Also quiets the
+  tracebacks libraries print for failures already reported in one line (quiet.py).
   """
+  from jaxnet import quiet
+  quiet.quiet_reported_failures()
   try:
     yield
   except (UserError, FileNotFoundError, ValueError, *also) as e:
@@ -42,3 +46,27 @@ def one_line_errors(*also):
       # the interpreter shuts down; the line above already said what happened.
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
     sys.exit(1)
+
+
+def describe_os_error(error: BaseException) -> str:
+  """The cause of a failed write, in words: 'no space left on device', 'permission denied', ..."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno is not None:
+      if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "no space left on device"
+      return os.strerror(error.errno).lower()
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" in text or "No space left" in text:
+      return "no space left on device"
+    if "already exists" in text:
+      return "a checkpoint of this step already exists (is another run using this workdir?)"
+    error = error.__cause__ or error.__context__
+  return first_line(error) if error is not None else "unknown error"
+
+
+def first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  line = text.splitlines()[0] if text else type(e).__name__
+  return line.split(" See full TensorStore details")[0][:300]  # a repr of the whole store follows

@@ -24,7 +24,7 @@ class RunWriteError(UserError):
   """Writing one of the run's records (metrics, TensorBoard, config, run info) failed."""
 
   def __init__(self, path: str, error: OSError):
-    from jaxnet.checkpoint import describe_os_error
+    from jaxnet.errors import describe_os_error
     self.path, self.cause = path, describe_os_error(error)
     super().__init__(f"writing {path} FAILED ({self.cause})")
 

@@ -19,9 +19,9 @@ import jax
 import numpy as np
 
 from jaxnet import checkpoint as ckpt
-from jaxnet import config_io, evaluation, parallel, peers, runtime, steps
+from jaxnet import config_io, evaluation, integrity, parallel, peers, runtime, steps
 from jaxnet import workdir as workdir_lib
-from jaxnet.errors import DIVERGED_HINT, NonFiniteError, UserError
+from jaxnet.errors import UserError
 from jaxnet.experiment import Experiment
 from jaxnet.metrics import (MetricWriter, Progress, RunWriteError, drop_records_after,
                             write_run_info)
@@ -40,27 +40,6 @@ def itstime(step: int, every: int, total: int) -> bool:
   The final step is always logged, evaluated and saved, once, by the loop's end.
   """
   return bool(every) and step % every == 0 and step != total
-
-
-def _raise_if_non_finite(history: list[dict], last_step: int, checkpoints, fp16: bool) -> None:
-  """Stops the run at the first step of `history` whose loss or gradient norm is not finite.
-
-  The values stay on the device until here (a log step or a save), so the check
-  costs no host sync per step. fp16 runs skip steps with non-finite gradients by
-  design (loss scaling), so only their loss is checked.
-  """
-  if not history:
-    return
-  values = jax.device_get([(m["train/loss"], m["train/grad_norm"]) for m in history])
-  for i, (loss, grad_norm) in enumerate(values):
-    if np.isfinite(loss) and (fp16 or np.isfinite(grad_norm)):
-      continue
-    step = last_step - len(history) + 1 + i
-    raise NonFiniteError(
-        f"training diverged at step {step}, the first step with a non-finite loss or gradient "
-        f"(train/loss {float(loss)}, grad_norm {float(grad_norm)}); training stopped and nothing "
-        f"from step {step} on was saved. "
-        f"{checkpoints.intact_sentence()} {DIVERGED_HINT}")
 
 
 def _summarize_window(history: list[dict]) -> dict:
@@ -152,7 +131,7 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
       prefetched.append((parallel.to_global(local, exp.batch_sharding), loader_iter.get_state()))
 
   def save(step):
-    _raise_if_non_finite(history, step, checkpoints, fp16)
+    integrity.check_finite_metrics(history, step, checkpoints.intact_sentence(), fp16)
     checkpoints.save(step, state, iterator_state, config_dict)
 
   record = {}
@@ -184,7 +163,7 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
       record = {}
       log_now = step == total or itstime(step, config.log_every_steps, total)
       if log_now:
-        _raise_if_non_finite(history, step, checkpoints, fp16)
+        integrity.check_finite_metrics(history, step, checkpoints.intact_sentence(), fp16)
         record = _summarize_window(history)
         record["train/window_steps"] = len(history)  # fewer than log_every_steps after a resume
         history = []

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +24,7 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from jaxnet import api, checkpoint as ckpt, config_io, errors
+from jaxnet import api, checkpoint as ckpt, config_io, errors, integrity, quiet
 from jaxnet import workdir as workdir_lib
 from jaxnet.metrics import read_jsonl
 from tests.helpers import REPO, run_main
@@ -110,19 +109,19 @@ def test_second_run_on_a_held_workdir_exits_naming_the_holder(tmp_path):
 
 def test_checksums_detect_a_flipped_bit():
   tree = {"w": jnp.arange(1000, dtype=jnp.float32), "b": jnp.ones(3, jnp.bfloat16), "s": jnp.int32(7)}
-  finite, sums, _ = ckpt.inspect(tree)
+  finite, sums, _ = integrity.inspect(tree)
   assert finite and set(sums) == {"w", "b", "s"}
   words = np.asarray(tree["w"]).view(np.uint32).copy()
   for position, bit in [(0, 0), (500, 17), (999, 31)]:
     flipped = words.copy()
     flipped[position] ^= np.uint32(1 << bit)
     changed = {**tree, "w": jnp.asarray(flipped.view(np.float32))}
-    assert ckpt.inspect(changed)[1]["w"] != sums["w"]
+    assert integrity.inspect(changed)[1]["w"] != sums["w"]
   # Swapping two values changes the sum too (positions are salted).
   swapped = {**tree, "w": tree["w"].at[0].set(1.0).at[1].set(0.0)}
-  assert ckpt.inspect(swapped)[1]["w"] != sums["w"]
+  assert integrity.inspect(swapped)[1]["w"] != sums["w"]
   with pytest.raises(ckpt.DamagedCheckpointError, match="checksum mismatch in w"):
-    ckpt.verify(swapped, {"algorithm": ckpt.CHECKSUM_ALGORITHM, "leaves": sums}, 5, "dir")
+    integrity.verify(swapped, {"algorithm": integrity.CHECKSUM_ALGORITHM, "leaves": sums}, 5, "dir")
 
 
 def _flip_bytes_of_largest_file(directory):
@@ -186,16 +185,15 @@ def test_non_finite_state_is_never_saved(tmp_path):
 def test_fp16_stops_on_a_non_finite_loss_not_on_a_skipped_step():
   """fp16 skips a step with non-finite gradients (loss scaling) and goes on; a non-finite
   loss stops it, naming the step. fp32/bf16 stop at a non-finite gradient norm too."""
-  from jaxnet import train
-  newest = types.SimpleNamespace(intact_sentence=lambda: "The newest intact checkpoint is step 5.")
+  newest = "The newest intact checkpoint is step 5."
   skipped = {"train/loss": jnp.float32(2.3), "train/grad_norm": jnp.float32(jnp.inf)}
   finite = {"train/loss": jnp.float32(2.2), "train/grad_norm": jnp.float32(1.0)}
-  train._raise_if_non_finite([finite, skipped, finite], 8, newest, fp16=True)
+  integrity.check_finite_metrics([finite, skipped, finite], 8, newest, fp16=True)
   with pytest.raises(errors.NonFiniteError, match=r"diverged at step 7,.*intact checkpoint is step 5"):
-    train._raise_if_non_finite([finite, skipped, finite], 8, newest, fp16=False)
+    integrity.check_finite_metrics([finite, skipped, finite], 8, newest, fp16=False)
   nan_loss = {"train/loss": jnp.float32(jnp.nan), "train/grad_norm": jnp.float32(jnp.nan)}
   with pytest.raises(errors.NonFiniteError, match=r"diverged at step 8,"):
-    train._raise_if_non_finite([finite, skipped, nan_loss], 8, newest, fp16=True)
+    integrity.check_finite_metrics([finite, skipped, nan_loss], 8, newest, fp16=True)
 
 
 # 4 -------------------------------------------------------------------------
@@ -388,7 +386,7 @@ def test_read_only_workdir_still_evaluates(trained, tmp_path):
 
 
 def describe(error):
-  return ckpt.describe_os_error(error)
+  return errors.describe_os_error(error)
 
 
 def test_save_errors_name_their_cause():
@@ -539,11 +537,11 @@ def test_reported_failures_leave_no_orbax_tracebacks_behind():
   import logging
   read_error = Exception("Encountered error while reading array index: (slice(0, 16, 1),). "
                          "See full TensorStore details: ...")
-  assert ckpt._is_reported_noise(type(read_error), read_error)
-  assert ckpt._is_reported_noise(RuntimeError, RuntimeError("Event loop is closed"))
-  assert not ckpt._is_reported_noise(ValueError, ValueError("a bug of ours"))
+  assert quiet._is_reported_noise(type(read_error), read_error)
+  assert quiet._is_reported_noise(RuntimeError, RuntimeError("Event loop is closed"))
+  assert not quiet._is_reported_noise(ValueError, ValueError("a bug of ours"))
   record = lambda name, message: logging.LogRecord(name, logging.ERROR, __file__, 1, message, (), None)
-  drop = ckpt._DropSaveFailureNoise()
+  drop = quiet._DropSaveFailureNoise()
   assert not drop.filter(record("asyncio", f"_GatheringFuture exception was never retrieved\n"
                                            f"future: <... exception=Exception({str(read_error)!r})>"))
   assert drop.filter(record("asyncio", "Task exception was never retrieved: KeyError('x')"))
@@ -714,3 +712,21 @@ def test_a_second_sigterm_exits_at_once(monkeypatch, capsys):
   assert exits == [143]
   err = capsys.readouterr().err
   assert "a second SIGTERM exits at once" in err and "second SIGTERM: exiting now without saving" in err
+
+
+def test_the_library_leaves_the_process_hooks_loggers_and_warnings_alone(tmp_path):
+  """A notebook's api.train / api.restore / api.evaluate: only the command-line tools
+  may install hooks or filters (errors.one_line_errors), and only for their own run."""
+  import logging
+  import warnings
+  def process_state():
+    return (sys.excepthook, sys.unraisablehook, list(logging.getLogger().filters),
+            list(logging.getLogger("absl").filters), list(logging.getLogger("asyncio").filters),
+            list(warnings.filters))
+  before = process_state()
+  workdir = tmp_path / "w"
+  api.train(_digits("total_steps=4", "checkpoint_every_steps=2"), workdir)
+  model = api.restore(workdir)
+  model.logits(np.zeros((1, *model.image_shape), np.uint8))
+  api.evaluate(workdir)
+  assert process_state() == before
