@@ -723,6 +723,7 @@ def test_the_library_leaves_the_process_hooks_loggers_and_warnings_alone(tmp_pat
     return (sys.excepthook, sys.unraisablehook, list(logging.getLogger().filters),
             list(logging.getLogger("absl").filters), list(logging.getLogger("asyncio").filters),
             list(warnings.filters))
+  import sklearn.datasets  # noqa: F401 (its import adds warning filters of scipy's own)
   before = process_state()
   workdir = tmp_path / "w"
   api.train(_digits("total_steps=4", "checkpoint_every_steps=2"), workdir)
