@@ -48,6 +48,23 @@ def test_preprocessing_of_the_weights_is_applied_and_recorded(tmp_path):
   assert again.data.eval_interpolation == "bicubic" and lines == []
 
 
+def test_eval_applies_the_record_and_never_reads_the_weights(tmp_path):
+  """--mode=eval's preprocessing: the run's record, else the config's data.*; the weights'
+  own preprocessing is neither fetched nor recorded."""
+  config = base_config()
+  config.init.weights = weights_file(tmp_path, TIMM_A1)
+  workdir = tmp_path / "run"
+  assert pretrained.with_recorded_preprocessing(config, str(workdir)) is config
+  assert not workdir.exists()
+  pretrained.fetch_and_record_preprocessing(config, str(workdir), log=lambda _: None)
+  (tmp_path / "w.safetensors").unlink()
+  d = pretrained.with_recorded_preprocessing(config, str(workdir)).data
+  assert (d.mean, d.std, d.eval_crop_fraction, d.eval_interpolation) == \
+      ((0.5, 0.45, 0.4), (0.25, 0.25, 0.25), 0.95, "bicubic")
+  config.init.weights = str(tmp_path / "other.safetensors")  # a record of other weights is not used
+  assert pretrained.with_recorded_preprocessing(config, str(workdir)) is config
+
+
 def test_weights_without_preprocessing_get_torchvision_eval(tmp_path):
   config = base_config()
   config.init.weights = weights_file(tmp_path)
