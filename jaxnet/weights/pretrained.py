@@ -85,11 +85,8 @@ def load(spec: str, target: dict[Path, tuple], model: str = "resnet") -> Source:
   tensor that is no variable of `target` under its family's names is unknown.
   """
   if _is_workdir(spec):
-    from jaxnet import checkpoint, config_io, steps
-    config = config_io.load(spec)
-    tree, _ = checkpoint.load_arrays(spec)
-    variables = steps.eval_variables(tree["params"], tree["ema_params"], tree["batch_stats"],
-                                     use_ema=config.ema_decay > 0)
+    from jaxnet import config_io, predictor
+    variables, _ = predictor.load_eval_variables(spec, config_io.load(spec))
     flat = {p: np.asarray(x, np.float32) for p, x in flatten_dict(variables).items()}
     return Source(flat, [], _describe_jaxnet)
   family = names_of(model)

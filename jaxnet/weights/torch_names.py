@@ -52,7 +52,7 @@ def _kernel_axes_back(array: np.ndarray) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class Family:
   """The PyTorch names and layouts of one model family, and conversion of whole state dicts."""
-  names: str                                   # whose names: "torchvision", "timm"
+  NAMES: str                                   # whose names: "torchvision", "timm" (export metadata)
   what: str                                    # for errors: "torchvision ResNet"
   torch_name: Callable[[Path], str | None]     # the one map: jaxnet path -> PyTorch name
   layout: Callable[[Path, Shape], Layout | None] = kernel_layout
