@@ -210,7 +210,8 @@ def test_weights_names_and_layouts_invert(name, family):
     assert torch_name is not None and jaxnet_path[torch_name] == path, path
     value = rng.standard_normal(shape).astype(np.float32)
     np.testing.assert_array_equal(
-        family.from_torch_layout(path, family.to_torch_layout(path, value), shape), value, err_msg=str(path))
+        family.from_torch_layout(path, family.to_torch_layout(path, value), shape), value,
+        err_msg=str(path))
 
 
 def test_alexnet_weights_fc1_rows_follow_the_flatten_order():
@@ -233,7 +234,8 @@ def test_vit_weights_mismatch_is_one_error_in_timm_names(tmp_path):
   path = str(tmp_path / "vit.safetensors")
   save_file(tensors, path)
   with pytest.raises(pretrained.WeightsMismatchError) as error:
-    pretrained.fill(shapes, pretrained.load(path, shapes, "vit_mini"), keep_head=True, spec="init.weights=v")
+    pretrained.fill(shapes, pretrained.load(path, shapes, "vit_mini"), keep_head=True,
+                    spec="init.weights=v")
   message = str(error.value)
   assert "missing from the weights: blocks.0.mlp.fc1.bias (block0/fc1/bias)" in message
   assert "not used by the model: fc_norm.weight" in message
