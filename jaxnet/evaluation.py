@@ -54,7 +54,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
   """
   config_io.validate(config)
   checkpoints = ckpt.Checkpoints(workdir, read_only=True)
-  config = pretrained.resolve_config(config, workdir)
+  config = pretrained.with_recorded_preprocessing(config, workdir)  # reads no weights
   try:
     step = checkpoints.resolve_step(step)
     exp = Experiment(config, need_train_data=False)

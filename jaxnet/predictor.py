@@ -59,13 +59,19 @@ def restore(workdir: str, step: int | None = None, config=None) -> Predictor:
   config = config or config_io.load(workdir)
   info = _class_info(workdir, config)
   model = models.from_config(config, info["num_classes"])
-  tree, step = ckpt.load_arrays(workdir, step)
-  variables = steps.eval_variables(tree["params"], tree["ema_params"], tree["batch_stats"],
-                                   use_ema=config.ema_decay > 0)
+  variables, step = load_eval_variables(workdir, config, step)
   _check_matches_model(model, variables, (1, config.image_size, config.image_size,
                                           len(config.data.mean)), workdir)
   return Predictor(config, model, variables, num_classes=info["num_classes"],
                    class_names=info.get("class_names"), step=step, workdir=workdir)
+
+
+def load_eval_variables(workdir: str, config, step: int | None = None) -> tuple[dict, int]:
+  """(the variables eval uses, as host arrays, step) of WORKDIR's latest (or given)
+  checkpoint: EMA params when its run (`config`) kept an EMA. Also `init.weights`'s reader."""
+  tree, step = ckpt.load_arrays(workdir, step)
+  return steps.eval_variables(tree["params"], tree["ema_params"], tree["batch_stats"],
+                              use_ema=config.ema_decay > 0), step
 
 
 def _class_info(workdir: str, config) -> dict:

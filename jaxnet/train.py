@@ -84,7 +84,7 @@ def train_and_evaluate(config, workdir: str, accept_config_changes=()) -> dict:
 
 def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
            watch: peers.PeerWatch) -> dict:
-  config = pretrained.resolve_config(config, workdir)  # the preprocessing init.weights expect
+  config = pretrained.fetch_and_record_preprocessing(config, workdir)  # what init.weights expect
   config_json = config.to_json_best_effort(indent=2)
   config_dict = json.loads(config_json)
   # Before anything is written: is this the run the checkpoints came from?

@@ -139,7 +139,7 @@ def _load_drawn(name, tensors, setup, tmp_path):
   path = str(tmp_path / f"{name}.safetensors")
   save_file(tensors, path)
   shapes = model_shapes(models.create(name), size=setup["image_size"])
-  values, head_reason = pretrained.fill(shapes, pretrained.load(path, name), keep_head=True)
+  values, head_reason = pretrained.fill(shapes, pretrained.load(path, shapes, name), keep_head=True)
   assert head_reason is None and set(values) == set(shapes)  # every variable, head included
   return unflatten_dict(values)
 
@@ -198,39 +198,44 @@ def test_plain_vit_export_is_an_error_naming_the_flavour(tmp_path):
   assert not os.path.exists(tmp_path / "vit.safetensors")
 
 
-@pytest.mark.parametrize("name,family", [("alexnet_mini", alexnet_names), ("vit_mini", vit_names)])
+@pytest.mark.parametrize("name,family", [("alexnet_mini", alexnet_names.FAMILY),
+                                         ("vit_mini", vit_names.FAMILY)])
 def test_weights_names_and_layouts_invert(name, family):
   """Every variable has a PyTorch name that maps back to it, and the layouts invert."""
   shapes = model_shapes(models.create(name, num_classes=5), size=64 if name.startswith("alex") else 16)
   rng = np.random.default_rng(0)
+  jaxnet_path = family.inverse(shapes)
   for path, shape in shapes.items():
     torch_name = family.torch_name(path)
-    assert torch_name is not None and family.jaxnet_path(torch_name) == path, path
+    assert torch_name is not None and jaxnet_path[torch_name] == path, path
     value = rng.standard_normal(shape).astype(np.float32)
-    np.testing.assert_array_equal(family.from_torch_layout(path, family.to_torch_layout(path, value)),
-                                  value, err_msg=str(path))
+    np.testing.assert_array_equal(
+        family.from_torch_layout(path, family.to_torch_layout(path, value), shape), value,
+        err_msg=str(path))
 
 
 def test_alexnet_weights_fc1_rows_follow_the_flatten_order():
   # torchvision's fc1 input index is c * 36 + h * 6 + w; jaxnet's is (h * 6 + w) * C + c.
   c, fout = 4, 3
   torch_w = np.arange(fout * c * 36, dtype=np.float32).reshape(fout, c * 36)
-  ours = alexnet_names.from_torch_layout(("params", "fc1", "kernel"), torch_w)
+  ours = alexnet_names.FAMILY.from_torch_layout(("params", "fc1", "kernel"), torch_w, (c * 36, fout))
   for h, w, ch, o in [(0, 0, 1, 2), (5, 2, 3, 0), (1, 4, 0, 1)]:
     assert ours[(h * 6 + w) * c + ch, o] == torch_w[o, ch * 36 + h * 6 + w]
 
 
 def test_vit_weights_mismatch_is_one_error_in_timm_names(tmp_path):
   shapes = model_shapes(models.create("vit_mini", num_classes=5), size=16)
-  tensors = {vit_names.torch_name(p): np.zeros(vit_names.to_torch_layout(p, np.empty(s, bool)).shape,
-                                                np.float32) for p, s in shapes.items()}
+  vit = vit_names.FAMILY
+  tensors = {vit.torch_name(p): np.zeros(vit.to_torch_layout(p, np.empty(s, bool)).shape, np.float32)
+             for p, s in shapes.items()}
   del tensors["blocks.0.mlp.fc1.bias"]
   tensors["blocks.0.norm1.weight"] = np.zeros(7, np.float32)
   tensors["fc_norm.weight"] = np.zeros(3, np.float32)
   path = str(tmp_path / "vit.safetensors")
   save_file(tensors, path)
   with pytest.raises(pretrained.WeightsMismatchError) as error:
-    pretrained.fill(shapes, pretrained.load(path, "vit_mini"), keep_head=True, spec="init.weights=v")
+    pretrained.fill(shapes, pretrained.load(path, shapes, "vit_mini"), keep_head=True,
+                    spec="init.weights=v")
   message = str(error.value)
   assert "missing from the weights: blocks.0.mlp.fc1.bias (block0/fc1/bias)" in message
   assert "not used by the model: fc_norm.weight" in message
@@ -238,7 +243,7 @@ def test_vit_weights_mismatch_is_one_error_in_timm_names(tmp_path):
   assert "(3 problems;" in message
   # A model family without PyTorch names is refused by name.
   with pytest.raises(ValueError, match="model 'lenet' has no PyTorch tensor names"):
-    pretrained.load(path, "lenet")
+    pretrained.load(path, shapes, "lenet")
 
 
 # --- training -----------------------------------------------------------------------------

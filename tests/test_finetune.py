@@ -30,7 +30,7 @@ def test_preprocessing_of_the_weights_is_applied_and_recorded(tmp_path):
   config = base_config()
   config.init.weights = weights_file(tmp_path, TIMM_A1)
   lines = []
-  resolved = pretrained.resolve_config(config, str(tmp_path / "run"), log=lines.append)
+  resolved = pretrained.fetch_and_record_preprocessing(config, str(tmp_path / "run"), log=lines.append)
   d = resolved.data
   assert (d.mean, d.std, d.eval_crop_fraction, d.eval_interpolation) == \
       ((0.5, 0.45, 0.4), (0.25, 0.25, 0.25), 0.95, "bicubic")
@@ -44,26 +44,43 @@ def test_preprocessing_of_the_weights_is_applied_and_recorded(tmp_path):
   # A resumed run or --mode=eval reads the record: the weights file is not needed any more.
   (tmp_path / "w.safetensors").unlink()
   lines.clear()
-  again = pretrained.resolve_config(config, str(tmp_path / "run"), log=lines.append)
+  again = pretrained.fetch_and_record_preprocessing(config, str(tmp_path / "run"), log=lines.append)
   assert again.data.eval_interpolation == "bicubic" and lines == []
+
+
+def test_eval_applies_the_record_and_never_reads_the_weights(tmp_path):
+  """--mode=eval's preprocessing: the run's record, else the config's data.*; the weights'
+  own preprocessing is neither fetched nor recorded."""
+  config = base_config()
+  config.init.weights = weights_file(tmp_path, TIMM_A1)
+  workdir = tmp_path / "run"
+  assert pretrained.with_recorded_preprocessing(config, str(workdir)) is config
+  assert not workdir.exists()
+  pretrained.fetch_and_record_preprocessing(config, str(workdir), log=lambda _: None)
+  (tmp_path / "w.safetensors").unlink()
+  d = pretrained.with_recorded_preprocessing(config, str(workdir)).data
+  assert (d.mean, d.std, d.eval_crop_fraction, d.eval_interpolation) == \
+      ((0.5, 0.45, 0.4), (0.25, 0.25, 0.25), 0.95, "bicubic")
+  config.init.weights = str(tmp_path / "other.safetensors")  # a record of other weights is not used
+  assert pretrained.with_recorded_preprocessing(config, str(workdir)) is config
 
 
 def test_weights_without_preprocessing_get_torchvision_eval(tmp_path):
   config = base_config()
   config.init.weights = weights_file(tmp_path)
   config.data.mean, config.data.eval_crop_fraction = (0.1, 0.2, 0.3), 1.0
-  resolved = pretrained.resolve_config(config, str(tmp_path / "run"), log=lambda _: None)
+  resolved = pretrained.fetch_and_record_preprocessing(config, str(tmp_path / "run"), log=lambda _: None)
   assert (resolved.data.mean, resolved.data.eval_crop_fraction) == (TORCHVISION.mean, 0.875)
 
 
 def test_preprocessing_config_keeps_data_keys(tmp_path):
   config = base_config()
   config.init.weights, config.init.preprocessing = weights_file(tmp_path, TIMM_A1), "config"
-  assert pretrained.resolve_config(config, str(tmp_path / "run")) is config
+  assert pretrained.fetch_and_record_preprocessing(config, str(tmp_path / "run")) is config
   assert not (tmp_path / "run").exists()
   config.init.preprocessing = "timm"
   with pytest.raises(ValueError, match="init.preprocessing must be 'weights' or 'config'"):
-    pretrained.resolve_config(config, str(tmp_path / "run"))
+    pretrained.fetch_and_record_preprocessing(config, str(tmp_path / "run"))
 
 
 def test_frozen_bn_stats_normalise_with_running_statistics_in_training():

@@ -219,7 +219,7 @@ def test_workdir_as_init_weights_and_torchvision_export(workdir, tmp_path):
   out = str(tmp_path / "digits.safetensors")
   assert export.main([f"--workdir={workdir}", "--format=torchvision", f"--out={out}"]) == 0
   for source in (str(workdir), out):
-    values, reason = pretrained.fill(shapes, pretrained.load(source), keep_head=True)
+    values, reason = pretrained.fill(shapes, pretrained.load(source, shapes), keep_head=True)
     assert reason is None and set(values) == set(shapes)
     for path, value in values.items():
       np.testing.assert_array_equal(value, restored[path], err_msg=f"{source}: {path}")

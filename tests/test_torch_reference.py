@@ -19,7 +19,8 @@ from safetensors.numpy import save_file
 
 from jaxnet import models
 from jaxnet.models import resnet
-from jaxnet.weights import pretrained, resnet_names
+from jaxnet.weights import pretrained
+from jaxnet.weights.resnet_names import FAMILY as RESNET
 from tests import reference_weights
 
 LOGITS = os.path.join(os.path.dirname(__file__), "data", "torchvision_resnet_logits.npz")
@@ -34,7 +35,7 @@ def model_shapes(model, size: int = 64) -> dict:
 
 def torchvision_shapes(shapes: dict) -> dict:
   """The torchvision state-dict names and shapes of jaxnet variables with these shapes."""
-  return {resnet_names.torch_name(p): resnet_names.to_torch_layout(p, np.empty(s, bool)).shape
+  return {RESNET.torch_name(p): RESNET.to_torch_layout(p, np.empty(s, bool)).shape
           for p, s in shapes.items()}
 
 
@@ -46,7 +47,7 @@ def jaxnet_logits(name, tmp_path):
   path = str(tmp_path / f"{name}.safetensors")
   save_file(tensors, path)
 
-  values, head_reason = pretrained.fill(shapes, pretrained.load(path), keep_head=True)
+  values, head_reason = pretrained.fill(shapes, pretrained.load(path, shapes), keep_head=True)
   assert head_reason is None and set(values) == set(shapes)  # every variable, head included
   # Eager (un-jitted) apply: no compile, fast enough at 64 px on the CPU.
   return np.asarray(model.apply(unflatten_dict(values), images.transpose(0, 2, 3, 1), train=False))

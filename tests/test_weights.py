@@ -34,7 +34,7 @@ def drawn_file(tmp_path, name="resnet18", num_classes=1000):
 
 def test_round_trip_gives_identical_tensors(tmp_path):
   path, tensors, shapes = drawn_file(tmp_path)
-  values, reason = pretrained.fill(shapes, pretrained.load(path), keep_head=True)
+  values, reason = pretrained.fill(shapes, pretrained.load(path, shapes), keep_head=True)
   assert reason is None
   out = export.torch_tensors(unflatten_dict(values), "resnet18")
   tensor_files.write(str(tmp_path / "out.safetensors"), out, {})
@@ -48,7 +48,7 @@ def test_round_trip_gives_identical_tensors(tmp_path):
 def test_head_is_reinitialised_when_classes_differ_or_asked(tmp_path):
   path, tensors, _ = drawn_file(tmp_path, num_classes=1000)
   shapes = model_shapes(models.create("resnet18", num_classes=7), size=32)
-  source = pretrained.load(path)
+  source = pretrained.load(path, shapes)
   values, reason = pretrained.fill(shapes, source, keep_head=True)
   assert reason == "the weights have 1000 classes, this run 7"
   assert set(shapes) - set(values) == {("params", "head", "kernel"), ("params", "head", "bias")}
@@ -63,7 +63,7 @@ def test_mismatched_architecture_lists_every_problem_in_one_error(tmp_path):
   path, _, _ = drawn_file(tmp_path, "resnet18")
   shapes = model_shapes(models.create("resnet34", num_classes=1000), size=32)
   with pytest.raises(pretrained.WeightsMismatchError) as info:
-    pretrained.fill(shapes, pretrained.load(path), keep_head=True, spec="init.weights=r18")
+    pretrained.fill(shapes, pretrained.load(path, shapes), keep_head=True, spec="init.weights=r18")
   message = str(info.value)
   # resnet34 has 3, 4, 6, 3 blocks where resnet18 has 2 of each: 8 more blocks of 2 convs
   # and 2 BNs (4 tensors each), 10 tensors per block.
@@ -79,7 +79,7 @@ def test_unknown_and_misshapen_tensors_are_reported(tmp_path):
   tensors["layer2.0.conv1.weight"] = np.zeros((128, 64, 1, 1), np.float32)
   save_file(tensors, path)
   with pytest.raises(pretrained.WeightsMismatchError) as info:
-    pretrained.fill(shapes, pretrained.load(path), keep_head=True)
+    pretrained.fill(shapes, pretrained.load(path, shapes), keep_head=True)
   message = str(info.value)
   assert "not used by the model: layer1.0.se.fc.weight" in message
   assert ("shape differs: layer2.0.conv1.weight (stage2_block1/Conv_0/kernel) is (1, 1, 64, 128), "
@@ -92,17 +92,17 @@ def test_pth_without_torch_suggests_safetensors(tmp_path, monkeypatch):
   path.write_bytes(b"not read")
   monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` fails, as where it is not installed
   with pytest.raises(ValueError, match=r"needs torch, which is not installed.*\.safetensors"):
-    pretrained.load(str(path))
+    pretrained.load(str(path), {})
 
 
 def test_missing_file_and_unknown_format(tmp_path):
   with pytest.raises(FileNotFoundError, match="weights file .* not found"):
-    pretrained.load(str(tmp_path / "nope.safetensors"))
+    pretrained.load(str(tmp_path / "nope.safetensors"), {})
   (tmp_path / "w.npz").write_bytes(b"")
   with pytest.raises(ValueError, match="unknown weights format"):
-    pretrained.load(str(tmp_path / "w.npz"))
+    pretrained.load(str(tmp_path / "w.npz"), {})
   with pytest.raises(FileNotFoundError, match="directory without config.json"):
-    pretrained.load(str(tmp_path))
+    pretrained.load(str(tmp_path), {})
 
 
 def test_hub_spec_without_huggingface_hub(monkeypatch):
@@ -133,7 +133,7 @@ def test_hub_spec_offline_fails_with_one_line(tmp_path):
 
 def test_hub_spec_reads_timm_preprocessing(tmp_path, monkeypatch):
   """A stand-in huggingface_hub serves a timm-style repository: weights and config.json."""
-  path, _, _ = drawn_file(tmp_path)
+  path, _, shapes = drawn_file(tmp_path)
   config = tmp_path / "config.json"
   config.write_text(json.dumps({"architecture": "resnet18", "num_classes": 1000, "pretrained_cfg": {
       "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "crop_pct": 0.95,
@@ -144,4 +144,4 @@ def test_hub_spec_reads_timm_preprocessing(tmp_path, monkeypatch):
   prep, origin = pretrained.preprocessing_of("hf-hub:timm/resnet18.a1_in1k")
   assert prep == Preprocessing((0.5, 0.5, 0.5), (0.25, 0.25, 0.25), 0.95, "bicubic")
   assert origin == "timm's pretrained_cfg of hf-hub:timm/resnet18.a1_in1k"
-  assert len(pretrained.load("hf-hub:timm/resnet18.a1_in1k").variables) == 102
+  assert len(pretrained.load("hf-hub:timm/resnet18.a1_in1k", shapes).variables) == 102

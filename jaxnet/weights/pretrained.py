@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 
-from jaxnet.weights import alexnet_names, hub, preprocessing, resnet_names, tensor_files, vit_names
+from jaxnet.weights import (alexnet_names, hub, preprocessing, resnet_names, tensor_files,
+                            torch_names, vit_names)
 from jaxnet.weights.preprocessing import Preprocessing
 
 Path = tuple[str, ...]
@@ -44,22 +45,22 @@ class Source:
   describe: Callable[[Path], str]       # a variable's name in the source's own terms
 
 
-# Model-name prefix -> the module that maps that family's PyTorch names and layouts.
-FAMILIES = {"resnet": resnet_names, "vit": vit_names, "alexnet": alexnet_names}
+# Model-name prefix -> that family's PyTorch names and layouts.
+FAMILIES = {"resnet": resnet_names.FAMILY, "vit": vit_names.FAMILY, "alexnet": alexnet_names.FAMILY}
 
 
-def names_of(model: str):
-  """The name map (resnet_names, vit_names, alexnet_names) of model `model` or family `model`."""
-  for prefix, names in FAMILIES.items():
+def names_of(model: str) -> torch_names.Family:
+  """The PyTorch names and layouts of model `model` or family `model` ("resnet", "vit", ...)."""
+  for prefix, family in FAMILIES.items():
     if model.startswith(prefix):
-      return names
+      return family
   raise ValueError(f"model {model!r} has no PyTorch tensor names in jaxnet: weights files and "
                    f"hf-hub specs load into {', '.join(p + '*' for p in FAMILIES)} models "
                    f"(a jaxnet workdir loads into any model)")
 
 
-def _describer(names) -> Callable[[Path], str]:
-  return lambda path: f"{names.torch_name(path) or '(no PyTorch name)'} ({'/'.join(path[1:])})"
+def _describer(family: torch_names.Family) -> Callable[[Path], str]:
+  return lambda path: f"{family.torch_name(path) or '(no PyTorch name)'} ({'/'.join(path[1:])})"
 
 
 def _describe_jaxnet(path: Path) -> str:
@@ -75,25 +76,24 @@ def _is_workdir(spec: str) -> bool:
   return True
 
 
-def load(spec: str, model: str = "resnet") -> Source:
-  """The variables of `spec` (a file, a jaxnet workdir or hf-hub:OWNER/NAME).
+def load(spec: str, target: dict[Path, tuple], model: str = "resnet") -> Source:
+  """The variables of `spec` (a file, a jaxnet workdir or hf-hub:OWNER/NAME) for the model
+  whose variables' shapes `target` gives ({path: shape}).
 
   A file's tensors carry the PyTorch names of `model`'s family (`model` is a
-  model name such as "vit_ti16", or a family: "resnet", "vit", "alexnet").
+  model name such as "vit_ti16", or a family: "resnet", "vit", "alexnet"); a
+  tensor that is no variable of `target` under its family's names is unknown.
   """
   if _is_workdir(spec):
-    from jaxnet import checkpoint, config_io, steps
-    config = config_io.load(spec)
-    tree, _ = checkpoint.load_arrays(spec)
-    variables = steps.eval_variables(tree["params"], tree["ema_params"], tree["batch_stats"],
-                                     use_ema=config.ema_decay > 0)
+    from jaxnet import config_io, predictor
+    variables, _ = predictor.load_eval_variables(spec, config_io.load(spec))
     flat = {p: np.asarray(x, np.float32) for p, x in flatten_dict(variables).items()}
     return Source(flat, [], _describe_jaxnet)
-  names = names_of(model)
+  family = names_of(model)
   path = hub.fetch(spec)[0] if hub.is_hub_spec(spec) else spec
   tensors, _ = tensor_files.read(path)
-  flat, unknown = names.from_torch(tensors)
-  return Source(flat, unknown, _describer(names))
+  flat, unknown = family.from_torch(tensors, target)
+  return Source(flat, unknown, _describer(family))
 
 
 def preprocessing_of(spec: str) -> tuple[Preprocessing, str]:
@@ -112,41 +112,69 @@ def preprocessing_of(spec: str) -> tuple[Preprocessing, str]:
   return preprocessing.TORCHVISION, f"torchvision's ImageNet eval ({spec} records none)"
 
 
-def resolve_config(config, workdir: str, log=print):
-  """`config` with the preprocessing its init weights expect (a copy; `config` if unchanged).
-
-  With `init.weights` set and `init.preprocessing="weights"`, data.mean, .std,
-  .eval_crop_fraction and .eval_interpolation become the weights' values, which
-  are recorded in WORKDIR/preprocessing.json: a resumed run, `--mode=eval` and
-  `jaxnet.predict` then use them without reading the weights again.
-  """
-  spec, mode = config.init.weights, config.init.preprocessing
+def _wants_weights_preprocessing(config) -> bool:
+  mode = config.init.preprocessing
   if mode not in ("weights", "config"):
     raise ValueError(f"init.preprocessing must be 'weights' or 'config', got {mode!r}")
-  if not spec or mode == "config":
-    return config
+  return bool(config.init.weights) and mode == "weights"
+
+
+def _recorded(config, workdir: str) -> Preprocessing | None:
+  """What WORKDIR/preprocessing.json records for `config.init.weights`, if it does."""
   record = os.path.join(workdir, preprocessing.FILE)
-  prep = None
-  if os.path.exists(record):
-    with open(record) as f:
-      saved = json.load(f)
-    if saved.get("weights") == spec:
-      prep = Preprocessing.from_dict(saved["preprocessing"])
-  if prep is None:
-    prep, origin = preprocessing_of(spec)
-    if jax.process_index() == 0:
-      os.makedirs(workdir, exist_ok=True)
-      with open(record, "w") as f:
-        json.dump({"weights": spec, "origin": origin, "preprocessing": dataclasses.asdict(prep)},
-                  f, indent=2)
-    log(f"init: preprocessing from {origin}: mean {prep.mean}, std {prep.std}, eval crop fraction "
-        f"{prep.crop_fraction}, {prep.interpolation} (set init.preprocessing=config to keep data.*)")
-  if prep == preprocessing.of_config(config):
+  if not os.path.exists(record):
+    return None
+  with open(record) as f:
+    saved = json.load(f)
+  if saved.get("weights") != config.init.weights:
+    return None
+  return Preprocessing.from_dict(saved["preprocessing"])
+
+
+def _with(config, prep: Preprocessing | None):
+  """`config` with data.* set to `prep` (a copy; `config` itself if nothing changes)."""
+  if prep is None or prep == preprocessing.of_config(config):
     return config
   resolved = config.copy_and_resolve_references()
   preprocessing.set_in_config(resolved, prep)
   resolved.lock()
   return resolved
+
+
+def fetch_and_record_preprocessing(config, workdir: str, log=print):
+  """`config` with the preprocessing its init weights expect (a copy; `config` if unchanged).
+
+  With `init.weights` set and `init.preprocessing="weights"`, data.mean, .std,
+  .eval_crop_fraction and .eval_interpolation become the weights' values: read
+  from WORKDIR/preprocessing.json when it records them for these weights, else
+  fetched from the weights (the hub repository, the file's metadata, the
+  workdir's config) and recorded there, so a resumed run, `--mode=eval`
+  (`with_recorded_preprocessing`) and `jaxnet.predict` use them without the weights.
+  """
+  if not _wants_weights_preprocessing(config):
+    return config
+  prep = _recorded(config, workdir)
+  if prep is None:
+    spec = config.init.weights
+    prep, origin = preprocessing_of(spec)
+    if jax.process_index() == 0:
+      os.makedirs(workdir, exist_ok=True)
+      with open(os.path.join(workdir, preprocessing.FILE), "w") as f:
+        json.dump({"weights": spec, "origin": origin, "preprocessing": dataclasses.asdict(prep)},
+                  f, indent=2)
+    log(f"init: preprocessing from {origin}: mean {prep.mean}, std {prep.std}, eval crop fraction "
+        f"{prep.crop_fraction}, {prep.interpolation} (set init.preprocessing=config to keep data.*)")
+  return _with(config, prep)
+
+
+def with_recorded_preprocessing(config, workdir: str):
+  """`config` with the preprocessing its run recorded in WORKDIR/preprocessing.json (a copy;
+  `config` if none is recorded for its init weights). Reads no weights and writes nothing:
+  what `--mode=eval` evaluates a workdir with. A workdir without the record was trained
+  with the config's data.*."""
+  if not _wants_weights_preprocessing(config):
+    return config
+  return _with(config, _recorded(config, workdir))
 
 
 def _head_reason(target: dict[Path, tuple], source: dict[Path, np.ndarray],
@@ -198,10 +226,10 @@ def _place(value: np.ndarray, like: jax.Array) -> jax.Array:
 def initialise(state, config, log=print):
   """A fresh TrainState with params and BN statistics from `config.init.weights`."""
   spec = config.init.weights
-  source = load(spec, config.model.name)
   target = flatten_dict({"params": state.params, "batch_stats": state.batch_stats})
-  values, reason = fill({p: x.shape for p, x in target.items()}, source, config.init.keep_head,
-                        f"init.weights={spec}")
+  shapes = {p: x.shape for p, x in target.items()}
+  source = load(spec, shapes, config.model.name)
+  values, reason = fill(shapes, source, config.init.keep_head, f"init.weights={spec}")
   new = unflatten_dict({p: _place(values[p], x) if p in values else x for p, x in target.items()})
   if jax.process_index() == 0:
     head = f"; classifier head re-initialised: {reason}" if reason else ""

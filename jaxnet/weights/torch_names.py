@@ -1,75 +1,124 @@
-"""What the per-family name maps share: PyTorch layouts and the name-by-name conversion.
+"""What the per-family name maps share: one map from jaxnet to PyTorch, used both ways.
 
-A family's map (resnet_names, vit_names, alexnet_names) gives `torch_name(path)`,
-`jaxnet_path(name)`, `from_torch_layout(path, array)` and `to_torch_layout(path, array)`;
-`from_torch` and `to_torch` here turn a whole state dict into jaxnet variables and back
-with them.
+A family (resnet_names, vit_names, alexnet_names) writes one direction only:
+`torch_name(path)`, the PyTorch name of a jaxnet variable path, and `layout(path,
+shape)`, how that variable's axes sit in PyTorch. Reading a state dict needs the
+inverse, which is derived here from the model being filled: its variable paths,
+each mapped forward, give {torch name: path}. A file's name that no variable of
+the model produces is unknown to that model, whatever the family would call it.
 """
 
+import dataclasses
 from typing import Callable
 
 import numpy as np
 
 Path = tuple[str, ...]
-
-# flax leaf -> torch leaf, for Conv/Dense and for BatchNorm/LayerNorm parameters.
-LINEAR_LEAVES = {"kernel": "weight", "bias": "bias"}
-NORM_LEAVES = {"scale": "weight", "bias": "bias"}
+Shape = tuple[int, ...]
 
 
-def kernel_to_torch(array: np.ndarray) -> np.ndarray:
-  return array.T if array.ndim == 2 else array.transpose(3, 2, 0, 1)  # (in, out) / HWIO -> OIHW
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """A jaxnet array of `shape` in PyTorch's layout: reshaped to `split`, its axes
+  transposed by `axes`, reshaped to `torch_shape`. The way back is derived."""
+  shape: Shape
+  split: Shape
+  axes: tuple[int, ...]
+  torch_shape: Shape
+
+  def to_torch(self, array: np.ndarray) -> np.ndarray:
+    return array.reshape(self.split).transpose(self.axes).reshape(self.torch_shape)
+
+  def from_torch(self, array: np.ndarray) -> np.ndarray:
+    transposed = tuple(self.split[a] for a in self.axes)
+    return array.reshape(transposed).transpose(np.argsort(self.axes)).reshape(self.shape)
 
 
-def kernel_from_torch(array: np.ndarray) -> np.ndarray:
-  return array.T if array.ndim == 2 else array.transpose(2, 3, 1, 0)  # (out, in) / OIHW -> HWIO
+def transposed(shape: Shape, axes: tuple[int, ...]) -> Layout:
+  return Layout(tuple(shape), tuple(shape), axes, tuple(shape[a] for a in axes))
 
 
-def to_torch_layout(path: Path, array: np.ndarray) -> np.ndarray:
-  """A variable's array in PyTorch's layout, for families where only kernels differ."""
-  return kernel_to_torch(array) if path[-1] == "kernel" else array
+def kernel_layout(path: Path, shape: Shape) -> Layout | None:
+  """Conv/Dense kernels: (in, out) is (out, in), HWIO is OIHW; other variables keep theirs."""
+  if path[-1] != "kernel" or len(shape) not in (2, 4):
+    return None
+  return transposed(shape, (1, 0) if len(shape) == 2 else (3, 2, 0, 1))
 
 
-def from_torch_layout(path: Path, array: np.ndarray) -> np.ndarray:
-  return kernel_from_torch(array) if path[-1] == "kernel" else array
+def _kernel_axes_back(array: np.ndarray) -> np.ndarray:
+  return array.T if array.ndim == 2 else array.transpose(2, 3, 1, 0) if array.ndim == 4 else array
 
 
-def from_torch(tensors: dict[str, np.ndarray], jaxnet_path: Callable[[str], Path | None],
-               from_torch_layout: Callable[[Path, np.ndarray], np.ndarray],
-               dropped: Callable[[str], bool] = lambda name: False
-               ) -> tuple[dict[Path, np.ndarray], list[str]]:
-  """A state dict -> (flat jaxnet variables, names that map to no jaxnet variable).
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """The PyTorch names and layouts of one model family, and conversion of whole state dicts."""
+  NAMES: str                                   # whose names: "torchvision", "timm" (export metadata)
+  what: str                                    # for errors: "torchvision ResNet"
+  torch_name: Callable[[Path], str | None]     # the one map: jaxnet path -> PyTorch name
+  layout: Callable[[Path, Shape], Layout | None] = kernel_layout
+  # Tensors PyTorch keeps beside a named one that jaxnet has no counterpart of
+  # (BN's counter): written on the way out, skipped on the way in.
+  extras: Callable[[str], dict[str, np.ndarray]] = lambda name: {}
 
-  Floating tensors come back as float32 (half-precision files included);
-  `dropped` names tensors with no jaxnet counterpart that are skipped silently.
-  """
-  out, unknown = {}, []
-  for name, array in tensors.items():
-    if dropped(name):
-      continue
-    path = jaxnet_path(name)
-    if path is None:
-      unknown.append(name)
-      continue
-    out[path] = np.asarray(from_torch_layout(path, np.asarray(array, np.float32)))
-  return out, unknown
+  def to_torch_layout(self, path: Path, array: np.ndarray) -> np.ndarray:
+    layout = self.layout(path, array.shape)
+    return array if layout is None else layout.to_torch(array)
 
+  def from_torch_layout(self, path: Path, array: np.ndarray, shape: Shape) -> np.ndarray:
+    """A PyTorch array of the variable at `path`, of jaxnet shape `shape`, in jaxnet's layout."""
+    layout = self.layout(path, tuple(shape))
+    if layout is None:
+      return array
+    if array.shape != layout.torch_shape:  # put in jaxnet's axis order, so a shape error names it so
+      return _kernel_axes_back(array) if path[-1] == "kernel" else array
+    return layout.from_torch(array)
 
-def to_torch(variables: dict[Path, np.ndarray], torch_name: Callable[[Path], str | None],
-             to_torch_layout: Callable[[Path, np.ndarray], np.ndarray], names: str
-             ) -> dict[str, np.ndarray]:
-  """Flat jaxnet variables -> a state dict (C-contiguous numpy arrays) under `names`
-  (e.g. "torchvision ResNet"); a variable without such a name is an error listing it."""
-  out, unmapped = {}, []
-  for path, array in variables.items():
-    name = torch_name(path)
-    if name is None:
-      unmapped.append("/".join(path))
-      continue
-    out[name] = np.array(to_torch_layout(path, np.asarray(array)), order="C")
-  if unmapped:
-    raise ValueError(f"{len(unmapped)} variables have no {names} name: {', '.join(unmapped[:5])}")
-  return out
+  def inverse(self, paths) -> dict[str, Path]:
+    """{PyTorch name: jaxnet path} of the variables at `paths` (those that have a name)."""
+    out = {}
+    for path in paths:
+      name = self.torch_name(path)
+      if name is not None:
+        if name in out:  # a bug in the family's map, not in anyone's weights
+          raise AssertionError(f"{self.what}: {out[name]} and {path} are both {name}")
+        out[name] = path
+    return out
+
+  def to_torch(self, variables: dict[Path, np.ndarray]) -> dict[str, np.ndarray]:
+    """Flat jaxnet variables -> a state dict (C-contiguous numpy arrays); a variable without
+    a PyTorch name is an error listing it."""
+    out, unmapped = {}, []
+    for path, array in variables.items():
+      name = self.torch_name(path)
+      if name is None:
+        unmapped.append("/".join(path))
+        continue
+      out[name] = np.array(self.to_torch_layout(path, np.asarray(array)), order="C")
+    if unmapped:
+      raise ValueError(f"{len(unmapped)} variables have no {self.what} name: {', '.join(unmapped[:5])}")
+    for name in list(out):
+      out.update(self.extras(name))
+    return out
+
+  def from_torch(self, tensors: dict[str, np.ndarray], target: dict[Path, Shape]
+                 ) -> tuple[dict[Path, np.ndarray], list[str]]:
+    """A state dict -> (flat jaxnet variables, names that map to no variable of `target`).
+
+    `target` maps the model's variable paths to their shapes. Floating tensors come
+    back as float32 (half-precision files included).
+    """
+    inverse = self.inverse(target)
+    skipped = {extra for name in tensors for extra in self.extras(name)}
+    out, unknown = {}, []
+    for name, array in tensors.items():
+      if name in skipped:
+        continue
+      path = inverse.get(name)
+      if path is None:
+        unknown.append(name)
+        continue
+      out[path] = np.asarray(self.from_torch_layout(path, np.asarray(array, np.float32), target[path]))
+    return out, unknown
 
 
 def params_name(path: Path, module_to_torch: Callable[[str], str | None],
@@ -83,14 +132,6 @@ def params_name(path: Path, module_to_torch: Callable[[str], str | None],
   return f"{torch_module}.{torch_leaf}" if torch_module and torch_leaf else None
 
 
-def params_path(name: str, module_from_torch: Callable[[str], str | None],
-                leaves: Callable[[str], dict[str, str]]) -> Path | None:
-  """The inverse of `params_name`."""
-  torch_module, _, torch_leaf = name.rpartition(".")
-  module = module_from_torch(torch_module)
-  if module is None:
-    return None
-  for leaf, candidate in leaves(module).items():
-    if candidate == torch_leaf:
-      return ("params", *module.split("/"), leaf)
-  return None
+# flax leaf -> torch leaf, for Conv/Dense and for LayerNorm parameters.
+LINEAR_LEAVES = {"kernel": "weight", "bias": "bias"}
+NORM_LEAVES = {"scale": "weight", "bias": "bias"}

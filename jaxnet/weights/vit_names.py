@@ -1,4 +1,4 @@
-"""jaxnet ViT variables <-> timm Vision Transformer state-dict tensors.
+"""jaxnet ViT variable paths -> timm Vision Transformer state-dict names.
 
 For timm's `vit_*_patch16_224` family (jaxnet's default `vit_flavour=timm`):
 
@@ -17,8 +17,6 @@ output is ordered (q/k/v, head, head_dim), as jaxnet's, so it maps unchanged.
 
 import re
 
-import numpy as np
-
 from jaxnet.weights import torch_names
 
 Path = tuple[str, ...]
@@ -36,15 +34,6 @@ def _module_to_torch(module: str) -> str | None:
   return f"blocks.{m[1]}.{_IN_BLOCK[m[2]]}" if m and m[2] in _IN_BLOCK else None
 
 
-def _module_from_torch(module: str) -> str | None:
-  inverse = {v: k for k, v in _FIXED.items()}
-  if module in inverse:
-    return inverse[module]
-  m = re.fullmatch(r"blocks\.(\d+)\.(.+)", module)
-  in_block = {v: k for k, v in _IN_BLOCK.items()}
-  return f"block{int(m[1])}/{in_block[m[2]]}" if m and m[2] in in_block else None
-
-
 def _leaves(module: str) -> dict[str, str]:
   is_norm = module.rpartition("/")[2].startswith("norm")
   return torch_names.NORM_LEAVES if is_norm else torch_names.LINEAR_LEAVES
@@ -57,25 +46,5 @@ def torch_name(path: Path) -> str | None:
   return torch_names.params_name(path, _module_to_torch, _leaves)
 
 
-def jaxnet_path(name: str) -> Path | None:
-  """The jaxnet variable path of a timm ViT tensor name, or None if it has none."""
-  if name in _OWN:
-    return ("params", name)
-  return torch_names.params_path(name, _module_from_torch, _leaves)
-
-
 # Only kernels change layout.
-to_torch_layout, from_torch_layout = torch_names.to_torch_layout, torch_names.from_torch_layout
-
-
-NAMES = "timm"
-
-
-def to_torch(variables: dict[Path, np.ndarray]) -> dict[str, np.ndarray]:
-  """Flat jaxnet ViT variables (timm flavour) -> a timm state dict (C-contiguous numpy arrays)."""
-  return torch_names.to_torch(variables, torch_name, to_torch_layout, "timm ViT")
-
-
-def from_torch(tensors: dict[str, np.ndarray]) -> tuple[dict[Path, np.ndarray], list[str]]:
-  """A timm ViT state dict -> (flat jaxnet variables, names that map to no jaxnet variable)."""
-  return torch_names.from_torch(tensors, jaxnet_path, from_torch_layout)
+FAMILY = torch_names.Family("timm", "timm ViT", torch_name)
