@@ -33,7 +33,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxnet import integrity
-from jaxnet.errors import UserError, describe_os_error, first_line
+from jaxnet.errors import MissingFileError, UserError, describe_os_error, first_line
 from jaxnet.integrity import DamagedCheckpointError, leaf_name  # noqa: F401 (ckpt.* names)
 from jaxnet.quiet import quiet_logger
 
@@ -142,11 +142,11 @@ class Checkpoints:
     if step is None:
       return steps[-1]
     if step not in steps:
-      raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}; it has steps {steps}")
+      raise MissingFileError(f"no checkpoint of step {step} in {self.directory}; it has steps {steps}")
     return step
 
   def _no_checkpoint(self) -> FileNotFoundError:
-    return FileNotFoundError(f"no checkpoint in {self.directory}: train first "
+    return MissingFileError(f"no checkpoint in {self.directory}: train first "
                              f"(python -m jaxnet.main --config=... --workdir={self.workdir})")
 
   # -- saving ---------------------------------------------------------------

@@ -17,7 +17,7 @@ import traceback
 import ml_collections
 
 from jaxnet.config_base import base_config
-from jaxnet.errors import UserError
+from jaxnet.errors import MissingFileError, UserError
 
 
 class ConfigOverrideError(UserError, ValueError):
@@ -52,7 +52,7 @@ def from_file(spec: str) -> ml_collections.ConfigDict:
   """Runs `get_config()` of a config file; `path.py:ARG` passes ARG (`get_config(ARG)`)."""
   path, _, arg = spec.partition(":") if not os.path.exists(spec) else (spec, "", "")
   if not os.path.exists(path):
-    raise FileNotFoundError(f"config file {path!r} not found")
+    raise MissingFileError(f"config file {path!r} not found")
   module_spec = importlib.util.spec_from_file_location("_jaxnet_config", path)
   module = importlib.util.module_from_spec(module_spec)
   try:
@@ -156,7 +156,7 @@ def from_json(path: str) -> ml_collections.ConfigDict:
   with lists turned into tuples, the only sequence type configs use.
   """
   if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} not found: is this a workdir written by jaxnet training?")
+    raise MissingFileError(f"{path} not found: is this a workdir written by jaxnet training?")
   saved = read_json(path)
   config = base_config()
   _merge(config, saved)

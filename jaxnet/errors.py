@@ -16,6 +16,15 @@ class UserError(Exception):
   """A problem with the config, the workdir or the data, explained in the message."""
 
 
+class InvalidValueError(UserError, ValueError):
+  """A value jaxnet cannot use (a config key, an argument, a file's format), explained.
+  A ValueError too, so code that catches ValueError still does."""
+
+
+class MissingFileError(UserError, FileNotFoundError):
+  """A file or directory jaxnet needs is not there; the message says how to make it."""
+
+
 class NonFiniteError(UserError):
   """Training produced a non-finite loss, gradient or state; nothing non-finite was saved."""
 
@@ -26,8 +35,9 @@ DIVERGED_HINT = ("Lower optim.learning_rate, add optim.warmup_epochs or optim.gr
 
 @contextlib.contextmanager
 def one_line_errors(*also):
-  """For command-line entry points: a UserError (or FileNotFoundError, ValueError, or
-  a type in `also`) is printed as one line on stderr and exits with status 1.
+  """For command-line entry points: a UserError (jaxnet explaining a problem), or a type
+  in `also`, is printed as one line on stderr and exits with status 1. Every other
+  exception (a bug, a shape error in a model) keeps its traceback.
 
   JAXNET_DEBUG=1 lets the exception through, with its traceback. Also quiets the
   tracebacks libraries print for failures already reported in one line (quiet.py).
@@ -36,7 +46,7 @@ def one_line_errors(*also):
   quiet.quiet_reported_failures()
   try:
     yield
-  except (UserError, FileNotFoundError, ValueError, *also) as e:
+  except (UserError, *also) as e:
     if os.environ.get("JAXNET_DEBUG"):
       raise
     print(f"error: {e}", file=sys.stderr)

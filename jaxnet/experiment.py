@@ -11,6 +11,7 @@ from jaxnet import durations, mixing, models, optim, parallel, precision, steps
 from jaxnet.data import pipeline, sources
 from jaxnet.state import TrainState, init_state
 from jaxnet.weights import pretrained
+from jaxnet.errors import InvalidValueError
 
 
 class Experiment:
@@ -37,11 +38,11 @@ class Experiment:
     channels = example.shape[-1] if example is not None else 3
     self.image_shape = (config.image_size, config.image_size, channels)
     if len(config.data.mean) != channels or len(config.data.std) != channels:
-      raise ValueError(f"config.data.mean/std have {len(config.data.mean)} values but images have "
+      raise InvalidValueError(f"config.data.mean/std have {len(config.data.mean)} values but images have "
                        f"{channels} channels")
 
     if config.progressive_resizing and not ref.encoded:
-      raise ValueError("config.progressive_resizing needs a JPEG source (imagefolder or tfds): "
+      raise InvalidValueError("config.progressive_resizing needs a JPEG source (imagefolder or tfds): "
                        f"{config.data.source} images have one fixed size")
     train_len = len(self.train_source) if self.train_source is not None else config.batch_size
     self.steps_per_epoch = max(train_len // config.batch_size, 1)
@@ -118,7 +119,7 @@ def _head_size(model_num_classes: int, data_num_classes: int, source: str) -> in
   if not model_num_classes:
     return data_num_classes
   if model_num_classes < data_num_classes:
-    raise ValueError(f"config.model.num_classes={model_num_classes}, but the {source} data has "
+    raise InvalidValueError(f"config.model.num_classes={model_num_classes}, but the {source} data has "
                      f"{data_num_classes} classes: labels past the head would train on all-zero "
                      f"targets. Set it to 0 (the dataset's count) or at least {data_num_classes}")
   return model_num_classes

@@ -21,6 +21,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jaxnet.errors import InvalidValueError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,10 +34,10 @@ class Mix:
   def __post_init__(self):
     for name in ("mixup_alpha", "cutmix_alpha"):
       if getattr(self, name) < 0:
-        raise ValueError(f"config.mix.{name}={getattr(self, name)} must be >= 0 (0 turns it off)")
+        raise InvalidValueError(f"config.mix.{name}={getattr(self, name)} must be >= 0 (0 turns it off)")
     for name in ("prob", "switch_prob"):
       if not 0 <= getattr(self, name) <= 1:
-        raise ValueError(f"config.mix.{name}={getattr(self, name)} must lie in [0, 1]")
+        raise InvalidValueError(f"config.mix.{name}={getattr(self, name)} must lie in [0, 1]")
 
   @property
   def active(self) -> bool:

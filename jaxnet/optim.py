@@ -12,6 +12,7 @@ import math
 import jax
 import jax.numpy as jnp
 import optax
+from jaxnet.errors import InvalidValueError
 
 
 def _is_kernel(params):
@@ -27,7 +28,7 @@ def _mu_dtype(name: str):
   try:
     return jnp.dtype(name)
   except TypeError as e:
-    raise ValueError(f"config.optim.mu_dtype={name!r} is not a dtype; use e.g. 'bfloat16' or ''") from e
+    raise InvalidValueError(f"config.optim.mu_dtype={name!r} is not a dtype; use e.g. 'bfloat16' or ''") from e
 
 
 def learning_rate_schedule(optim_config, batch_size: int, total_steps: int, steps_per_epoch: int):
@@ -45,7 +46,7 @@ def learning_rate_schedule(optim_config, batch_size: int, total_steps: int, step
   elif kind == "poly2":  # MLPerf LARS recipe: polynomial (power 2) decay
     decay = optax.polynomial_schedule(peak, peak * optim_config.end_lr_fraction, 2, decay_steps)
   else:
-    raise ValueError(f"config.optim.schedule={kind!r}: use cosine, linear, poly2 or constant")
+    raise InvalidValueError(f"config.optim.schedule={kind!r}: use cosine, linear, poly2 or constant")
   if warmup == 0:
     return decay
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
@@ -55,7 +56,7 @@ def make_optimizer(optim_config, schedule) -> optax.GradientTransformation:
   name = optim_config.name
   wd = optim_config.weight_decay
   if optim_config.mu_dtype and name != "adamw":
-    raise ValueError(f"config.optim.mu_dtype applies to adamw only; clear it for optim.name={name!r}")
+    raise InvalidValueError(f"config.optim.mu_dtype applies to adamw only; clear it for optim.name={name!r}")
   if name == "sgd":
     tx = optax.chain(
         optax.add_decayed_weights(wd, mask=_is_kernel) if wd else optax.identity(),
@@ -69,7 +70,7 @@ def make_optimizer(optim_config, schedule) -> optax.GradientTransformation:
     tx = optax.adamw(schedule, b1=optim_config.b1, b2=optim_config.b2, weight_decay=wd, mask=_is_kernel,
                      mu_dtype=_mu_dtype(optim_config.mu_dtype))
   else:
-    raise ValueError(f"config.optim.name={name!r}: use sgd, lars or adamw")
+    raise InvalidValueError(f"config.optim.name={name!r}: use sgd, lars or adamw")
   if optim_config.grad_clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(optim_config.grad_clip_norm), tx)
   return tx

@@ -14,6 +14,7 @@ assembles the pieces into one global array.
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxnet.errors import InvalidValueError
 
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
@@ -24,7 +25,7 @@ def make_mesh(num_devices: int = 0) -> Mesh:
   devices = jax.devices()
   if num_devices:
     if num_devices > len(devices):
-      raise ValueError(f"asked for {num_devices} devices, only {len(devices)} available")
+      raise InvalidValueError(f"asked for {num_devices} devices, only {len(devices)} available")
     devices = devices[:num_devices]
   return Mesh(np.asarray(devices).reshape(-1, 1), (DATA_AXIS, MODEL_AXIS))
 
@@ -41,7 +42,7 @@ def check_batch_size(global_batch_size: int, mesh: Mesh, key: str = "batch_size"
   """Raises if the batch does not split evenly over the mesh's data axis (a configuration error)."""
   devices = mesh.shape[DATA_AXIS]
   if global_batch_size % devices:
-    raise ValueError(
+    raise InvalidValueError(
         f"{key}={global_batch_size} does not divide evenly over {devices} devices; "
         f"set --config.{key} to a multiple of {devices}")
 
@@ -55,7 +56,7 @@ def bn_num_groups(bn_group_size: int, mesh: Mesh) -> int:
   # A group larger than the mesh (e.g. a 16-device recipe run on 8) cannot be
   # formed; silently falling back to global statistics would change the recipe.
   if bn_group_size < 0 or devices % bn_group_size:
-    raise ValueError(f"model.bn_group_size={bn_group_size} does not divide the {devices} devices "
+    raise InvalidValueError(f"model.bn_group_size={bn_group_size} does not divide the {devices} devices "
                      f"of the mesh; use a divisor of {devices}, or 0 for statistics over the "
                      f"global batch")
   return devices // bn_group_size

@@ -14,6 +14,7 @@ import dataclasses
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jaxnet.errors import InvalidValueError
 
 _DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
 
@@ -30,7 +31,7 @@ class Policy:
 
 def get_policy(name: str) -> Policy:
   if name not in _DTYPES:
-    raise ValueError(f"config.precision={name!r} is not one of {sorted(_DTYPES)}")
+    raise InvalidValueError(f"config.precision={name!r} is not one of {sorted(_DTYPES)}")
   return Policy(name, _DTYPES[name])
 
 

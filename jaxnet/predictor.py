@@ -14,6 +14,7 @@ import numpy as np
 
 from jaxnet import checkpoint as ckpt
 from jaxnet import config_io, models, precision, preprocess, steps
+from jaxnet.errors import InvalidValueError
 
 
 class Predictor:
@@ -34,7 +35,7 @@ class Predictor:
     """uint8 images, (N, H, W, C) as in self.image_shape -> float32 logits (N, classes)."""
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.shape[1:] != self.image_shape:
-      raise ValueError(f"expected uint8 images of shape (N, {', '.join(map(str, self.image_shape))}), "
+      raise InvalidValueError(f"expected uint8 images of shape (N, {', '.join(map(str, self.image_shape))}), "
                        f"got {images.dtype} {images.shape}; use preprocess() for files")
     return np.asarray(self._logits(self.variables, images), np.float32)
 
@@ -91,5 +92,5 @@ def _check_matches_model(model, variables, input_shape, workdir):
                                                train=False))
   shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)
   if shapes(dict(expected)) != shapes(dict(variables)):
-    raise ValueError(f"the checkpoint in {workdir} does not match the model its config.json builds "
+    raise InvalidValueError(f"the checkpoint in {workdir} does not match the model its config.json builds "
                      f"({model.__class__.__name__}); was config.json edited after training?")

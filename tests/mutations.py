@@ -279,6 +279,9 @@ MUTATIONS = [
              "    __import__('jaxnet.quiet').quiet.quiet_reported_failures()\n"
              "    self.workdir = os.path.abspath(workdir)\n",
              ("tests/test_reliability.py::test_the_library_leaves_the_process_hooks_loggers_and_warnings_alone",)),
+    Mutation("only_jaxnet_errors_become_one_line", "jaxnet/errors.py",
+             "  except (UserError, *also) as e:", "  except (UserError, ValueError, *also) as e:",
+             ("tests/test_reliability.py::test_only_jaxnet_errors_become_one_line",), ci=True),
 ]
 
 

@@ -731,3 +731,50 @@ def test_the_library_leaves_the_process_hooks_loggers_and_warnings_alone(tmp_pat
   model.logits(np.zeros((1, *model.image_shape), np.uint8))
   api.evaluate(workdir)
   assert process_state() == before
+
+
+_SHAPE_BUG_CONFIG = '''
+import importlib.util
+import flax.linen as nn
+import jax.numpy as jnp
+from jaxnet import models
+
+class ShapeBug(nn.Module):
+  """A user's model with a shape bug, which jax reports as a ValueError."""
+  num_classes: int = 10
+  dtype: object = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    features = nn.Dense(self.num_classes)(x.reshape(x.shape[0], -1))
+    return jnp.concatenate(jnp.split(features, 3, axis=1), axis=1)  # 10 does not split in 3
+
+models.register("shape_bug")(ShapeBug)
+
+def get_config():
+  spec = importlib.util.spec_from_file_location("digits", {digits!r})
+  digits = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(digits)
+  config = digits.get_config()
+  config.model.name = "shape_bug"
+  return config
+'''
+
+
+def test_only_jaxnet_errors_become_one_line(tmp_path, capsys):
+  """jaxnet's own explanations are one line; a bug in a user's model (here a shape error,
+  a ValueError from jax, inside training) keeps its traceback, which its author needs."""
+  with pytest.raises(SystemExit) as exited:
+    with errors.one_line_errors():
+      raise errors.InvalidValueError("config.optim.name='x': use sgd, lars or adamw")
+  assert exited.value.code == 1
+  assert capsys.readouterr().err.startswith("error: config.optim.name='x': use sgd, lars or adamw\n")
+  assert issubclass(errors.InvalidValueError, ValueError)  # callers catching ValueError still do
+  assert issubclass(errors.MissingFileError, FileNotFoundError)
+
+  config = tmp_path / "shape_bug.py"
+  config.write_text(_SHAPE_BUG_CONFIG.replace("{digits!r}", repr(os.path.join(REPO, "configs/digits.py"))))
+  proc = run_main(tmp_path / "w", "total_steps=2", config=str(config), check=False)
+  assert proc.returncode != 0
+  assert "Traceback" in proc.stderr and "ValueError: array split does not result" in proc.stderr, proc.stderr[-3000:]
+  assert not any(l.startswith("error:") for l in proc.stderr.splitlines()), proc.stderr[-3000:]

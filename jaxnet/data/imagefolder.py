@@ -9,6 +9,7 @@ Grain transforms (jaxnet.data.transforms), in the worker processes.
 from __future__ import annotations
 
 import os
+from jaxnet.errors import MissingFileError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 _CLASSES_SPLIT = "train"
@@ -30,7 +31,7 @@ def _missing_dir_message(path: str) -> str:
 
 def _require_dir(path: str) -> None:
   if not os.path.isdir(path):
-    raise FileNotFoundError(_missing_dir_message(path))
+    raise MissingFileError(_missing_dir_message(path))
 
 
 class ImageFolderSource:
@@ -60,7 +61,7 @@ class ImageFolderSource:
       self._paths.extend(os.path.join(class_dir, f) for f in files)
       self._labels.extend([label] * len(files))
     if not self._paths:
-      raise FileNotFoundError(
+      raise MissingFileError(
           f"No .jpg/.jpeg/.png files in the class folders of {split_dir!r} "
           f"(classes taken from {classes_dir!r}). {_LAYOUT_HELP}")
 

@@ -12,6 +12,7 @@ from typing import Iterator
 
 import grain.python as grain
 import numpy as np
+from jaxnet.errors import InvalidValueError
 
 
 class ArrayToExample(grain.MapTransform):
@@ -46,7 +47,7 @@ def _ensure_absl_flags_parsed():
 
 def per_process_batch_size(global_batch_size: int, process_count: int) -> int:
   if global_batch_size % process_count:
-    raise ValueError(f"batch size {global_batch_size} does not divide over {process_count} processes")
+    raise InvalidValueError(f"batch size {global_batch_size} does not divide over {process_count} processes")
   return global_batch_size // process_count
 
 

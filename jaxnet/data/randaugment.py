@@ -42,6 +42,7 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 
 from jaxnet.data.transforms import cv2  # None without OpenCV (then numpy)
+from jaxnet.errors import InvalidValueError
 
 GREY = 128
 MAX_MAGNITUDE = 10
@@ -183,7 +184,7 @@ class RandAugment(grain.RandomMapTransform):
 
   def __init__(self, num_ops: int, magnitude: float):
     if num_ops < 0 or not 0 <= magnitude <= MAX_MAGNITUDE:
-      raise ValueError(f"RandAugment({num_ops}, {magnitude}): config.data.randaug_num_ops must be "
+      raise InvalidValueError(f"RandAugment({num_ops}, {magnitude}): config.data.randaug_num_ops must be "
                        f">= 0 and config.data.randaug_magnitude within 0..{MAX_MAGNITUDE}")
     self.num_ops, self.magnitude = num_ops, magnitude
 

@@ -11,6 +11,7 @@ processes; `encoded=False` sources hold uint8 HWC arrays of the final size.
 """
 
 import numpy as np
+from jaxnet.errors import InvalidValueError
 
 # The digits train/test split is fixed (not tied to config.seed) so that every
 # run, whatever its seed, is scored on the same test images.
@@ -50,7 +51,7 @@ def digits_source(split: str, image_size: int = 16) -> ArraySource:
   elif split in ("test", "val", "validation"):
     idx = order[:num_test]
   else:
-    raise ValueError(f"digits has splits 'train' and 'test', not {split!r}")
+    raise InvalidValueError(f"digits has splits 'train' and 'test', not {split!r}")
   images = _resize_batch(images[idx], image_size)[..., None]
   return ArraySource(images, digits.target[idx], 10, [str(d) for d in range(10)])
 
@@ -95,4 +96,4 @@ def make_source(data_config, split: str, image_size: int):
   if name == "tfds":
     from jaxnet.data.tfds_source import TfdsSource
     return TfdsSource(data_config.name, split_name, data_config.dir or None)
-  raise ValueError(f"config.data.source={name!r}: use one of digits, synthetic, imagefolder, tfds")
+  raise InvalidValueError(f"config.data.source={name!r}: use one of digits, synthetic, imagefolder, tfds")

@@ -8,6 +8,7 @@ FileNotFoundError with the commands to prepare it.
 """
 
 from __future__ import annotations
+from jaxnet.errors import MissingFileError
 
 _RANDOM_ACCESS_FORMATS = ("array_record", "parquet")
 
@@ -35,7 +36,7 @@ def _prepare_help(name: str, data_dir: str) -> str:
 
 
 def _not_prepared(name: str, data_dir: str, looked_in: str, why: str) -> FileNotFoundError:
-  return FileNotFoundError(
+  return MissingFileError(
       f"TFDS dataset {name!r} is not prepared as ArrayRecord: {why} "
       f"(looked in {looked_in!r}).\n{_prepare_help(name, data_dir)}")
 

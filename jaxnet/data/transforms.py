@@ -70,6 +70,7 @@ import grain.python as grain
 import numpy as np
 import simplejpeg
 from PIL import Image
+from jaxnet.errors import InvalidValueError
 
 try:  # optional C extension (setup.py): decodes only the crop
   from jaxnet.data import _jpeg_region
@@ -199,7 +200,7 @@ def eval_crop_geometry(height: int, width: int, image_size: int,
   and the crop offset is rounded half to even, as both libraries do.
   """
   if not 0 < crop_fraction <= 1:
-    raise ValueError(f"data.eval_crop_fraction must be in (0, 1], got {crop_fraction}")
+    raise InvalidValueError(f"data.eval_crop_fraction must be in (0, 1], got {crop_fraction}")
   short = math.floor(image_size / crop_fraction)
   if width <= height:
     resized = (int(short * height / width), short)
@@ -230,7 +231,7 @@ def eval_resize_crop(pixels: np.ndarray, image_size: int, crop_fraction: float =
 
 def _check_interpolation(interpolation: str) -> None:
   if interpolation not in EVAL_INTERPOLATIONS:
-    raise ValueError(f"data.eval_interpolation must be one of {sorted(EVAL_INTERPOLATIONS)}, "
+    raise InvalidValueError(f"data.eval_interpolation must be one of {sorted(EVAL_INTERPOLATIONS)}, "
                      f"got {interpolation!r}")
 
 

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Callable
 
 import flax.linen as nn
+from jaxnet.errors import InvalidValueError
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 
@@ -33,7 +34,7 @@ def names() -> list[str]:
 def create(name: str, **kwargs) -> nn.Module:
   """Builds the registered model `name` with keyword options (num_classes, dtype, ...)."""
   if name not in _REGISTRY:
-    raise ValueError(
+    raise InvalidValueError(
         f"unknown model {name!r}; set config.model.name to one of: {', '.join(names())}")
   return _REGISTRY[name](**kwargs)
 
@@ -55,10 +56,10 @@ def from_config(config, num_classes: int, bn_num_groups: int = 1) -> nn.Module:
   m = config.model
   accepts = options(m.name)
   if m.bn_group_size and "bn_num_groups" not in accepts:
-    raise ValueError(f"config.model.bn_group_size={m.bn_group_size}, but {m.name} has no batch norm; "
+    raise InvalidValueError(f"config.model.bn_group_size={m.bn_group_size}, but {m.name} has no batch norm; "
                      "leave it at 0")
   if m.vit_flavour != "timm" and "flavour" not in accepts:
-    raise ValueError(f"config.model.vit_flavour={m.vit_flavour!r} applies to ViTs, not {m.name}")
+    raise InvalidValueError(f"config.model.vit_flavour={m.vit_flavour!r} applies to ViTs, not {m.name}")
   given = dict(bn_momentum=m.bn_momentum, bn_epsilon=m.bn_epsilon, bn_num_groups=bn_num_groups,
                zero_init_last_bn=m.zero_init_last_bn, flavour=m.vit_flavour,
                freeze_bn_stats=m.freeze_bn_stats)

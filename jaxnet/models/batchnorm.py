@@ -11,6 +11,7 @@ splitting the global batch into `num_groups` contiguous chunks.
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jaxnet.errors import InvalidValueError
 
 
 class BatchNorm(nn.Module):
@@ -38,7 +39,7 @@ class BatchNorm(nn.Module):
     if train and not self.frozen:
       groups = self.num_groups
       if x.shape[0] % groups:
-        raise ValueError(f"batch {x.shape[0]} does not split into {groups} BN groups")
+        raise InvalidValueError(f"batch {x.shape[0]} does not split into {groups} BN groups")
       xg = x32.reshape((groups, -1) + x.shape[1:])
       axes = tuple(range(1, xg.ndim - 1))
       mean = jnp.mean(xg, axis=axes, keepdims=True)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from jaxnet.models import register
 from jaxnet.models.batchnorm import BatchNorm
+from jaxnet.errors import InvalidValueError
 
 # He-normal fan-out init, as in the reference ResNet implementations.
 conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
@@ -101,7 +102,7 @@ class ResNet(nn.Module):
       x = conv(self.width, (3, 3), name="stem_conv")(x)
       x = nn.relu(norm(name="stem_bn")(x, train))
     else:
-      raise ValueError(f"unknown stem {self.stem!r}; use 'imagenet' or 'small'")
+      raise InvalidValueError(f"unknown stem {self.stem!r}; use 'imagenet' or 'small'")
 
     for stage, num_blocks in enumerate(self.stage_sizes):
       for b in range(num_blocks):

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxnet.models import register
+from jaxnet.errors import InvalidValueError
 
 LN_EPS = 1e-6
 
@@ -36,7 +37,7 @@ def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.0) 
   """Fixed (1, h*w, width) embedding: sin and cos of the row and column index at
   width/4 frequencies spaced geometrically from 1 to 1/temperature."""
   if width % 4:
-    raise ValueError(f"the sin-cos position embedding needs a width divisible by 4, got {width}")
+    raise InvalidValueError(f"the sin-cos position embedding needs a width divisible by 4, got {width}")
   rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
   freqs = 1.0 / temperature ** (np.arange(width // 4) / max(width // 4 - 1, 1))
   r = rows.reshape(-1, 1) * freqs
@@ -109,10 +110,10 @@ class ViT(nn.Module):
   def __call__(self, x, train: bool):
     del train  # no dropout or batch norm: train and eval compute the same function
     if self.flavour not in ("timm", "plain"):
-      raise ValueError(f"ViT flavour {self.flavour!r}: use 'timm' or 'plain' (config.model.vit_flavour)")
+      raise InvalidValueError(f"ViT flavour {self.flavour!r}: use 'timm' or 'plain' (config.model.vit_flavour)")
     p = self.patch_size
     if x.shape[1] % p or x.shape[2] % p:
-      raise ValueError(f"image {x.shape[1]}x{x.shape[2]} is not a multiple of the patch size {p}")
+      raise InvalidValueError(f"image {x.shape[1]}x{x.shape[2]} is not a multiple of the patch size {p}")
     x = nn.Conv(self.width, (p, p), strides=(p, p), padding="VALID", dtype=self.dtype,
                 param_dtype=jnp.float32, name="patch_embed")(x.astype(self.dtype))
     n, h, w, _ = x.shape
@@ -125,7 +126,7 @@ class ViT(nn.Module):
       if self.has_variable("params", "pos_embed"):
         made = self.get_variable("params", "pos_embed").shape
         if made != shape:
-          raise ValueError(
+          raise InvalidValueError(
               f"this ViT's learned position embedding is for {made[1] - 1} patches, the "
               f"{x.shape} input has {h * w}: evaluate at the image size it was trained at, or "
               f"train with config.model.vit_flavour=plain (fixed sin-cos embedding, any size)")

@@ -23,6 +23,7 @@ import numpy as np
 from flax.traverse_util import flatten_dict
 
 from jaxnet.weights import preprocessing, pretrained, tensor_files
+from jaxnet.errors import InvalidValueError
 
 
 def torch_tensors(variables: dict, model: str) -> dict[str, np.ndarray]:
@@ -36,7 +37,7 @@ def save(predictor, path: str) -> dict[str, np.ndarray]:
   """Writes a Predictor's (jaxnet.api.restore) variables to `path`; returns the tensors."""
   model = predictor.config.model.name
   if model.startswith("vit") and predictor.config.model.vit_flavour != "timm":
-    raise ValueError(f"a {model} of vit_flavour={predictor.config.model.vit_flavour!r} has no timm "
+    raise InvalidValueError(f"a {model} of vit_flavour={predictor.config.model.vit_flavour!r} has no timm "
                      f"counterpart (timm's ViTs have a class token and learned position "
                      f"embeddings); export it with --format=jax")
   tensors = torch_tensors(predictor.variables, model)

@@ -7,6 +7,7 @@ huggingface_hub (the optional extra `jaxnet-train[hub]`) downloads into its cach
 import json
 
 from jaxnet.quiet import quiet_logger
+from jaxnet.errors import InvalidValueError
 
 PREFIX = "hf-hub:"
 
@@ -19,12 +20,12 @@ def fetch(spec: str) -> tuple[str, dict]:
   """(local path of the repository's model.safetensors, timm's pretrained_cfg)."""
   repo = spec[len(PREFIX):]
   if repo.count("/") != 1:
-    raise ValueError(f"init.weights={spec!r}: a hub spec is hf-hub:OWNER/NAME, "
+    raise InvalidValueError(f"init.weights={spec!r}: a hub spec is hf-hub:OWNER/NAME, "
                      f"e.g. hf-hub:timm/resnet50.tv_in1k")
   try:
     from huggingface_hub import hf_hub_download
   except ImportError:
-    raise ValueError(f"init.weights={spec} needs huggingface_hub: pip install 'jaxnet-train[hub]' (or "
+    raise InvalidValueError(f"init.weights={spec} needs huggingface_hub: pip install 'jaxnet-train[hub]' (or "
                      f"download model.safetensors yourself and set init.weights to its path)") from None
   try:
     # huggingface_hub logs a warning per retry; the error raised below says what happened.
@@ -34,7 +35,7 @@ def fetch(spec: str) -> tuple[str, dict]:
   # Failures come from several layers (HTTP client, hub errors, the offline
   # switch, the cache on disk); each gets the same one-line answer.
   except Exception as e:  # noqa: BLE001
-    raise ValueError(
+    raise InvalidValueError(
         f"cannot fetch {spec} from the Hugging Face Hub ({type(e).__name__}: "
         f"{str(e).splitlines()[0] if str(e) else 'no detail'}). Without network access, download "
         f"model.safetensors from https://huggingface.co/{repo} on another machine and set "

@@ -11,6 +11,7 @@ WORKDIR/preprocessing.json.
 
 import dataclasses
 import json
+from jaxnet.errors import InvalidValueError
 
 FILE = "preprocessing.json"
 
@@ -25,10 +26,10 @@ class Preprocessing:
   def __post_init__(self):
     from jaxnet.data.transforms import EVAL_INTERPOLATIONS  # lazily: it loads OpenCV
     if self.interpolation not in EVAL_INTERPOLATIONS:
-      raise ValueError(f"interpolation {self.interpolation!r} is not supported; jaxnet's eval "
+      raise InvalidValueError(f"interpolation {self.interpolation!r} is not supported; jaxnet's eval "
                        f"resizes with one of {sorted(EVAL_INTERPOLATIONS)}")
     if len(self.mean) != len(self.std):
-      raise ValueError(f"mean {self.mean} and std {self.std} have different lengths")
+      raise InvalidValueError(f"mean {self.mean} and std {self.std} have different lengths")
 
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self))
@@ -49,7 +50,7 @@ TORCHVISION = Preprocessing((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 0.875,
 def from_timm(pretrained_cfg: dict) -> Preprocessing:
   """From timm's `pretrained_cfg` (mean, std, crop_pct, interpolation, crop_mode)."""
   if pretrained_cfg.get("crop_mode", "center") != "center":
-    raise ValueError(f"timm crop_mode {pretrained_cfg['crop_mode']!r} is not supported; jaxnet's "
+    raise InvalidValueError(f"timm crop_mode {pretrained_cfg['crop_mode']!r} is not supported; jaxnet's "
                      f"eval takes a center crop")
   return Preprocessing(tuple(pretrained_cfg["mean"]), tuple(pretrained_cfg["std"]),
                        float(pretrained_cfg.get("crop_pct", 0.875)),

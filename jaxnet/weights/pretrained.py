@@ -30,6 +30,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from jaxnet.weights import (alexnet_names, hub, preprocessing, resnet_names, tensor_files,
                             torch_names, vit_names)
 from jaxnet.weights.preprocessing import Preprocessing
+from jaxnet.errors import InvalidValueError, MissingFileError
 
 Path = tuple[str, ...]
 
@@ -54,7 +55,7 @@ def names_of(model: str) -> torch_names.Family:
   for prefix, family in FAMILIES.items():
     if model.startswith(prefix):
       return family
-  raise ValueError(f"model {model!r} has no PyTorch tensor names in jaxnet: weights files and "
+  raise InvalidValueError(f"model {model!r} has no PyTorch tensor names in jaxnet: weights files and "
                    f"hf-hub specs load into {', '.join(p + '*' for p in FAMILIES)} models "
                    f"(a jaxnet workdir loads into any model)")
 
@@ -71,7 +72,7 @@ def _is_workdir(spec: str) -> bool:
   if not os.path.isdir(spec):
     return False
   if not os.path.exists(os.path.join(spec, "config.json")):
-    raise FileNotFoundError(f"init.weights={spec} is a directory without config.json: give a jaxnet "
+    raise MissingFileError(f"init.weights={spec} is a directory without config.json: give a jaxnet "
                             f"workdir, a .safetensors/.pth file or hf-hub:OWNER/NAME")
   return True
 
@@ -115,7 +116,7 @@ def preprocessing_of(spec: str) -> tuple[Preprocessing, str]:
 def _wants_weights_preprocessing(config) -> bool:
   mode = config.init.preprocessing
   if mode not in ("weights", "config"):
-    raise ValueError(f"init.preprocessing must be 'weights' or 'config', got {mode!r}")
+    raise InvalidValueError(f"init.preprocessing must be 'weights' or 'config', got {mode!r}")
   return bool(config.init.weights) and mode == "weights"
 
 

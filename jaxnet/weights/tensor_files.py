@@ -8,6 +8,7 @@ A .pth is a pickle of torch tensors, so it needs torch.
 import os
 
 import numpy as np
+from jaxnet.errors import InvalidValueError, MissingFileError
 
 SAFETENSORS = (".safetensors",)
 TORCH_PICKLES = (".pth", ".pt", ".bin")
@@ -22,7 +23,7 @@ def read(path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
       return {name: f.get_tensor(name) for name in f.keys()}, dict(f.metadata() or {})
   if path.endswith(TORCH_PICKLES):
     return _read_torch(path), {}
-  raise ValueError(f"{path}: unknown weights format; use a .safetensors file (or a torch "
+  raise InvalidValueError(f"{path}: unknown weights format; use a .safetensors file (or a torch "
                    f"{'/'.join(TORCH_PICKLES)} state dict where torch is installed)")
 
 
@@ -38,7 +39,7 @@ def read_metadata(path: str) -> dict[str, str]:
 
 def write(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
   if not path.endswith(SAFETENSORS):
-    raise ValueError(f"{path}: weights are written as .safetensors; name the file *.safetensors")
+    raise InvalidValueError(f"{path}: weights are written as .safetensors; name the file *.safetensors")
   from safetensors.numpy import save_file
   # np.array(order="C"), not ascontiguousarray, which turns 0-d counters into shape (1,).
   save_file({k: np.array(v, order="C") for k, v in tensors.items()}, path, metadata=metadata)
@@ -46,14 +47,14 @@ def write(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -
 
 def _check_exists(path: str) -> None:
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"weights file {path} not found")
+    raise MissingFileError(f"weights file {path} not found")
 
 
 def _read_torch(path: str) -> dict[str, np.ndarray]:
   try:
     import torch
   except ImportError:
-    raise ValueError(
+    raise InvalidValueError(
         f"{path} is a torch pickle, and reading it needs torch, which is not installed. Convert it "
         f"once where torch is installed: python -c \"import torch, safetensors.torch as st; "
         f"st.save_file(torch.load('{path}', map_location='cpu'), 'model.safetensors')\", then set "
