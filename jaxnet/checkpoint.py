@@ -33,6 +33,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxnet import integrity
+from jaxnet import state as state_lib
 from jaxnet.errors import MissingFileError, UserError, describe_os_error, first_line
 from jaxnet.integrity import DamagedCheckpointError, leaf_name  # noqa: F401 (ckpt.* names)
 from jaxnet.quiet import quiet_logger
@@ -257,14 +258,16 @@ class Checkpoints:
       raise DamagedCheckpointError(step, self.directory, f"its metadata cannot be read ({first_line(e)})")
     if saved_tree is None:
       raise DamagedCheckpointError(step, self.directory, "it holds no train state (empty or incomplete)")
-    _check_fits(saved_tree, abstract_state, step_dir)
-    state, checksums = self.read(step, abstract_state, iterator)
+    saved_has_ema = any(n.startswith("ema_params/") for n in _shapes(saved_tree))
+    target = state_lib.restore_target(abstract_state, saved_has_ema)
+    _check_fits(saved_tree, target, step_dir)
+    state, checksums = self.read(step, target, iterator)
     if checksums is not None:
       integrity.verify(state, checksums, step, self.directory)
     else:
       logging.warning("checkpoint %d in %s has no checksums (written by jaxnet before they were "
                       "added): restored without verification", step, self.directory)
-    return state
+    return state_lib.with_ema_as_kept(state, abstract_state.ema_params is not None)
 
   def read(self, step: int, target=None, iterator=None):
     """(state, saved checksums or None) of `step`, unverified; `target=None` gives numpy arrays."""
@@ -335,11 +338,13 @@ class Checkpoints:
         self._remove_partials(step, settle_sec=0.5)
 
 
+def _shapes(tree) -> dict:
+  return {leaf_name(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def _check_fits(saved_tree, abstract_state, step_dir: str) -> None:
   """Raises CheckpointMismatchError naming the arrays whose names or shapes differ."""
-  shapes = lambda tree: {leaf_name(p): tuple(x.shape)
-                         for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
-  saved, wanted = shapes(saved_tree), shapes(abstract_state)
+  saved, wanted = _shapes(saved_tree), _shapes(abstract_state)
   if saved == wanted:
     return
   diffs = [f"{k}: {saved.get(k, 'absent')} in the checkpoint, {wanted.get(k, 'absent')} in this run"

@@ -22,7 +22,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.progressive_resizing = ()
   c.precision = "fp32"             # fp32 | bf16 | fp16
   c.label_smoothing = 0.0
-  c.ema_decay = 0.0                # 0 turns the EMA of params off; eval uses EMA params when on
+  c.ema_decay = 0.0                # 0: no EMA of params (and no copy of them in the state); eval uses EMA params when on
 
   c.log_every_steps = 100
   c.eval_every_steps = 0           # 0: only the final eval

@@ -56,7 +56,8 @@ class Experiment:
                                                  self.steps_per_epoch)
     self.tx = optim.make_optimizer(config.optim, self.schedule)
 
-    init = lambda: init_state(self.model, self.tx, self.image_shape, config.seed, config.loss_scale)
+    init = lambda: init_state(self.model, self.tx, self.image_shape, config.seed, config.loss_scale,
+                              keep_ema=config.ema_decay > 0)
     abstract_state = jax.eval_shape(init)  # shapes only: nothing is allocated twice
     replicated = parallel.replicated(self.mesh)
     self.state_sharding = jax.tree.map(lambda _: replicated, abstract_state)

@@ -71,7 +71,7 @@ def load_eval_variables(workdir: str, config, step: int | None = None) -> tuple[
   """(the variables eval uses, as host arrays, step) of WORKDIR's latest (or given)
   checkpoint: EMA params when its run (`config`) kept an EMA. Also `init.weights`'s reader."""
   tree, step = ckpt.load_arrays(workdir, step)
-  return steps.eval_variables(tree["params"], tree["ema_params"], tree["batch_stats"],
+  return steps.eval_variables(tree["params"], tree.get("ema_params"), tree["batch_stats"],
                               use_ema=config.ema_decay > 0), step
 
 

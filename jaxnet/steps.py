@@ -134,7 +134,7 @@ def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_cl
         # A skipped step must not pull the EMA towards the (unchanged) params either.
         ema = precision_lib.select_tree(finite, ema, state.ema_params)
     else:
-      ema = new_params
+      ema = None  # no EMA: no second copy of the params
 
     new_state = state.replace(step=state.step + 1, params=new_params, batch_stats=new_batch_stats,
                               opt_state=new_opt_state, loss_scale=loss_scale, ema_params=ema)

@@ -45,11 +45,12 @@ def tiny_variables(zero_init_last_bn: bool = True):
   return {"params": params, "batch_stats": v["batch_stats"]}
 
 
-def make_state(params, batch_stats, tx, loss_scale: precision.LossScale) -> TrainState:
+def make_state(params, batch_stats, tx, loss_scale: precision.LossScale, keep_ema: bool = False) -> TrainState:
   """A TrainState as state.init_state builds it, from given initial variables."""
   params = jax.tree.map(jnp.asarray, params)
   return TrainState(step=jnp.int32(0), params=params, batch_stats=jax.tree.map(jnp.asarray, batch_stats),
-                    opt_state=tx.init(params), loss_scale=loss_scale, ema_params=params,
+                    opt_state=tx.init(params), loss_scale=loss_scale,
+                    ema_params=params if keep_ema else None,
                     rng=jax.random.key_data(jax.random.PRNGKey(0)))
 
 

@@ -282,6 +282,12 @@ MUTATIONS = [
     Mutation("only_jaxnet_errors_become_one_line", "jaxnet/errors.py",
              "  except (UserError, *also) as e:", "  except (UserError, ValueError, *also) as e:",
              ("tests/test_reliability.py::test_only_jaxnet_errors_become_one_line",), ci=True),
+    Mutation("no_ema_no_second_copy", "jaxnet/steps.py",
+             "      ema = None  # no EMA: no second copy of the params\n", "      ema = new_params\n",
+             ("tests/test_ema.py::test_without_ema_the_state_holds_no_second_copy_of_the_params",), ci=True),
+    Mutation("ema_dropped_when_restored_into_a_run_without", "jaxnet/state.py",
+             "    return restored.replace(ema_params=None)\n", "    return restored\n",
+             ("tests/test_ema.py::test_checkpoints_restore_across_ema_settings",), ci=True),
 ]
 
 

@@ -63,7 +63,8 @@ def _fp16_run():
   v = H.tiny_variables()
   step = jax.jit(H.tiny_train_step("fp16", tx, ema_decay=0.9))
   batch = H.digits_batches(1, 8)[0]
-  states = [H.make_state(v["params"], v["batch_stats"], tx, LossScale.create(2.0**10, GROWTH_INTERVAL))]
+  states = [H.make_state(v["params"], v["batch_stats"], tx, LossScale.create(2.0**10, GROWTH_INTERVAL),
+                        keep_ema=True)]
   metrics = []
   for i in range(5):
     s = states[-1]
@@ -180,7 +181,8 @@ def test_bf16_and_fp32_loss_curves_agree_and_both_learn():
 def test_bf16_state_stays_fp32():
   state, losses = _curve("bf16")
   assert losses.dtype == np.float32
-  for tree in (state.params, state.batch_stats, state.opt_state, state.ema_params):
+  assert state.ema_params is None  # no EMA, no second copy of the params
+  for tree in (state.params, state.batch_stats, state.opt_state):
     leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
     assert leaves and all(x.dtype == jnp.float32 for x in leaves)
   assert state.loss_scale.scale.dtype == jnp.float32

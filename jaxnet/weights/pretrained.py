@@ -237,5 +237,5 @@ def initialise(state, config, log=print):
     log(f"init: {len(values)} of {len(target)} variables from {spec}{head}")
   # The EMA starts at the initial params, in buffers of its own: the train
   # step donates the state, and one buffer cannot be donated twice.
-  ema = jax.tree.map(jnp.copy, new["params"])
+  ema = jax.tree.map(jnp.copy, new["params"]) if state.ema_params is not None else None
   return state.replace(params=new["params"], batch_stats=new["batch_stats"], ema_params=ema)
