@@ -202,6 +202,19 @@ def _end_line(f) -> None:
       f.write("\n")
 
 
+def write_atomically(path: str, text: str) -> None:
+  """Writes `path` whole or not at all; a failed write is RunWriteError naming it."""
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with reporting_failed_writes(path):
+    try:
+      with open(tmp, "w") as f:
+        f.write(text)
+      os.replace(tmp, path)
+    finally:
+      if os.path.exists(tmp):  # a failed write (a full disk): give the space back
+        os.remove(tmp)
+
+
 def drop_records_after(workdir: str, step: int) -> int:
   """Removes metrics.jsonl records of steps after `step` (a resumed run redoes them).
 
@@ -220,15 +233,7 @@ def drop_records_after(workdir: str, step: int) -> int:
     except (ValueError, KeyError, TypeError):
       pass  # a line cut short by a crash
   if len(keep) != len(lines):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with reporting_failed_writes(path):
-      try:
-        with open(tmp, "w") as f:
-          f.writelines(keep)
-        os.replace(tmp, path)
-      finally:
-        if os.path.exists(tmp):  # a failed write: give the space back
-          os.remove(tmp)
+    write_atomically(path, "".join(keep))
   return len(lines) - len(keep)
 
 
@@ -252,9 +257,7 @@ def write_run_info(workdir: str, *, total_steps: int, steps_per_epoch: int, num_
       "total_steps": total_steps, "steps_per_epoch": steps_per_epoch}
   for name, content in (("environment.json", environment),
                         ("classes.json", {"num_classes": num_classes, "class_names": class_names})):
-    path = os.path.join(workdir, name)
-    with reporting_failed_writes(path), open(path, "w") as f:
-      json.dump(content, f, indent=2)
+    write_atomically(os.path.join(workdir, name), json.dumps(content, indent=2))
 
 
 def read_jsonl(workdir: str) -> list[dict]:

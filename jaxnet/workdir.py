@@ -20,7 +20,7 @@ import socket
 
 from jaxnet.config_io import flatten
 from jaxnet.errors import UserError
-from jaxnet.metrics import reporting_failed_writes
+from jaxnet.metrics import reporting_failed_writes, write_atomically
 
 LOCK_FILE, CONFIG_FILE, HISTORY_FILE = "lock", "config.json", "config_history.jsonl"
 ABSENT = object()  # a key one of two configs does not have
@@ -195,19 +195,6 @@ def record_config(workdir: str, config_json: str, changes: dict, step: int | Non
     print("config changes accepted on resume: " +
           ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items()), flush=True)
   write_atomically(os.path.join(workdir, CONFIG_FILE), config_json)
-
-
-def write_atomically(path: str, text: str) -> None:
-  """Writes `path` whole or not at all; a failed write is RunWriteError naming it."""
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with reporting_failed_writes(path):
-    try:
-      with open(tmp, "w") as f:
-        f.write(text)
-      os.replace(tmp, path)
-    finally:
-      if os.path.exists(tmp):  # a failed write (a full disk): give the space back
-        os.remove(tmp)
 
 
 def _show(value) -> str:
