@@ -123,6 +123,7 @@ class Compiled:
   aliased: int
   temporaries: int
   code: int
+  options: dict = dataclasses.field(default_factory=dict)  # XLA options it needed
 
   @property
   def total(self) -> int:
@@ -130,11 +131,27 @@ class Compiled:
     return self.arguments + self.outputs - self.aliased + self.temporaries + self.code
 
 
+# Without a device XLA cannot autotune, and its Triton GEMM emitter can then fail to tile a
+# matmul ("Couldn't find output tile sizes", e.g. ViT-B/16's projections on jaxlib 0.10.2).
+# Such a step is compiled again with those matmuls on cuBLAS, which a real run's autotuner
+# may also pick; the plan says so.
+NO_TRITON_GEMM = {"xla_gpu_enable_triton_gemm": False}
+
+
 def compile_step(jitted, *args) -> Compiled:
-  compiled = jitted.lower(*args).compile()
+  import jax
+  lowered = jitted.lower(*args)
+  options = {}
+  try:
+    compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    if "tile sizes" not in str(e):
+      raise
+    options = NO_TRITON_GEMM
+    compiled = lowered.compile(compiler_options=options)
   m = compiled.memory_analysis()
   return Compiled(compiled.as_text(), m.argument_size_in_bytes, m.output_size_in_bytes,
-                  m.alias_size_in_bytes, m.temp_size_in_bytes, m.generated_code_size_in_bytes)
+                  m.alias_size_in_bytes, m.temp_size_in_bytes, m.generated_code_size_in_bytes, options)
 
 
 def abstract_batch(exp, batch_size: int) -> dict:
@@ -208,6 +225,7 @@ def plan(config, *, target: str = "h100", gpus: int = 8, hosts: int = 1, dump: s
                  "eval_total": evaluation.total},
       "train": hlo_analysis.summary(analysis),
       "eval": hlo_analysis.summary(eval_analysis),
+      "xla_options": {**train.options, **evaluation.options},
       "transposes": [t for t in analysis.transposes if t["size"] == "activation"],
       "gradient_collectives": analysis.collectives,
   }
@@ -300,6 +318,9 @@ def table(r: dict) -> str:
                f"({t['weight_copies']} of them plain copies), small {tr['small']}")
   for x in r["transposes"][:5]:
     lines.append(f"  activation-sized {x['op']} {x['shape']} in {x['inside']}")
+  if r.get("xla_options"):
+    lines.append(f"  note: compiled with {r['xla_options']} (XLA could not tile a Triton GEMM without "
+                 f"autotuning)")
   lines.append(f"kernels per train step: {t['kernels']} ({t['fusions']} fusions); eval step "
                f"{r['eval']['kernels']}")
   coll = t["collectives"]

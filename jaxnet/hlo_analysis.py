@@ -265,7 +265,8 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
   def collective(comp, instr, op, count):
     operand_shapes = [shape_of(comp, o) for o in instr.operands]
     size = sum(nbytes(s) for s in operand_shapes)
-    result.collectives.append({"op": op, "bytes": size, "operands": operand_shapes,
+    values = sum(elements(dims) for s in operand_shapes for _, dims in arrays(s))
+    result.collectives.append({"op": op, "bytes": size, "elements": values, "operands": operand_shapes,
                                "combined": len(instr.operands) > 1, "count": count})
     result.kernels.append(Kernel(instr.name, "collective", 0, size, "", count))
 
@@ -411,11 +412,12 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
 
 def summary(analysis: Analysis) -> dict:
   """The numbers of an Analysis as a flat dict (for tables, JSON and tests)."""
-  collectives = collections.defaultdict(lambda: {"count": 0, "bytes": 0, "combined": 0})
+  collectives = collections.defaultdict(lambda: {"count": 0, "bytes": 0, "elements": 0, "combined": 0})
   for c in analysis.collectives:
     entry = collectives[c["op"]]
     entry["count"] += c["count"]
     entry["bytes"] += c["bytes"] * c["count"]
+    entry["elements"] += c["elements"] * c["count"]
     entry["combined"] += c["count"] if c["combined"] else 0
   layouts = collections.Counter()
   for c in analysis.convolutions:

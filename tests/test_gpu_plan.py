@@ -1,0 +1,243 @@
+"""jaxnet.gpu_plan and jaxnet.hlo_analysis: the GPU program, compiled on this CPU.
+
+The hlo_analysis tests read small HLO snippets (always run). The gpu_plan tests compile
+jaxnet's real train step for H100 targets; they need the CUDA plugin wheels of this jaxlib
+(`pip install --no-deps jax-cuda12-plugin==V jax-cuda12-pjrt==V`) and skip, saying so,
+without them.
+"""
+
+import importlib.metadata
+import subprocess
+import sys
+
+import pytest
+
+from jaxnet import hlo_analysis as ha
+from jaxnet.errors import UserError
+
+# --- hlo_analysis on snippets -------------------------------------------------------
+
+CONV_MODULE = """HloModule jit_f, is_scheduled=true
+
+%fused_transpose (param_0.1: bf16[3,3,16,32]) -> bf16[32,3,3,16] {
+  %param_0.1 = bf16[3,3,16,32]{3,2,1,0} parameter(0)
+  ROOT %transpose.1 = bf16[32,3,3,16]{3,2,1,0} transpose(%param_0.1), dimensions={3,0,1,2}
+}
+
+%fused_nchw (param_0.2: bf16[64,32,32,32]) -> bf16[64,32,32,32] {
+  %param_0.2 = bf16[64,32,32,32]{3,2,1,0} parameter(0)
+  ROOT %transpose.2 = bf16[64,32,32,32]{3,2,1,0} transpose(%param_0.2), dimensions={0,3,1,2}
+}
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %add.1 = f32[] add(%x, %y)
+}
+
+ENTRY %main.0_spmd (param: bf16[64,32,32,16], param.1: bf16[3,3,16,32]) -> (bf16[64,32,32,32], f32[32], f32[8]) {
+  %param.1 = bf16[3,3,16,32]{3,2,1,0} parameter(1), sharding={replicated}
+  %wrapped_transpose = bf16[32,3,3,16]{3,2,1,0} fusion(%param.1), kind=kInput, calls=%fused_transpose
+  %param = bf16[64,32,32,16]{3,2,1,0} parameter(0), sharding={devices=[2,1,1,1]<=[2]}
+  %cudnn-conv.1 = (bf16[64,32,32,32]{3,2,1,0}, u8[0]{0}) custom-call(%param, %wrapped_transpose), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convForward", backend_config={"cudnn_conv_backend_config":{"activation_mode":"kNone"}}
+  %get-tuple-element.1 = bf16[64,32,32,32]{3,2,1,0} get-tuple-element(%cudnn-conv.1), index=0
+  %nchw = bf16[64,32,32,32]{3,2,1,0} fusion(%get-tuple-element.1), kind=kLoop, calls=%fused_nchw
+  %g = f32[32]{0} parameter(2)
+  %s = f32[8]{0} parameter(3)
+  %all-reduce-start = (f32[32]{0}, f32[8]{0}) all-reduce-start(%g, %s), channel_id=1, replica_groups={{0,1}}, to_apply=%add
+  %all-reduce-done = (f32[32]{0}, f32[8]{0}) all-reduce-done(%all-reduce-start)
+  %r0 = f32[32]{0} get-tuple-element(%all-reduce-done), index=0
+  %r1 = f32[8]{0} get-tuple-element(%all-reduce-done), index=1
+  ROOT %tuple = (bf16[64,32,32,32]{3,2,1,0}, f32[32]{0}, f32[8]{0}) tuple(%nchw, %r0, %r1)
+}
+"""
+
+
+def test_convolutions_their_layout_and_flops():
+  a = ha.analyse(CONV_MODULE, weight_elements={3 * 3 * 16 * 32}, min_activation_elements=64 * 100)
+  assert a.convolutions == [{"kind": "forward", "layout": "NHWC", "dim_labels": "b01f_o01i->b01f",
+                             "dtype": "bf16", "count": 1}]
+  conv = next(k for k in a.kernels if k.kind == "conv")
+  assert conv.flops == 2 * (64 * 32 * 32 * 32) * (3 * 3 * 16)
+  # Its bytes: input + filter + result; the u8 scratch space is not HBM traffic worth counting.
+  assert conv.bytes == 2 * (64 * 32 * 32 * 16 + 3 * 3 * 16 * 32 + 64 * 32 * 32 * 32)
+
+
+def test_transposes_are_sized_against_weights_and_activations():
+  a = ha.analyse(CONV_MODULE, weight_elements={3 * 3 * 16 * 32}, min_activation_elements=64 * 100)
+  assert [(t["size"], t["inside"]) for t in a.transposes] == [("weight", "wrapped_transpose"),
+                                                              ("activation", "nchw")]
+  # The same transposes, nothing told about the weights: both count as activation-sized.
+  assert ha.summary(ha.analyse(CONV_MODULE))["transposes"]["activation"] == 2
+
+
+def test_kernels_and_combined_collectives():
+  a = ha.analyse(CONV_MODULE)
+  s = ha.summary(a)
+  assert s["kernels"] == 3  # two fusions and the cuDNN call; views and collectives are not kernels
+  assert s["fusions"] == 2
+  assert s["collectives"] == {"all-reduce": {"count": 1, "bytes": 4 * 40, "elements": 40,
+                                             "combined": 1}}
+  assert a.collectives[0]["operands"] == ["f32[32]{0}", "f32[8]{0}"]
+
+
+LOOP_MODULE = """HloModule jit_g
+
+%fused_dot (p0: bf16[16,64], p1: bf16[64,32]) -> bf16[16,32] {
+  %p0 = bf16[16,64]{1,0} parameter(0)
+  %p1 = bf16[64,32]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[16,32]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%body (arg: (s32[], bf16[16,64], bf16[64,32])) -> (s32[], bf16[16,64], bf16[64,32]) {
+  %arg = (s32[], bf16[16,64]{1,0}, bf16[64,32]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%arg), index=0
+  %x = bf16[16,64]{1,0} get-tuple-element(%arg), index=1
+  %w = bf16[64,32]{1,0} get-tuple-element(%arg), index=2
+  %gemm = bf16[16,32]{1,0} fusion(%x, %w), kind=kCustom, calls=%fused_dot, backend_config={"fusion_backend_config":{"kind":"__triton_gemm"}}
+  %cublas = (bf16[16,32]{1,0}, s8[4194304]{0}) custom-call(%x, %w), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  ROOT %t = (s32[], bf16[16,64]{1,0}, bf16[64,32]{1,0}) tuple(%i, %x, %w)
+}
+
+%cond (arg.1: (s32[], bf16[16,64], bf16[64,32])) -> pred[] {
+  %arg.1 = (s32[], bf16[16,64]{1,0}, bf16[64,32]{1,0}) parameter(0)
+  %i.1 = s32[] get-tuple-element(%arg.1), index=0
+  %c = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i.1, %c), direction=LT
+}
+
+ENTRY %main (a: bf16[16,64], b: bf16[64,32]) -> (s32[], bf16[16,64], bf16[64,32]) {
+  %a = bf16[16,64]{1,0} parameter(0)
+  %b = bf16[64,32]{1,0} parameter(1)
+  %zero = s32[] constant(0)
+  %init = (s32[], bf16[16,64]{1,0}, bf16[64,32]{1,0}) tuple(%zero, %a, %b)
+  ROOT %while = (s32[], bf16[16,64]{1,0}, bf16[64,32]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"4"}}
+}
+"""
+
+
+def test_while_body_counts_once_per_trip_and_gemm_flops():
+  a = ha.analyse(LOOP_MODULE)
+  s = ha.summary(a)
+  assert s["gemms"] == {"triton": 4, "cublas": 4}
+  assert s["flops"] == 8 * (2 * 16 * 32 * 64)
+  assert s["kernels"] == 12  # per trip: two GEMMs and the loop condition's compare
+
+
+def test_no_entry_is_an_error():
+  with pytest.raises(ValueError, match="no ENTRY"):
+    ha.analyse("HloModule empty\n")
+
+
+def test_missing_or_mismatched_plugin_names_the_fix(monkeypatch):
+  from jaxnet import gpu_plan
+  jaxlib = importlib.metadata.version("jaxlib")
+  real = importlib.metadata.version
+
+  def none(name):
+    if name.startswith("jax-cuda"):
+      raise importlib.metadata.PackageNotFoundError(name)
+    return real(name)
+
+  monkeypatch.setattr(importlib.metadata, "version", none)
+  with pytest.raises(UserError, match=f"pip install --no-deps jax-cuda12-plugin=={jaxlib} "
+                                      f"jax-cuda12-pjrt=={jaxlib}"):
+    gpu_plan.check_plugin()
+  monkeypatch.setattr(importlib.metadata, "version",
+                      lambda name: "0.0.1" if name.startswith("jax-cuda12") else none(name))
+  with pytest.raises(UserError, match=f"does not match jaxlib {jaxlib}: pip install"):
+    gpu_plan.check_plugin()
+  with pytest.raises(UserError, match="unknown --target=v200: use one of a100, h100, h200"):
+    gpu_plan.target_text("v200")
+
+
+# --- gpu_plan: jaxnet's steps compiled for H100s ----------------------------------------
+
+def _plugin_reason():
+  from jaxnet import gpu_plan
+  try:
+    gpu_plan.check_plugin()
+  except UserError as e:
+    return str(e)
+  return None
+
+
+def _require_plugin():
+  reason = _plugin_reason()
+  if reason:
+    print(f"\ngpu_plan tests skipped: {reason}")
+    pytest.skip(reason)
+
+
+def _resnet50(precision, per_gpu_batch, gpus):
+  """ResNet-50's train step (the real one, via Experiment) compiled for `gpus` H100s."""
+  from jaxnet import config_io, gpu_plan
+  _require_plugin()
+  _, text = gpu_plan.target_text("h100")
+  devices = gpu_plan.topology_devices(text, gpus)
+  config = gpu_plan.plan_config(config_io.load("configs/resnet50.py", {"precision": precision}),
+                                per_gpu_batch, gpus)
+  exp, train, _ = gpu_plan.build(config, devices, eval_step=False)
+  analysis = gpu_plan.analyse_step(train, exp.abstract_state, per_gpu_batch)
+  return exp, train, analysis, gpu_plan.device_memory(text)
+
+
+def _check_resnet50(exp, train, analysis, device_memory, gpus):
+  import jax
+  import numpy as np
+  s = ha.summary(analysis)
+  # Every convolution is a cuDNN call, in NHWC: 53 forward convolutions, their 53 filter
+  # gradients and 52 input gradients (the stem's input needs none), however cuDNN splits them.
+  assert sum(s["convolutions"].values()) == 158
+  assert s["conv_layouts"] == {"NHWC": 158}
+  # No activation-sized transpose or copy anywhere in the step.
+  assert analysis.transposes_of("activation") == []
+  assert train.total < 0.75 * device_memory
+  if gpus == 1:
+    assert s["collectives"] == {}
+    return
+  # Gradients are all-reduced: as many values as there are parameters (XLA reduces each conv
+  # gradient in the conv's dtype, before its cast to fp32), plus the BN batch statistics.
+  params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(exp.abstract_state.params))
+  bn_channels = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(exp.abstract_state.batch_stats))
+  reduced = s["collectives"]["all-reduce"]["elements"]
+  assert params <= reduced <= params + 2 * bn_channels, (params, bn_channels, reduced)
+  assert set(s["collectives"]) == {"all-reduce"}
+  # Nothing of activation size crosses the interconnect: no reduced tensor beats the largest weight.
+  largest_weight = max(int(np.prod(x.shape)) for x in jax.tree.leaves(exp.abstract_state.params))
+  assert max(ha.elements(d) for c in analysis.collectives for o in c["operands"]
+             for _, d in ha.arrays(o)) <= largest_weight
+
+
+def test_resnet50_bf16_on_8_h100s_is_cudnn_nhwc_without_activation_transposes():
+  _check_resnet50(*_resnet50("bf16", 256, 8), gpus=8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,gpus", [("bf16", 1), ("fp16", 1), ("fp16", 8)])
+def test_resnet50_on_h100s(precision, gpus):
+  _check_resnet50(*_resnet50(precision, 256, gpus), gpus=gpus)
+
+
+@pytest.mark.slow
+def test_vit_b16_attention_lowering_is_named():
+  from jaxnet import config_io, gpu_plan
+  _require_plugin()
+  config = config_io.load("configs/vit.py:b16", {"batch_size": 256})
+  r = gpu_plan.plan(config, target="h100", gpus=1)
+  assert r["train"]["transposes"]["activation"] == 0
+  assert "attention:" in gpu_plan.table(r)
+
+
+def test_command_line_prints_the_table_or_one_line():
+  _require_plugin()
+  cmd = [sys.executable, "-m", "jaxnet.gpu_plan", "--config=configs/resnet50.py", "--gpus=2",
+         "--config.model.name=resnet_tiny", "--config.image_size=32", "--config.batch_size=16",
+         "--target=a100"]
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "on 2x NVIDIA A100-SXM4-80GB" in out.stdout
+  assert "collectives: all-reduce" in out.stdout
+  bad = subprocess.run(cmd[:-1] + ["--target=v200"], capture_output=True, text=True, timeout=300)
+  assert bad.returncode == 1
+  assert bad.stderr.splitlines()[0].startswith("error: unknown --target=v200: use one of")
