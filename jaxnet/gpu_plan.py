@@ -174,13 +174,15 @@ def weight_elements(abstract_state) -> set:
 
 def build(config, devices, *, eval_step: bool = True):
   """Experiment over `devices`, and its compiled (train, eval) steps."""
+  from jaxnet import models
   from jaxnet.experiment import Experiment
   exp = Experiment(config, devices=devices)
-  train = compile_step(exp.train_step, exp.abstract_state, abstract_batch(exp, config.batch_size))
-  evaluation = None
-  if eval_step:
-    evaluation = compile_step(exp.eval_step, exp.abstract_state,
-                              abstract_batch(exp, config.data.eval_batch_size or config.batch_size))
+  with models.tracing_for("gpu"):  # the kernels a GPU run picks (e.g. ViT's cuDNN attention)
+    train = compile_step(exp.train_step, exp.abstract_state, abstract_batch(exp, config.batch_size))
+    evaluation = None
+    if eval_step:
+      evaluation = compile_step(exp.eval_step, exp.abstract_state,
+                                abstract_batch(exp, config.data.eval_batch_size or config.batch_size))
   return exp, train, evaluation
 
 
@@ -189,6 +191,23 @@ def analyse_step(compiled: Compiled, state_abstract, per_gpu_batch: int):
   # A transpose of at least 1024 values per example is activation-sized (logits are not).
   return hlo_analysis.analyse(compiled.hlo, weight_elements=weight_elements(state_abstract),
                               min_activation_elements=per_gpu_batch * 1024)
+
+
+def attention_lowering(analysis) -> str:
+  """Which attention a ViT step got, and why (only its fused cuDNN form shows as a library call)."""
+  if analysis.attention:
+    return f"cuDNN fused attention ({', '.join(sorted({a['target'] for a in analysis.attention}))})"
+  import jax
+  import jax.numpy as jnp
+  q = jax.ShapeDtypeStruct((1, 16, 1, 64), jnp.bfloat16)
+  try:
+    jax.jit(lambda q: jax.nn.dot_product_attention(q, q, q, implementation="cudnn")).trace(q)
+    why = "cuDNN's fused attention was not used"
+  except Exception as e:  # the reason jax gives, e.g. no cuDNN library on this machine
+    why = f"jax refused cuDNN's fused attention here: {str(e).splitlines()[0]}"
+  return (f"XLA's (batched GEMMs around a softmax fusion): {why}; a GPU run with cuDNN >= 8.9 "
+          f"uses the fused kernel (jaxnet/models/vit.py), so its attention is faster and smaller "
+          f"than shown")
 
 
 def mem_fraction() -> float:
@@ -225,6 +244,7 @@ def plan(config, *, target: str = "h100", gpus: int = 8, hosts: int = 1, dump: s
                  "eval_total": evaluation.total},
       "train": hlo_analysis.summary(analysis),
       "eval": hlo_analysis.summary(eval_analysis),
+      "attention": attention_lowering(analysis) if "vit" in config.model.name else "",
       "xla_options": {**train.options, **evaluation.options},
       "transposes": [t for t in analysis.transposes if t["size"] == "activation"],
       "gradient_collectives": analysis.collectives,
@@ -313,6 +333,8 @@ def table(r: dict) -> str:
   lines.append(f"  GEMMs: {sum(t['gemms'].values())} "
                f"({', '.join(f'{k} {v}' for k, v in sorted(t['gemms'].items())) or 'none'})")
   lines.append(f"  fused attention: {', '.join(f'{k} {v}' for k, v in t['attention'].items()) or 'none'}")
+  if r.get("attention"):
+    lines.append(f"  attention: {r['attention']}")
   tr = t["transposes"]
   lines.append(f"transposes/copies: activation-sized {tr['activation']}, weight-sized {tr['weight']} "
                f"({t['weight_copies']} of them plain copies), small {tr['small']}")

@@ -266,8 +266,12 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
     operand_shapes = [shape_of(comp, o) for o in instr.operands]
     size = sum(nbytes(s) for s in operand_shapes)
     values = sum(elements(dims) for s in operand_shapes for _, dims in arrays(s))
+    # Combined: several tensors in one collective, as operands or concatenated into one buffer.
+    concatenated = any(computations[n].root.opcode == "concatenate"
+                       for o in instr.operands if o in comp.by_name
+                       for n in _called(comp.by_name[o].attrs, "calls") if n in computations)
     result.collectives.append({"op": op, "bytes": size, "elements": values, "operands": operand_shapes,
-                               "combined": len(instr.operands) > 1, "count": count})
+                               "combined": len(instr.operands) > 1 or concatenated, "count": count})
     result.kernels.append(Kernel(instr.name, "collective", 0, size, "", count))
 
   def inside_fusion(fused, kernel_name, count):

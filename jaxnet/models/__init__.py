@@ -9,12 +9,34 @@ train step feeds with a key derived from the seed and the step. Add a model by
 decorating its factory with `@register("name")`.
 """
 
+import contextlib
+import contextvars
 import dataclasses
 from typing import Callable
 
 import flax.linen as nn
+import jax
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
+# The platform models are traced for, where it is not jax's default backend: jaxnet.gpu_plan
+# compiles for a GPU from a CPU process, and must see the kernels a GPU run would choose.
+_TARGET_PLATFORM = contextvars.ContextVar("jaxnet_target_platform", default=None)
+
+
+def target_platform() -> str:
+  """'gpu', 'cpu' or 'tpu': what the model is being traced for (jax's default backend
+  unless inside `tracing_for`)."""
+  return _TARGET_PLATFORM.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def tracing_for(platform: str):
+  """Models traced inside this block choose their kernels as on `platform` (e.g. "gpu")."""
+  token = _TARGET_PLATFORM.set(platform)
+  try:
+    yield
+  finally:
+    _TARGET_PLATFORM.reset(token)
 
 
 def register(name: str):
