@@ -257,6 +257,14 @@ MUTATIONS = [
     Mutation("second_sigterm_exits_at_once", "jaxnet/runtime.py",
              "    if self.received == name:\n", "    if self.received == name == 'SIGINT':\n",
              ("tests/test_reliability.py::test_a_second_sigterm_exits_at_once",), ci=True),
+    # --- the GPU program (compiled on the CPU for H100s; needs the CUDA plugin wheels) ---
+    Mutation("nchw_transpose_in_resnet_block", "jaxnet/models/resnet.py",
+             "    y = self.conv(self.filters * 4, (1, 1))(y)\n",
+             "    y = self.conv(self.filters * 4, (1, 1))(y.transpose(0, 3, 1, 2).reshape(y.shape))\n",
+             ("tests/test_gpu_plan.py::test_resnet50_bf16_on_8_h100s_is_cudnn_nhwc_without_activation_transposes",)),
+    Mutation("hlo_analysis_misses_transposes_in_fusions", "jaxnet/hlo_analysis.py",
+             '      if i.opcode in ("transpose", "copy"):\n', '      if False:\n',
+             ("tests/test_gpu_plan.py::test_transposes_are_sized_against_weights_and_activations",), ci=True),
 ]
 
 
