@@ -257,7 +257,9 @@ MUTATIONS = [
     Mutation("second_sigterm_exits_at_once", "jaxnet/runtime.py",
              "    if self.received == name:\n", "    if self.received == name == 'SIGINT':\n",
              ("tests/test_reliability.py::test_a_second_sigterm_exits_at_once",), ci=True),
-    # --- the GPU program (compiled on the CPU for H100s; needs the CUDA plugin wheels) ---
+    # --- the GPU program (compiled on the CPU for H100s). The first needs the CUDA plugin
+    # wheels in the interpreter itself (as .ci/run installs them; PYTHONPATH is dropped here):
+    # without them its test skips and the mutation reads as survived.
     Mutation("nchw_transpose_in_resnet_block", "jaxnet/models/resnet.py",
              "    y = self.conv(self.filters * 4, (1, 1))(y)\n",
              "    y = self.conv(self.filters * 4, (1, 1))(y.transpose(0, 3, 1, 2).reshape(y.shape))\n",
