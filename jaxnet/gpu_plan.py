@@ -297,6 +297,8 @@ def largest_batch(config, devices, usable: float, start: int, log=None) -> dict:
       b //= 2
       if fits(b):
         lo = b
+      else:
+        hi = b
   if hi is None:
     return {"per_gpu_batch": lo, "exact": False, "tried": tried}
   while lo and hi - lo > max(1, lo // 8):

@@ -256,3 +256,26 @@ def test_command_line_prints_the_table_or_one_line():
   bad = subprocess.run(cmd[:-1] + ["--target=v200"], capture_output=True, text=True, timeout=300)
   assert bad.returncode == 1
   assert bad.stderr.splitlines()[0].startswith("error: unknown --target=v200: use one of")
+
+
+def test_largest_batch_doubles_then_bisects(monkeypatch):
+  """The search, with a fake compile: 1 GiB per image per GPU, 20.5 GiB usable -> 20."""
+  from jaxnet import gpu_plan
+  compiled = []
+
+  def fake_build(config, devices, eval_step=True):
+    per_gpu = config.batch_size // len(devices)
+    compiled.append(per_gpu)
+    return None, gpu_plan.Compiled("", per_gpu * 2**30, 0, 0, 0, 0), None
+
+  monkeypatch.setattr(gpu_plan, "build", fake_build)
+  from jaxnet import config_io
+  config = config_io.load("configs/resnet50.py", {})
+  found = gpu_plan.largest_batch(config, devices=[0, 1], usable=20.5 * 2**30, start=4)
+  assert (found["per_gpu_batch"], found["does_not_fit"]) == (20, 22)
+  assert compiled[:4] == [4, 8, 16, 32]  # doubling until it does not fit, then bisecting
+  assert len(compiled) == len(set(compiled)) <= 8
+  compiled.clear()
+  too_big = gpu_plan.largest_batch(config, devices=[0, 1], usable=2.5 * 2**30, start=64)
+  assert (too_big["per_gpu_batch"], too_big["does_not_fit"]) == (2, 3)
+  assert compiled == [64, 32, 16, 8, 4, 2, 3]  # halving until it fits, then between 2 and 4
