@@ -279,3 +279,19 @@ def test_largest_batch_doubles_then_bisects(monkeypatch):
   too_big = gpu_plan.largest_batch(config, devices=[0, 1], usable=2.5 * 2**30, start=64)
   assert (too_big["per_gpu_batch"], too_big["does_not_fit"]) == (2, 3)
   assert compiled == [64, 32, 16, 8, 4, 2, 3]  # halving until it fits, then between 2 and 4
+
+
+def test_fp16_max_pool_gradient_stays_sharded_over_8_h100s():
+  """models.max_pool in fp16: its gradient is not partitioned by all-gathering the batch."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from jaxnet import gpu_plan, models
+  _require_plugin()
+  _, text = gpu_plan.target_text("h100")
+  mesh = jax.sharding.Mesh(gpu_plan.topology_devices(text, 8), ("data",))
+  x = jax.ShapeDtypeStruct((64, 32, 32, 16), jnp.float16, sharding=NamedSharding(mesh, P("data")))
+  loss = lambda x: jnp.sum(models.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1))).astype(jnp.float32) ** 2)
+  hlo = jax.jit(jax.grad(loss)).lower(x).compile().as_text()
+  assert ha.summary(ha.analyse(hlo))["collectives"] == {}
