@@ -246,12 +246,12 @@ def test_vit_b16_attention_lowering_is_named():
 
 def test_command_line_prints_the_table_or_one_line():
   _require_plugin()
-  cmd = [sys.executable, "-m", "jaxnet.gpu_plan", "--config=configs/resnet50.py", "--gpus=2",
+  cmd = [sys.executable, "-m", "jaxnet.gpu_plan", "--config=configs/resnet50.py", "--gpus=2", "--hosts=2",
          "--config.model.name=resnet_tiny", "--config.image_size=32", "--config.batch_size=16",
          "--target=a100"]
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
-  assert "on 2x NVIDIA A100-SXM4-80GB" in out.stdout
+  assert "on 2x NVIDIA A100-SXM4-80GB (2 host(s))" in out.stdout
   assert "collectives: all-reduce" in out.stdout
   bad = subprocess.run(cmd[:-1] + ["--target=v200"], capture_output=True, text=True, timeout=300)
   assert bad.returncode == 1
