@@ -138,16 +138,29 @@ class Compiled:
 NO_TRITON_GEMM = {"xla_gpu_enable_triton_gemm": False}
 
 
+def run_options() -> dict:
+  """The XLA flags a GPU run gets from jaxnet.runtime (latency-hiding scheduler, all-reduce
+  combine threshold), as compile options; a flag set in XLA_FLAGS is left to XLA_FLAGS."""
+  from jaxnet import runtime, xla_flags
+  user = {xla_flags.flag_name(f) for f in os.environ.get("XLA_FLAGS", "").split()}
+  options = {}
+  for flag in runtime.default_xla_flags("gpu").split():
+    name, _, value = flag.lstrip("-").partition("=")
+    if name not in user:  # compile options are typed: "true" -> True, "134217728" -> int
+      options[name] = {"true": True, "false": False}.get(value, int(value) if value.isdigit() else value)
+  return options
+
+
 def compile_step(jitted, *args) -> Compiled:
   import jax
   lowered = jitted.lower(*args)
-  options = {}
+  options = run_options()
   try:
-    compiled = lowered.compile()
+    compiled = lowered.compile(compiler_options=options)
   except jax.errors.JaxRuntimeError as e:
     if "tile sizes" not in str(e):
       raise
-    options = NO_TRITON_GEMM
+    options = {**options, **NO_TRITON_GEMM}
     compiled = lowered.compile(compiler_options=options)
   m = compiled.memory_analysis()
   return Compiled(compiled.as_text(), m.argument_size_in_bytes, m.output_size_in_bytes,
@@ -316,6 +329,8 @@ def table(r: dict) -> str:
   lines = [f"{r['model']} {r['precision']} {r['image_size']}px, batch {r['batch_size']} "
            f"({r['per_gpu_batch']}/GPU) on {r['gpus']}x {r['device']} ({r['hosts']} host(s)): "
            f"compiled on a CPU for a GPU target, not run",
+           f"XLA options (a run's, from jaxnet.runtime, unless XLA_FLAGS sets them): "
+           f"{' '.join(f'{k}={v}' for k, v in r.get('xla_options', {}).items()) or 'none'}",
            "memory per GPU (train step):",
            f"  arguments {m['arguments'] / GIB:.2f} GiB, outputs {m['outputs'] / GIB:.2f} GiB "
            f"(donated: {m['aliased'] / GIB:.2f} GiB reuse the arguments), temporaries "
@@ -342,9 +357,9 @@ def table(r: dict) -> str:
                f"({t['weight_copies']} of them plain copies), small {tr['small']}")
   for x in r["transposes"][:5]:
     lines.append(f"  activation-sized {x['op']} {x['shape']} in {x['inside']}")
-  if r.get("xla_options"):
-    lines.append(f"  note: compiled with {r['xla_options']} (XLA could not tile a Triton GEMM without "
-                 f"autotuning)")
+  if "xla_gpu_enable_triton_gemm" in r.get("xla_options", {}):
+    lines.append("  note: compiled with xla_gpu_enable_triton_gemm=false (XLA could not tile a Triton "
+                 "GEMM without autotuning)")
   lines.append(f"kernels per train step: {t['kernels']} ({t['fusions']} fusions); eval step "
                f"{r['eval']['kernels']}")
   coll = t["collectives"]
