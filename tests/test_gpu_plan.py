@@ -295,3 +295,12 @@ def test_fp16_max_pool_gradient_stays_sharded_over_8_h100s():
   loss = lambda x: jnp.sum(models.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1))).astype(jnp.float32) ** 2)
   hlo = jax.jit(jax.grad(loss)).lower(x).compile().as_text()
   assert ha.summary(ha.analyse(hlo))["collectives"] == {}
+
+
+def test_a_run_s_xla_flags_are_compile_options_unless_xla_flags_sets_them(monkeypatch):
+  from jaxnet import gpu_plan
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+  assert gpu_plan.run_options() == {"xla_gpu_enable_latency_hiding_scheduler": True,
+                                    "xla_gpu_all_reduce_combine_threshold_bytes": 134217728}
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=false")
+  assert gpu_plan.run_options() == {"xla_gpu_all_reduce_combine_threshold_bytes": 134217728}
