@@ -21,6 +21,7 @@ import copy
 import dataclasses
 import importlib.metadata
 import os
+import re
 
 from jaxnet.errors import UserError
 
@@ -76,12 +77,10 @@ def target_text(target: str) -> tuple[str, str]:
 
 
 def device_memory(text: str) -> int:
-  import re
   return int(re.search(r"device_memory_size:\s*(\d+)", text).group(1))
 
 
 def bandwidth(text: str) -> float:
-  import re
   return float(re.search(r"memory_bandwidth:\s*(\d+)", text).group(1))
 
 
@@ -178,11 +177,16 @@ def abstract_batch(exp, batch_size: int) -> dict:
           "corrupt": jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=s)}
 
 
-def weight_elements(abstract_state) -> set:
-  """The element counts of the parameters (what a weight-sized transpose moves)."""
+def param_sizes(abstract_state) -> list:
+  """The element count of each parameter."""
   import jax
   import numpy as np
-  return {int(np.prod(x.shape)) for x in jax.tree.leaves(abstract_state.params)}
+  return [int(np.prod(x.shape)) for x in jax.tree.leaves(abstract_state.params)]
+
+
+def weight_elements(abstract_state) -> set:
+  """The element counts of the parameters (what a weight-sized transpose moves)."""
+  return set(param_sizes(abstract_state))
 
 
 def build(config, devices, *, eval_step: bool = True):
@@ -250,7 +254,7 @@ def plan(config, *, target: str = "h100", gpus: int = 8, hosts: int = 1, dump: s
       "target": name, "device": devices[0].device_kind, "gpus": gpus, "hosts": hosts,
       "model": config.model.name, "precision": config.precision, "image_size": config.image_size,
       "batch_size": config.batch_size, "per_gpu_batch": per_gpu,
-      "params_bytes": 4 * sum(weight_elements_list(exp.abstract_state)),
+      "params_bytes": 4 * sum(param_sizes(exp.abstract_state)),
       "memory": {"arguments": train.arguments, "outputs": train.outputs, "aliased": train.aliased,
                  "temporaries": train.temporaries, "total": train.total, "device": memory,
                  "usable": usable, "fits": train.total <= usable,
@@ -272,12 +276,6 @@ def plan(config, *, target: str = "h100", gpus: int = 8, hosts: int = 1, dump: s
   if find_max_batch:
     result["max_per_gpu_batch"] = largest_batch(config, devices, usable, per_gpu, log=log)
   return result
-
-
-def weight_elements_list(abstract_state) -> list:
-  import jax
-  import numpy as np
-  return [int(np.prod(x.shape)) for x in jax.tree.leaves(abstract_state.params)]
 
 
 def largest_batch(config, devices, usable: float, start: int, log=None) -> dict:
