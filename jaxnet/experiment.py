@@ -17,9 +17,10 @@ from jaxnet.errors import InvalidValueError
 class Experiment:
   """Everything built from a config before the first step: data, model, optimizer, jitted steps."""
 
-  def __init__(self, config, *, need_train_data: bool = True):
+  def __init__(self, config, *, need_train_data: bool = True, devices=None):
+    """`devices`: the devices to build the mesh over (default: jax.devices())."""
     self.config = config
-    self.mesh = parallel.make_mesh(config.mesh.num_devices)
+    self.mesh = parallel.make_mesh(config.mesh.num_devices, devices)
     parallel.check_batch_size(config.batch_size, self.mesh)
     if config.grad_accum_steps > 1:  # each micro-batch is split over the devices too
       parallel.check_batch_size(config.batch_size // config.grad_accum_steps, self.mesh,

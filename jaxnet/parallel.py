@@ -20,9 +20,13 @@ DATA_AXIS = "data"
 MODEL_AXIS = "model"
 
 
-def make_mesh(num_devices: int = 0) -> Mesh:
-  """A (data, model=1) mesh over all devices, or the first `num_devices` of them."""
-  devices = jax.devices()
+def make_mesh(num_devices: int = 0, devices=None) -> Mesh:
+  """A (data, model=1) mesh over all devices, or the first `num_devices` of them.
+
+  `devices` replaces jax.devices(): e.g. the devices of a GPU topology that
+  `jaxnet.gpu_plan` compiles for from a machine without GPUs.
+  """
+  devices = list(jax.devices() if devices is None else devices)
   if num_devices:
     if num_devices > len(devices):
       raise InvalidValueError(f"asked for {num_devices} devices, only {len(devices)} available")

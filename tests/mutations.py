@@ -288,6 +288,19 @@ MUTATIONS = [
     Mutation("ema_dropped_when_restored_into_a_run_without", "jaxnet/state.py",
              "    return restored.replace(ema_params=None)\n", "    return restored\n",
              ("tests/test_ema.py::test_checkpoints_restore_across_ema_settings",), ci=True),
+    # --- the GPU program (compiled on the CPU for H100s). The first needs the CUDA plugin
+    # wheels in the interpreter itself (as .ci/run installs them; PYTHONPATH is dropped here):
+    # without them its test skips and the mutation reads as survived.
+    Mutation("nchw_transpose_in_resnet_block", "jaxnet/models/resnet.py",
+             "    y = self.conv(self.filters * 4, (1, 1))(y)\n",
+             "    y = self.conv(self.filters * 4, (1, 1))(y.transpose(0, 3, 1, 2).reshape(y.shape))\n",
+             ("tests/test_gpu_plan.py::test_resnet50_bf16_on_8_h100s_is_cudnn_nhwc_without_activation_transposes",)),
+    Mutation("fp16_max_pool_in_fp16", "jaxnet/models/__init__.py",
+             "  if x.dtype == jnp.float16:\n", "  if False:\n",
+             ("tests/test_gpu_plan.py::test_fp16_max_pool_gradient_stays_sharded_over_8_h100s",)),
+    Mutation("hlo_analysis_misses_transposes_in_fusions", "jaxnet/hlo_analysis.py",
+             '      if i.opcode in ("transpose", "copy"):\n', '      if False:\n',
+             ("tests/test_gpu_plan.py::test_transposes_are_sized_against_weights_and_activations",), ci=True),
 ]
 
 

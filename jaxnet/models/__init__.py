@@ -9,13 +9,50 @@ train step feeds with a key derived from the seed and the step. Add a model by
 decorating its factory with `@register("name")`.
 """
 
+import contextlib
+import contextvars
 import dataclasses
 from typing import Callable
 
 import flax.linen as nn
+import jax
+
 from jaxnet.errors import InvalidValueError
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
+# The platform models are traced for, where it is not jax's default backend: jaxnet.gpu_plan
+# compiles for a GPU from a CPU process, and must see the kernels a GPU run would choose.
+_TARGET_PLATFORM = contextvars.ContextVar("jaxnet_target_platform", default=None)
+
+
+def max_pool(x, window_shape, strides, padding):
+  """nn.max_pool, in fp32 for fp16 inputs (the result and its gradient are the same values).
+
+  Why: compiled for several GPUs, the fp16 gradient of a batch-sharded max pool (XLA's
+  select-and-scatter) is partitioned by all-gathering the whole global batch onto every GPU
+  (ResNet-50 fp16 on 8 H100s: two all-gathers of up to 3.4 GB, 19.1 GiB per GPU against bf16's
+  10.1; `python -m jaxnet.gpu_plan`, experiments/RESULTS.md). In fp32 (and bf16) it stays sharded.
+  """
+  import jax.numpy as jnp
+  if x.dtype == jnp.float16:
+    return nn.max_pool(x.astype(jnp.float32), window_shape, strides=strides, padding=padding).astype(x.dtype)
+  return nn.max_pool(x, window_shape, strides=strides, padding=padding)
+
+
+def target_platform() -> str:
+  """'gpu', 'cpu' or 'tpu': what the model is being traced for (jax's default backend
+  unless inside `tracing_for`)."""
+  return _TARGET_PLATFORM.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def tracing_for(platform: str):
+  """Models traced inside this block choose their kernels as on `platform` (e.g. "gpu")."""
+  token = _TARGET_PLATFORM.set(platform)
+  try:
+    yield
+  finally:
+    _TARGET_PLATFORM.reset(token)
 
 
 def register(name: str):

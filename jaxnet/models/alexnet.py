@@ -17,8 +17,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from jaxnet.models import register
 from jaxnet.errors import InvalidValueError
+from jaxnet.models import max_pool, register
 
 # He-normal (fan-in) keeps the activations' scale through seven ReLU layers with no
 # normalisation; PyTorch's default init shrinks its variance ~6x per layer (docs/models.md).
@@ -55,7 +55,7 @@ class AlexNet(nn.Module):
                              kernel_init=he_init)
     dense = functools.partial(nn.Dense, dtype=self.dtype, param_dtype=jnp.float32,
                               kernel_init=he_init)
-    pool = functools.partial(nn.max_pool, window_shape=(3, 3), strides=(2, 2), padding="VALID")
+    pool = functools.partial(max_pool, window_shape=(3, 3), strides=(2, 2), padding="VALID")
     if min(x.shape[1:3]) < 63:
       raise InvalidValueError(f"AlexNet needs images of at least 63x63 pixels, got {x.shape[1]}x{x.shape[2]}; "
                        "raise config.image_size")

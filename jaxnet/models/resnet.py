@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxnet.models import register
+from jaxnet.models import max_pool, register
 from jaxnet.models.batchnorm import BatchNorm
 from jaxnet.errors import InvalidValueError
 
@@ -97,7 +97,7 @@ class ResNet(nn.Module):
     if self.stem == "imagenet":
       x = conv(self.width, (7, 7), (2, 2), name="stem_conv")(x)
       x = nn.relu(norm(name="stem_bn")(x, train))
-      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))  # pads with -inf
+      x = max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))  # pads with -inf
     elif self.stem == "small":
       x = conv(self.width, (3, 3), name="stem_conv")(x)
       x = nn.relu(norm(name="stem_bn")(x, train))

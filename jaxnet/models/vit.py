@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxnet.models import register
 from jaxnet.errors import InvalidValueError
+from jaxnet.models import register, target_platform
 
 LN_EPS = 1e-6
 
@@ -47,7 +47,7 @@ def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.0) 
 
 def attention(q, k, v):
   """softmax(q k^T / sqrt(d)) v over (batch, tokens, heads, head_dim); softmax in fp32."""
-  if jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16):
+  if target_platform() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16):
     try:
       return jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
     except (NotImplementedError, RuntimeError, ValueError):

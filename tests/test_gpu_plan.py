@@ -1,0 +1,309 @@
+"""jaxnet.gpu_plan and jaxnet.hlo_analysis: the GPU program, compiled on this CPU.
+
+The hlo_analysis tests read small HLO snippets (always run). The gpu_plan tests compile
+jaxnet's real train step for H100 targets; they need the CUDA plugin wheels of this jaxlib
+(`pip install --no-deps jax-cuda12-plugin==V jax-cuda12-pjrt==V`) and skip, saying so,
+without them.
+"""
+
+import importlib.metadata
+import subprocess
+import sys
+
+import pytest
+
+from jaxnet import hlo_analysis as ha
+from jaxnet.errors import UserError
+
+# --- hlo_analysis on snippets -------------------------------------------------------
+
+CONV_MODULE = """HloModule jit_f, is_scheduled=true
+
+%fused_transpose (param_0.1: bf16[3,3,16,32]) -> bf16[32,3,3,16] {
+  %param_0.1 = bf16[3,3,16,32]{3,2,1,0} parameter(0)
+  ROOT %transpose.1 = bf16[32,3,3,16]{3,2,1,0} transpose(%param_0.1), dimensions={3,0,1,2}
+}
+
+%fused_nchw (param_0.2: bf16[64,32,32,32]) -> bf16[64,32,32,32] {
+  %param_0.2 = bf16[64,32,32,32]{3,2,1,0} parameter(0)
+  ROOT %transpose.2 = bf16[64,32,32,32]{3,2,1,0} transpose(%param_0.2), dimensions={0,3,1,2}
+}
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %add.1 = f32[] add(%x, %y)
+}
+
+ENTRY %main.0_spmd (param: bf16[64,32,32,16], param.1: bf16[3,3,16,32]) -> (bf16[64,32,32,32], f32[32], f32[8]) {
+  %param.1 = bf16[3,3,16,32]{3,2,1,0} parameter(1), sharding={replicated}
+  %wrapped_transpose = bf16[32,3,3,16]{3,2,1,0} fusion(%param.1), kind=kInput, calls=%fused_transpose
+  %param = bf16[64,32,32,16]{3,2,1,0} parameter(0), sharding={devices=[2,1,1,1]<=[2]}
+  %cudnn-conv.1 = (bf16[64,32,32,32]{3,2,1,0}, u8[0]{0}) custom-call(%param, %wrapped_transpose), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convForward", backend_config={"cudnn_conv_backend_config":{"activation_mode":"kNone"}}
+  %get-tuple-element.1 = bf16[64,32,32,32]{3,2,1,0} get-tuple-element(%cudnn-conv.1), index=0
+  %nchw = bf16[64,32,32,32]{3,2,1,0} fusion(%get-tuple-element.1), kind=kLoop, calls=%fused_nchw
+  %g = f32[32]{0} parameter(2)
+  %s = f32[8]{0} parameter(3)
+  %all-reduce-start = (f32[32]{0}, f32[8]{0}) all-reduce-start(%g, %s), channel_id=1, replica_groups={{0,1}}, to_apply=%add
+  %all-reduce-done = (f32[32]{0}, f32[8]{0}) all-reduce-done(%all-reduce-start)
+  %r0 = f32[32]{0} get-tuple-element(%all-reduce-done), index=0
+  %r1 = f32[8]{0} get-tuple-element(%all-reduce-done), index=1
+  ROOT %tuple = (bf16[64,32,32,32]{3,2,1,0}, f32[32]{0}, f32[8]{0}) tuple(%nchw, %r0, %r1)
+}
+"""
+
+
+def test_convolutions_their_layout_and_flops():
+  a = ha.analyse(CONV_MODULE, weight_elements={3 * 3 * 16 * 32}, min_activation_elements=64 * 100)
+  assert a.convolutions == [{"kind": "forward", "layout": "NHWC", "dim_labels": "b01f_o01i->b01f",
+                             "dtype": "bf16", "count": 1}]
+  conv = next(k for k in a.kernels if k.kind == "conv")
+  assert conv.flops == 2 * (64 * 32 * 32 * 32) * (3 * 3 * 16)
+  # Its bytes: input + filter + result; the u8 scratch space is not HBM traffic worth counting.
+  assert conv.bytes == 2 * (64 * 32 * 32 * 16 + 3 * 3 * 16 * 32 + 64 * 32 * 32 * 32)
+
+
+def test_transposes_are_sized_against_weights_and_activations():
+  a = ha.analyse(CONV_MODULE, weight_elements={3 * 3 * 16 * 32}, min_activation_elements=64 * 100)
+  assert [(t["size"], t["inside"]) for t in a.transposes] == [("weight", "wrapped_transpose"),
+                                                              ("activation", "nchw")]
+  # The same transposes, nothing told about the weights: both count as activation-sized.
+  assert ha.summary(ha.analyse(CONV_MODULE))["transposes"]["activation"] == 2
+
+
+def test_kernels_and_combined_collectives():
+  a = ha.analyse(CONV_MODULE)
+  s = ha.summary(a)
+  assert s["kernels"] == 3  # two fusions and the cuDNN call; views and collectives are not kernels
+  assert s["fusions"] == 2
+  assert s["collectives"] == {"all-reduce": {"count": 1, "bytes": 4 * 40, "elements": 40,
+                                             "combined": 1}}
+  assert a.collectives[0]["operands"] == ["f32[32]{0}", "f32[8]{0}"]
+
+
+def test_an_all_reduce_of_a_concatenation_is_combined():
+  text = CONV_MODULE.replace("(%g, %s), channel_id", "(%cat), channel_id").replace(
+      "  %all-reduce-start", "  %cat = f32[40]{0} fusion(%g, %s), kind=kLoop, calls=%fused_cat\n"
+      "  %all-reduce-start").replace("%add (x", "%fused_cat (a: f32[32], b: f32[8]) -> f32[40] {\n"
+      "  %a = f32[32]{0} parameter(0)\n  %b = f32[8]{0} parameter(1)\n"
+      "  ROOT %c = f32[40]{0} concatenate(%a, %b), dimensions={0}\n}\n\n%add (x")
+  c = ha.analyse(text).collectives
+  assert [(x["elements"], x["combined"]) for x in c] == [(40, True)]
+
+
+LOOP_MODULE = """HloModule jit_g
+
+%fused_dot (p0: bf16[16,64], p1: bf16[64,32]) -> bf16[16,32] {
+  %p0 = bf16[16,64]{1,0} parameter(0)
+  %p1 = bf16[64,32]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[16,32]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%body (arg: (s32[], bf16[16,64], bf16[64,32])) -> (s32[], bf16[16,64], bf16[64,32]) {
+  %arg = (s32[], bf16[16,64]{1,0}, bf16[64,32]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%arg), index=0
+  %x = bf16[16,64]{1,0} get-tuple-element(%arg), index=1
+  %w = bf16[64,32]{1,0} get-tuple-element(%arg), index=2
+  %gemm = bf16[16,32]{1,0} fusion(%x, %w), kind=kCustom, calls=%fused_dot, backend_config={"fusion_backend_config":{"kind":"__triton_gemm"}}
+  %cublas = (bf16[16,32]{1,0}, s8[4194304]{0}) custom-call(%x, %w), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  ROOT %t = (s32[], bf16[16,64]{1,0}, bf16[64,32]{1,0}) tuple(%i, %x, %w)
+}
+
+%cond (arg.1: (s32[], bf16[16,64], bf16[64,32])) -> pred[] {
+  %arg.1 = (s32[], bf16[16,64]{1,0}, bf16[64,32]{1,0}) parameter(0)
+  %i.1 = s32[] get-tuple-element(%arg.1), index=0
+  %c = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i.1, %c), direction=LT
+}
+
+ENTRY %main (a: bf16[16,64], b: bf16[64,32]) -> (s32[], bf16[16,64], bf16[64,32]) {
+  %a = bf16[16,64]{1,0} parameter(0)
+  %b = bf16[64,32]{1,0} parameter(1)
+  %zero = s32[] constant(0)
+  %init = (s32[], bf16[16,64]{1,0}, bf16[64,32]{1,0}) tuple(%zero, %a, %b)
+  ROOT %while = (s32[], bf16[16,64]{1,0}, bf16[64,32]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"4"}}
+}
+"""
+
+
+def test_while_body_counts_once_per_trip_and_gemm_flops():
+  a = ha.analyse(LOOP_MODULE)
+  s = ha.summary(a)
+  assert s["gemms"] == {"triton": 4, "cublas": 4}
+  assert s["flops"] == 8 * (2 * 16 * 32 * 64)
+  assert s["kernels"] == 12  # per trip: two GEMMs and the loop condition's compare
+
+
+def test_no_entry_is_an_error():
+  with pytest.raises(ValueError, match="no ENTRY"):
+    ha.analyse("HloModule empty\n")
+
+
+def test_missing_or_mismatched_plugin_names_the_fix(monkeypatch):
+  from jaxnet import gpu_plan
+  jaxlib = importlib.metadata.version("jaxlib")
+  real = importlib.metadata.version
+
+  def none(name):
+    if name.startswith("jax-cuda"):
+      raise importlib.metadata.PackageNotFoundError(name)
+    return real(name)
+
+  monkeypatch.setattr(importlib.metadata, "version", none)
+  with pytest.raises(UserError, match=f"pip install --no-deps jax-cuda12-plugin=={jaxlib} "
+                                      f"jax-cuda12-pjrt=={jaxlib}"):
+    gpu_plan.check_plugin()
+  monkeypatch.setattr(importlib.metadata, "version",
+                      lambda name: "0.0.1" if name.startswith("jax-cuda12") else none(name))
+  with pytest.raises(UserError, match=f"does not match jaxlib {jaxlib}: pip install"):
+    gpu_plan.check_plugin()
+  with pytest.raises(UserError, match="unknown --target=v200: use one of a100, h100, h200"):
+    gpu_plan.target_text("v200")
+
+
+# --- gpu_plan: jaxnet's steps compiled for H100s ----------------------------------------
+
+def _plugin_reason():
+  from jaxnet import gpu_plan
+  try:
+    gpu_plan.check_plugin()
+  except UserError as e:
+    return str(e)
+  return None
+
+
+def _require_plugin():
+  reason = _plugin_reason()
+  if reason:
+    print(f"\ngpu_plan tests skipped: {reason}")
+    pytest.skip(reason)
+
+
+def _resnet50(precision, per_gpu_batch, gpus):
+  """ResNet-50's train step (the real one, via Experiment) compiled for `gpus` H100s."""
+  from jaxnet import config_io, gpu_plan
+  _require_plugin()
+  _, text = gpu_plan.target_text("h100")
+  devices = gpu_plan.topology_devices(text, gpus)
+  config = gpu_plan.plan_config(config_io.load("configs/resnet50.py", {"precision": precision}),
+                                per_gpu_batch, gpus)
+  exp, train, _ = gpu_plan.build(config, devices, eval_step=False)
+  analysis = gpu_plan.analyse_step(train, exp.abstract_state, per_gpu_batch)
+  return exp, train, analysis, gpu_plan.device_memory(text)
+
+
+def _check_resnet50(exp, train, analysis, device_memory, gpus):
+  import jax
+  import numpy as np
+  s = ha.summary(analysis)
+  # Every convolution is a cuDNN call, in NHWC: 53 forward convolutions, their 53 filter
+  # gradients and 52 input gradients (the stem's input needs none), however cuDNN splits them.
+  assert sum(s["convolutions"].values()) == 158
+  assert s["conv_layouts"] == {"NHWC": 158}
+  # No activation-sized transpose or copy anywhere in the step.
+  assert analysis.transposes_of("activation") == []
+  assert train.total < 0.75 * device_memory
+  if gpus == 1:
+    assert s["collectives"] == {}
+    return
+  # Gradients are all-reduced: as many values as there are parameters (XLA reduces each conv
+  # gradient in the conv's dtype, before its cast to fp32), plus the BN batch statistics.
+  params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(exp.abstract_state.params))
+  bn_channels = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(exp.abstract_state.batch_stats))
+  reduced = s["collectives"]["all-reduce"]["elements"]
+  assert params <= reduced <= params + 2 * bn_channels, (params, bn_channels, reduced)
+  assert set(s["collectives"]) == {"all-reduce"}
+  # (The bound also means nothing of activation size is reduced: one ResNet-50 activation at
+  # 256 images per GPU has more values than the slack.)
+
+
+def test_resnet50_bf16_on_8_h100s_is_cudnn_nhwc_without_activation_transposes():
+  _check_resnet50(*_resnet50("bf16", 256, 8), gpus=8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,gpus", [("bf16", 1), ("fp16", 1), ("fp16", 8)])
+def test_resnet50_on_h100s(precision, gpus):
+  _check_resnet50(*_resnet50(precision, 256, gpus), gpus=gpus)
+
+
+@pytest.mark.slow
+def test_vit_b16_attention_lowering_is_named():
+  from jaxnet import config_io, gpu_plan
+  _require_plugin()
+  config = config_io.load("configs/vit.py:b16", {"batch_size": 256})
+  r = gpu_plan.plan(config, target="h100", gpus=1)
+  # Named: without the cuDNN library here, jax cannot trace cuDNN's fused attention, and the
+  # step shows XLA's; the line says so (and that a GPU run uses the fused kernel).
+  assert r["train"]["attention"] == {}
+  assert r["attention"].startswith("XLA's (batched GEMMs around a softmax fusion): jax refused "
+                                   "cuDNN's fused attention here: cuDNN not found")
+  assert f"  attention: {r['attention']}" in gpu_plan.table(r)
+  # XLA's attention moves q, k, v between (batch, tokens, heads) and (batch, heads, tokens)
+  # around its batched GEMMs: activation-sized transposes that the fused kernel does not need.
+  assert r["train"]["transposes"]["activation"] > 0
+
+
+def test_command_line_prints_the_table_or_one_line():
+  _require_plugin()
+  cmd = [sys.executable, "-m", "jaxnet.gpu_plan", "--config=configs/resnet50.py", "--gpus=2", "--hosts=2",
+         "--config.model.name=resnet_tiny", "--config.image_size=32", "--config.batch_size=16",
+         "--target=a100"]
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "on 2x NVIDIA A100-SXM4-80GB (2 host(s))" in out.stdout
+  assert "collectives: all-reduce" in out.stdout
+  bad = subprocess.run(cmd[:-1] + ["--target=v200"], capture_output=True, text=True, timeout=300)
+  assert bad.returncode == 1
+  # One error line (jax may log "Could not find cuda drivers" lines around it: not ours).
+  errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and errors[0].startswith("error: unknown --target=v200: use one of")
+  assert "Traceback" not in bad.stderr
+
+
+def test_largest_batch_doubles_then_bisects(monkeypatch):
+  """The search, with a fake compile: 1 GiB per image per GPU, 20.5 GiB usable -> 20."""
+  from jaxnet import gpu_plan
+  compiled = []
+
+  def fake_build(config, devices, eval_step=True):
+    per_gpu = config.batch_size // len(devices)
+    compiled.append(per_gpu)
+    return None, gpu_plan.Compiled("", per_gpu * 2**30, 0, 0, 0, 0), None
+
+  monkeypatch.setattr(gpu_plan, "build", fake_build)
+  from jaxnet import config_io
+  config = config_io.load("configs/resnet50.py", {})
+  found = gpu_plan.largest_batch(config, devices=[0, 1], usable=20.5 * 2**30, start=4)
+  assert (found["per_gpu_batch"], found["does_not_fit"]) == (20, 22)
+  assert compiled[:4] == [4, 8, 16, 32]  # doubling until it does not fit, then bisecting
+  assert len(compiled) == len(set(compiled)) <= 8
+  compiled.clear()
+  too_big = gpu_plan.largest_batch(config, devices=[0, 1], usable=2.5 * 2**30, start=64)
+  assert (too_big["per_gpu_batch"], too_big["does_not_fit"]) == (2, 3)
+  assert compiled == [64, 32, 16, 8, 4, 2, 3]  # halving until it fits, then between 2 and 4
+
+
+def test_fp16_max_pool_gradient_stays_sharded_over_8_h100s():
+  """models.max_pool in fp16: its gradient is not partitioned by all-gathering the batch."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from jaxnet import gpu_plan, models
+  _require_plugin()
+  _, text = gpu_plan.target_text("h100")
+  mesh = jax.sharding.Mesh(gpu_plan.topology_devices(text, 8), ("data",))
+  x = jax.ShapeDtypeStruct((64, 32, 32, 16), jnp.float16, sharding=NamedSharding(mesh, P("data")))
+  loss = lambda x: jnp.sum(models.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1))).astype(jnp.float32) ** 2)
+  hlo = jax.jit(jax.grad(loss)).lower(x).compile().as_text()
+  assert ha.summary(ha.analyse(hlo))["collectives"] == {}
+
+
+def test_a_run_s_xla_flags_are_compile_options_unless_xla_flags_sets_them(monkeypatch):
+  from jaxnet import gpu_plan
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+  assert gpu_plan.run_options() == {"xla_gpu_enable_latency_hiding_scheduler": True,
+                                    "xla_gpu_all_reduce_combine_threshold_bytes": 134217728}
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=false")
+  assert gpu_plan.run_options() == {"xla_gpu_all_reduce_combine_threshold_bytes": 134217728}
