@@ -113,6 +113,8 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
   changes = workdir_lib.check_config(workdir, config_dict, accept) if ckpt.has_checkpoints(workdir) else {}
   exp = Experiment(config)
   is_chief = exp.process_index == 0
+  if is_chief and exp.data_note:
+    print(exp.data_note, flush=True)
   checkpoints = ckpt.Checkpoints(workdir, config.keep_checkpoints, config.async_checkpointing)
   watch.checkpoint_sentence = checkpoints.complete_sentence
 
