@@ -77,8 +77,9 @@ def test_hidden_entries_and_non_images_are_never_classes_or_examples(tmp_path):
 
 def _one_line_error(tmp_path, root, capsys, split="val") -> str:
   """The error line the command line prints for training on `root` (as jaxnet.main does)."""
-  config = config_io.load("configs/resnet.py:runlocal", {
-      "data.source": "imagefolder", "data.dir": str(root), "data.eval_split": split})
+  config = config_io.load("configs/resnet.py:runlocal", {  # a short run, should it start
+      "data.source": "imagefolder", "data.dir": str(root), "data.eval_split": split,
+      "total_steps": 1, "image_size": 16, "batch_size": 8})
   with pytest.raises(SystemExit) as exit_info, errors.one_line_errors():
     api.train(config, str(tmp_path / "workdir"))
   assert exit_info.value.code == 1
