@@ -10,6 +10,7 @@ import io
 import json
 import os
 import signal
+import time
 
 import numpy as np
 import PIL.Image
@@ -263,4 +264,26 @@ def test_a_stopped_run_frees_its_shared_memory(tmp_path, monkeypatch, end):
       api.train(config, str(tmp_path / "w"))
   else:
     assert api.train(config, str(tmp_path / "w"))["preempted_at_step"] in (3, 4)
+  assert not _segments() - before, sorted(_segments() - before)
+
+
+
+def test_closing_a_loader_returns_once_its_segments_are_unlinked(tmp_path, monkeypatch):
+  """grain unlinks freed batches on a background thread: a process ending right after a run
+  must not leave the last ones behind, so closing waits for it (slowed down here to show it)."""
+  import grain.python as grain
+  from jaxnet.data import pipeline
+  unlink = grain.SharedMemoryArray.close_shm_async
+
+  def slow_unlink(cls, *args):
+    time.sleep(0.05)
+    unlink.__func__(cls, *args)
+  monkeypatch.setattr(grain.SharedMemoryArray, "close_shm_async", classmethod(slow_unlink))
+  before = _segments()
+  source = ImageFolderSource(str(_make_folder(tmp_path)), "train")
+  batches = iter(pipeline.train_loader(source, global_batch_size=4, image_size=16, seed=0, workers=1))
+  taken = [next(batches) for _ in range(3)]
+  assert len(_segments() - before) >= 3 * 4  # the batches taken (4 arrays each) and those ready
+  del taken
+  pipeline.close_iterator(batches, workers=1)
   assert not _segments() - before, sorted(_segments() - before)

@@ -56,8 +56,8 @@ def close_iterator(iterator, workers: int) -> None:
   StopIteration, for one), which only the cycle collector frees; a process at
   exit does not wait for it, so every run with workers left its batches behind
   (Python's resource_tracker warned about "leaked shared_memory objects"). So:
-  close, then collect once if there were `workers` (without them nothing is in
-  shared memory). Idempotent.
+  close, collect once, and wait for the unlinks that frees (if there were
+  `workers`: without them nothing is in shared memory). Idempotent.
   """
   # grain 0.2.x's DataLoaderIterator has no close() of its own: close the
   # dataset iterator it wraps (whose close() is public and idempotent).
@@ -66,6 +66,20 @@ def close_iterator(iterator, workers: int) -> None:
     close()
   if workers:
     gc.collect()
+    _wait_for_unlinks()
+
+
+def _wait_for_unlinks() -> None:
+  """Returns once grain has unlinked the segments of the batches freed so far.
+
+  grain unlinks a freed batch's segments on its one deleter thread, in order;
+  a no-op queued behind them returns when they are done. Without this wait, a
+  process that ends right after a run left the last few to Python's
+  resource_tracker (and its warning), and /dev/shm still held them on return.
+  """
+  pool = getattr(grain.SharedMemoryArray, "_del_thread_pool", None)  # grain's, not public
+  if pool is not None:
+    pool.apply(int)
 
 
 def per_process_batch_size(global_batch_size: int, process_count: int) -> int:
