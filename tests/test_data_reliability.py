@@ -223,6 +223,14 @@ def test_the_command_line_says_what_it_ignored_in_one_line(folder_run):
     assert json.load(f)["class_names"] == list(CLASSES)
 
 
+def test_predict_on_a_folder_predicts_each_image_in_it(folder_run, capsys):
+  root, workdir, *_ = folder_run
+  assert predict.main([f"--workdir={workdir}", "--top=1", str(root / "val" / "c")]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0::2] == [str(root / "val" / "c" / "0.jpg"), str(root / "val" / "c" / "1.jpg")]  # not Thumbs.db
+  assert all(line.split()[1] in CLASSES for line in lines[1::2]), lines
+
+
 def test_runs_with_workers_leave_no_shared_memory_behind(folder_run):
   """Training and --mode=eval by the command line; the in-process test below covers stops."""
   _, _, before, *runs = folder_run
