@@ -191,6 +191,19 @@ def test_predict_says_a_folder_is_not_an_image_and_the_cli_predicts_its_images(t
 
 # --- shared memory -------------------------------------------------------------------
 
+def _left_after(before: set, seconds: float) -> set:
+  """The segments new since `before` that are still there after up to `seconds`.
+
+  jax lets go of a host batch it copied to the device on its own thread, a moment after
+  the device array goes: the last batch's segment can outlive the run's return by that
+  moment (seen once in ~20 runs, gone within 2 s). A leak never goes.
+  """
+  deadline = time.monotonic() + seconds
+  while _segments() - before and time.monotonic() < deadline:
+    time.sleep(0.1)
+  return _segments() - before
+
+
 def _segments() -> set:
   """Python's shared memory segments (named semaphores, sem.*, are another matter)."""
   return {name for name in os.listdir("/dev/shm") if not name.startswith("sem.")}
@@ -272,7 +285,7 @@ def test_a_stopped_run_frees_its_shared_memory(tmp_path, monkeypatch, end):
       api.train(config, str(tmp_path / "w"))
   else:
     assert api.train(config, str(tmp_path / "w"))["preempted_at_step"] in (3, 4)
-  assert not _segments() - before, sorted(_segments() - before)
+  assert not _left_after(before, 5), sorted(_segments() - before)
 
 
 
