@@ -194,9 +194,9 @@ def test_predict_says_a_folder_is_not_an_image_and_the_cli_predicts_its_images(t
 def _left_after(before: set, seconds: float) -> set:
   """The segments new since `before` that are still there after up to `seconds`.
 
-  jax lets go of a host batch it copied to the device on its own thread, a moment after
-  the device array goes: the last batch's segment can outlive the run's return by that
-  moment (seen once in ~20 runs, gone within 2 s). A leak never goes.
+  jax keeps a reference to each host batch it puts on the device and drops it on its own
+  schedule, not always by the time the run returns: in about 1 of 10 runs on a loaded
+  2-core machine one batch's 4 segments were still there at the return. A leak never goes.
   """
   deadline = time.monotonic() + seconds
   while _segments() - before and time.monotonic() < deadline:
