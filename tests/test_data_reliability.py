@@ -73,6 +73,9 @@ def test_hidden_entries_and_non_images_are_never_classes_or_examples(tmp_path):
   assert val.ignored == ["val/.hidden/", "val/c/Thumbs.db"]
   assert sources.ignored_note([train, val]) == IGNORED_NOTE.format(root=root)
   assert sources.ignored_note([val, val]).startswith("note: ignored 2 entries of")  # once each
+  os.remove(root / "val" / "c" / "Thumbs.db")
+  assert sources.ignored_note([ImageFolderSource(str(root), "val")]) == (
+      f"note: ignored 1 entry of {root} that is hidden or not a .jpg/.jpeg/.png/.webp image: val/.hidden/")
   assert sources.ignored_note([ImageFolderSource(str(_make_folder(tmp_path / "clean")), "train")]) is None
 
 

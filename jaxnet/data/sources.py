@@ -100,9 +100,9 @@ def ignored_note(sources) -> str | None:
   from jaxnet.data.imagefolder import IMAGE_EXTENSIONS
   shown = ", ".join(ignored[:_NOTE_NAMES]) + (f" and {len(ignored) - _NOTE_NAMES} more"
                                               if len(ignored) > _NOTE_NAMES else "")
-  noun = "entry" if len(ignored) == 1 else "entries"
-  return (f"note: ignored {len(ignored)} {noun} of {root} that are hidden or not "
-          f"{'/'.join(IMAGE_EXTENSIONS)} images: {shown}")
+  what = (("entry", "is", "a ", "image") if len(ignored) == 1 else ("entries", "are", "", "images"))
+  return (f"note: ignored {len(ignored)} {what[0]} of {root} that {what[1]} hidden or not "
+          f"{what[2]}{'/'.join(IMAGE_EXTENSIONS)} {what[3]}: {shown}")
 
 
 def make_source(data_config, split: str, image_size: int):
