@@ -58,6 +58,8 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
   try:
     step = checkpoints.resolve_step(step)
     exp = Experiment(config, need_train_data=False)
+    if exp.process_index == 0 and exp.data_note:
+      print(exp.data_note, flush=True)
     state = checkpoints.restore(step, exp.abstract_state)
   finally:
     checkpoints.close()

@@ -33,6 +33,8 @@ class Experiment:
     self.train_source = sources.make_source(config.data, "train", config.image_size) if need_train_data else None
     self.eval_source = sources.make_source(config.data, "eval", config.image_size)
     ref = self.train_source or self.eval_source
+    # What the data sources skipped (hidden folders, Thumbs.db, ...), for the caller to show.
+    self.data_note = sources.ignored_note([self.train_source, self.eval_source])
     self.num_classes = _head_size(config.model.num_classes, ref.num_classes, config.data.source)
     self.class_names = getattr(ref, "class_names", None)
     example = ref[0]["image"] if not ref.encoded else None

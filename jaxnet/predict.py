@@ -1,14 +1,34 @@
 """Top-5 classes of image files under a trained model.
 
-  python -m jaxnet.predict --workdir=DIR [--step=N] [--top=5] IMAGE [IMAGE ...]
+  python -m jaxnet.predict --workdir=DIR [--step=N] [--top=5] IMAGE|FOLDER [...]
 
 Images are any file PIL reads; they are preprocessed like the training run's
-eval data (see jaxnet/preprocess.py). Class names come from the dataset,
-recorded in DIR/classes.json at train time.
+eval data (see jaxnet/preprocess.py). A folder stands for the image files in it
+(.jpg/.jpeg/.png/.webp, sorted, not hidden, not its subfolders), as ImageFolder
+reads a class folder. Class names come from the dataset, recorded in
+DIR/classes.json at train time.
 """
 
 import argparse
+import os
 import sys
+
+
+def _expand_folders(paths: list[str]) -> list[str]:
+  """Each folder replaced by its image files, in name order; other paths kept."""
+  from jaxnet.data.imagefolder import IMAGE_EXTENSIONS, is_image_name
+  from jaxnet.errors import UserError
+  files = []
+  for path in paths:
+    if not os.path.isdir(path):
+      files.append(path)
+      continue
+    images = sorted(name for name in os.listdir(path) if is_image_name(name)
+                    and not os.path.isdir(os.path.join(path, name)))
+    if not images:
+      raise UserError(f"folder {path} holds no {'/'.join(IMAGE_EXTENSIONS)} images to predict")
+    files.extend(os.path.join(path, name) for name in images)
+  return files
 
 
 def main(argv=None):
@@ -16,14 +36,16 @@ def main(argv=None):
   parser.add_argument("--workdir", required=True, help="a training workdir with checkpoints")
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   parser.add_argument("--top", type=int, default=5, help="classes to print per image")
-  parser.add_argument("images", nargs="+", metavar="IMAGE")
+  parser.add_argument("images", nargs="+", metavar="IMAGE|FOLDER",
+                      help="image files, or folders whose image files to predict")
   args = parser.parse_args(argv)
 
   from jaxnet import api, errors
   with errors.one_line_errors():
+    images = _expand_folders(args.images)
     model = api.restore(args.workdir, step=args.step)
-    results = model.predict(args.images, top_k=args.top)
-  for path, top in zip(args.images, results):
+    results = model.predict(images, top_k=args.top)
+  for path, top in zip(images, results):
     print(path)
     for name, prob in top:
       print(f"  {prob:8.4f}  {name}")

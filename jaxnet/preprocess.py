@@ -17,6 +17,7 @@ import os
 import numpy as np
 from PIL import Image
 
+from jaxnet.data.bit_depth import scale_16_to_8, to_8bit
 from jaxnet.errors import UserError
 
 # Sources whose records are decoded arrays rather than JPEG bytes (see data/sources.py).
@@ -51,9 +52,16 @@ class ImageReadError(UserError, ValueError):
   """An image to predict on is missing or is not an image."""
 
 
-def _open_file(path) -> Image.Image:
+def _check_file(path) -> None:
   if not os.path.exists(path):
     raise ImageReadError(f"image file {path} not found")
+  if os.path.isdir(path):
+    raise ImageReadError(f"{path} is a directory, not an image: pass its image files "
+                         f"(python -m jaxnet.predict takes a directory and predicts the images in it)")
+
+
+def _open_file(path) -> Image.Image:
+  _check_file(path)
   try:
     with Image.open(path) as im:
       im.load()
@@ -63,15 +71,18 @@ def _open_file(path) -> Image.Image:
 
 
 def _to_pil(image) -> Image.Image:
+  """A PIL image of at most 8 bits per channel (16-bit grayscale is scaled, not clipped)."""
   if isinstance(image, Image.Image):
-    return image
+    return to_8bit(image)
   if isinstance(image, (str, os.PathLike)):
-    return _open_file(image)
+    return to_8bit(_open_file(image))
   if isinstance(image, bytes):
-    return Image.open(io.BytesIO(image))
+    return to_8bit(Image.open(io.BytesIO(image)))
   array = np.asarray(image)
   if array.ndim == 3 and array.shape[-1] == 1:
     array = array[..., 0]
+  if array.dtype == np.uint16:
+    return Image.fromarray(scale_16_to_8(array))
   return Image.fromarray(array.astype(np.uint8))
 
 
@@ -79,8 +90,7 @@ def _to_bytes(image) -> bytes:
   if isinstance(image, bytes):
     return image
   if isinstance(image, (str, os.PathLike)):
-    if not os.path.exists(image):
-      raise ImageReadError(f"image file {image} not found")
+    _check_file(image)
     with open(image, "rb") as f:
       return f.read()
   buffer = io.BytesIO()

@@ -21,6 +21,7 @@ import numpy as np
 from jaxnet import checkpoint as ckpt
 from jaxnet import config_io, evaluation, integrity, parallel, peers, runtime, steps
 from jaxnet import workdir as workdir_lib
+from jaxnet.data import pipeline
 from jaxnet.errors import UserError
 from jaxnet.experiment import Experiment
 from jaxnet.metrics import (MetricWriter, Progress, RunWriteError, drop_records_after,
@@ -67,7 +68,7 @@ def train_and_evaluate(config, workdir: str, accept_config_changes=()) -> dict:
       signals = stack.enter_context(runtime.StopSignals())
       watch = stack.enter_context(peers.PeerWatch(config.distributed.heartbeat_timeout_sec))
       try:
-        return _train(config, workdir, tuple(accept_config_changes), signals, watch)
+        return _train(config, workdir, tuple(accept_config_changes), signals, watch, stack)
       except RunWriteError as e:  # a full disk under metrics, TensorBoard, config or run info
         raise e.stopped_at(watch.step, watch.checkpoint_sentence()) from None
       except Exception as e:
@@ -83,7 +84,7 @@ def train_and_evaluate(config, workdir: str, accept_config_changes=()) -> dict:
 
 
 def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
-           watch: peers.PeerWatch) -> dict:
+           watch: peers.PeerWatch, cleanup: contextlib.ExitStack) -> dict:
   config = pretrained.fetch_and_record_preprocessing(config, workdir)  # what init.weights expect
   config_json = config.to_json_best_effort(indent=2)
   config_dict = json.loads(config_json)
@@ -91,11 +92,17 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
   changes = workdir_lib.check_config(workdir, config_dict, accept) if ckpt.has_checkpoints(workdir) else {}
   exp = Experiment(config)
   is_chief = exp.process_index == 0
+  if is_chief and exp.data_note:
+    print(exp.data_note, flush=True)
   checkpoints = ckpt.Checkpoints(workdir, config.keep_checkpoints, config.async_checkpointing)
   watch.checkpoint_sentence = checkpoints.complete_sentence
 
   image_size = exp.train_image_size(0)
   loader_iter = iter(exp.train_loader(image_size))
+  # However the run ends (done, preempted, an error), the loader's workers stop and
+  # their ready batches leave /dev/shm. The lambda reads loader_iter when it runs:
+  # the loader of the current resolution (progressive resizing closes the others).
+  cleanup.callback(lambda: pipeline.close_iterator(loader_iter, config.data.workers))
   state, start_step = checkpoints.restore_newest(exp.abstract_state, loader_iter)
   if state is None:
     state, start_step = exp.init_state(), 0
@@ -146,6 +153,7 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
         # position of the last consumed batch; batches prefetched at the old size
         # are dropped. The step recompiles once for the new shape.
         image_size = exp.train_image_size(step)
+        pipeline.close_iterator(loader_iter, config.data.workers)
         loader_iter = iter(exp.train_loader(image_size))
         loader_iter.set_state(iterator_state)
         prefetched.clear()
@@ -207,6 +215,10 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
             f"({elapsed:.1f}s)", flush=True)
     return eval_metrics
   finally:
+    # Batches from data.workers sit in /dev/shm while anything refers to them. Drop
+    # the ones read ahead now: an exception's traceback keeps this frame alive.
+    prefetched.clear()
+    batch = None
     profiler.stop()
     # The checkpoints first: closing them removes a failed save's partial files, giving
     # the disk space back before the writer flushes its buffered TensorBoard events.

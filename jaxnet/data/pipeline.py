@@ -7,6 +7,7 @@ images that failed to decode) and `corrupt` int32 (1 where a JPEG was unreadable
 Normalisation and the cast to the compute dtype happen on the device, in the step.
 """
 
+import gc
 import math
 from typing import Iterator
 
@@ -43,6 +44,43 @@ def _ensure_absl_flags_parsed():
   from absl import flags
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
+
+
+def close_iterator(iterator, workers: int) -> None:
+  """Stops a loader iterator's worker processes and frees the batches in shared memory.
+
+  Workers hand batches over in /dev/shm; a batch's segment is freed when the
+  main process drops its last reference to it, and the batches still queued when
+  the iterator is closed. Grain closes an iterator only when it is collected,
+  and both the iterator and batches the main process already took end up in
+  reference cycles (grain keeps a worker's last batch in the traceback of its
+  StopIteration, for one), which only the cycle collector frees; a process at
+  exit does not wait for it, so every run with workers left its batches behind
+  (Python's resource_tracker warned about "leaked shared_memory objects"). So:
+  close, collect once, and wait for the unlinks that frees (if there were
+  `workers`: without them nothing is in shared memory). Idempotent.
+  """
+  # grain 0.2.x's DataLoaderIterator has no close() of its own: close the
+  # dataset iterator it wraps (whose close() is public and idempotent).
+  close = getattr(iterator, "close", None) or getattr(getattr(iterator, "_iterator", None), "close", None)
+  if close is not None:
+    close()
+  if workers:
+    gc.collect()
+    _wait_for_unlinks()
+
+
+def _wait_for_unlinks() -> None:
+  """Returns once grain has unlinked the segments of the batches freed so far.
+
+  grain unlinks a freed batch's segments on its one deleter thread, in order;
+  a no-op queued behind them returns when they are done. Without this wait, a
+  process that ends right after a run left the last few to Python's
+  resource_tracker (and its warning), and /dev/shm still held them on return.
+  """
+  pool = getattr(grain.SharedMemoryArray, "_del_thread_pool", None)  # grain's, not public
+  if pool is not None:
+    pool.apply(int)
 
 
 def per_process_batch_size(global_batch_size: int, process_count: int) -> int:
@@ -108,10 +146,14 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, workers: in
   num_batches = math.ceil(_shard_bounds(len(source), 0, process_count)[1] / batch)
   example = None
   produced = 0
-  for local in loader:
-    example = example or {k: v[0] for k, v in local.items()}
-    produced += 1
-    yield _pad(local, batch)
+  batches = iter(loader)
+  try:
+    for local in batches:
+      example = example or {k: v[0] for k, v in local.items()}
+      produced += 1
+      yield _pad(local, batch)
+  finally:  # also when the caller stops early (an error, Ctrl-C): free the workers' batches
+    close_iterator(batches, workers)
   if example is None:  # this process's shard is empty: take the layout from one record
     example = _eval_transform(source, image_size, crop_fraction, interpolation).map(source[0])
   for _ in range(num_batches - produced):

@@ -81,6 +81,31 @@ class SyntheticSource:
     return {"image": image, "label": np.int32(rng.integers(self.num_classes))}
 
 
+_NOTE_NAMES = 5  # entries named in the note; the rest are counted
+
+
+def ignored_note(sources) -> str | None:
+  """One line naming the entries the sources skipped (hidden, not images), or None.
+
+  Sources that skip entries (imagefolder) list them, relative to their root, in
+  `source.ignored`. The note is for the caller to show: a source never prints.
+  """
+  ignored, root = [], None
+  for source in sources:
+    for entry in getattr(source, "ignored", ()):
+      if entry not in ignored:  # train and eval may be the same split
+        ignored.append(entry)
+    root = root or getattr(source, "root", None)
+  if not ignored:
+    return None
+  from jaxnet.data.imagefolder import IMAGE_EXTENSIONS
+  shown = ", ".join(ignored[:_NOTE_NAMES]) + (f" and {len(ignored) - _NOTE_NAMES} more"
+                                              if len(ignored) > _NOTE_NAMES else "")
+  what = (("entry", "is", "a ", "image") if len(ignored) == 1 else ("entries", "are", "", "images"))
+  return (f"note: ignored {len(ignored)} {what[0]} of {root} that {what[1]} hidden or not "
+          f"{what[2]}{'/'.join(IMAGE_EXTENSIONS)} {what[3]}: {shown}")
+
+
 def make_source(data_config, split: str, image_size: int):
   """The source named by `config.data.source` for `split` ("train" or "eval")."""
   name = data_config.source

@@ -72,6 +72,8 @@ import simplejpeg
 from PIL import Image
 from jaxnet.errors import InvalidValueError
 
+from jaxnet.data.bit_depth import to_8bit
+
 try:  # optional C extension (setup.py): decodes only the crop
   from jaxnet.data import _jpeg_region
 except ImportError:
@@ -143,8 +145,9 @@ def _decode_with_pil(data, min_height, min_width, turbo_error) -> np.ndarray:
         # draft() picks the largest JPEG scale keeping size >= request;
         # it is a no-op for non-JPEG formats.
         image.draft("RGB", (min_width or 1, min_height or 1))
-      # convert() forces the full decode, which is where truncation shows.
-      array = np.asarray(image.convert("RGB"))
+      # convert() forces the full decode, which is where truncation shows;
+      # 16-bit grayscale is scaled to 8 bits first (convert would clip it).
+      array = np.asarray(to_8bit(image).convert("RGB"))
   except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
     raise CorruptImageError(
         f"cannot decode {len(data)} bytes as an image "
