@@ -43,7 +43,7 @@ import simplejpeg  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import benchlib  # noqa: E402  (experiments/benchlib.py, beside this script)
-from jaxnet.data import pipeline, transforms  # noqa: E402
+from jaxnet.data import decode, pipeline  # noqa: E402
 from jaxnet.data.imagefolder import ImageFolderSource  # noqa: E402
 from jaxnet.data.make_imagefolder import make_imagefolder  # noqa: E402
 from jaxnet.data.transforms import TrainDecodeCrop, random_resized_crop_box  # noqa: E402
@@ -63,7 +63,7 @@ def versions_line() -> str:
            f"Pillow {PIL.__version__}", f"simplejpeg {simplejpeg.__version__}",
            f"grain {getattr(grain, '__version__', None) or benchlib.dist_version('grain')}"]
   parts.append(f"opencv {cv2.__version__}" if cv2 else "opencv not installed")
-  parts.append("region decoder " + ("built" if transforms._jpeg_region else
+  parts.append("region decoder " + ("built" if decode._jpeg_region else
                                     "NOT built (full decodes)"))
   return "versions: " + ", ".join(parts)
 
@@ -116,11 +116,11 @@ def jaxnet_train(data: bytes, rng: np.random.Generator, _op=TrainDecodeCrop(IMAG
 
 def jaxnet_train_full_decode(data: bytes, rng: np.random.Generator):
   """TrainDecodeCrop as it runs when the C region decoder is not built."""
-  region, transforms._jpeg_region = transforms._jpeg_region, None
+  region, decode._jpeg_region = decode._jpeg_region, None
   try:
     return jaxnet_train(data, rng)
   finally:
-    transforms._jpeg_region = region
+    decode._jpeg_region = region
 
 
 class RepeatedSource:
@@ -199,7 +199,7 @@ def decoder_table(blobs: list[bytes], seconds: float, title: str = "1)") -> floa
                 ("OpenCV: IMREAD_REDUCED_2/4/8 + INTER_AREA",
                  lambda d, r: opencv_full(d, r, reduced=True))]
   methods.append(("jaxnet, full decode: simplejpeg + OpenCV resize", jaxnet_train_full_decode))
-  if transforms._jpeg_region is not None:
+  if decode._jpeg_region is not None:
     methods.append(("jaxnet TrainDecodeCrop: region decode + OpenCV resize", jaxnet_train))
   print(f"\n{title} single process, one core, {len(blobs)} JPEGs in memory, "
         f"decode + random-resized-crop + resize {IMAGE_SIZE} + flip "

@@ -328,7 +328,7 @@ MUTATIONS = [
     Mutation("webp_is_an_image", "jaxnet/data/imagefolder.py",
              '(".jpg", ".jpeg", ".png", ".webp")', '(".jpg", ".jpeg", ".png")',
              (DATA + "test_webp_files_are_images",), ci=True),
-    Mutation("sixteen_bit_scaled_in_the_decode", "jaxnet/data/transforms.py",
+    Mutation("sixteen_bit_scaled_in_the_decode", "jaxnet/data/decode.py",
              'np.asarray(to_8bit(image).convert("RGB"))', 'np.asarray(image.convert("RGB"))',
              (DATA + "test_16_bit_pngs_are_scaled_to_8_bits_not_clipped",), ci=True),
     Mutation("sixteen_bit_scaled_in_predict", "jaxnet/preprocess.py",

@@ -8,7 +8,7 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from jaxnet.data import transforms
+from jaxnet.data import decode, transforms
 from jaxnet.data.transforms import (CorruptImageError, EvalDecodeCrop, TrainDecodeCrop,
                                     decode_jpeg, eval_crop_geometry, random_resized_crop_box)
 
@@ -158,17 +158,17 @@ def test_train_crops_differ_across_rngs():
 
 
 needs_region_decoder = pytest.mark.skipif(
-    transforms._jpeg_region is None,
+    decode._jpeg_region is None,
     reason="jaxnet.data._jpeg_region not built (no C compiler or libjpeg-turbo headers)")
 
 
 @pytest.fixture(params=["region", "full"])
 def decode_path(request, monkeypatch):
   """Runs a test through the C region decoder and through the full-decode fallback."""
-  if request.param == "region" and transforms._jpeg_region is None:
+  if request.param == "region" and decode._jpeg_region is None:
     pytest.skip("jaxnet.data._jpeg_region not built")
   if request.param == "full":
-    monkeypatch.setattr(transforms, "_jpeg_region", None)
+    monkeypatch.setattr(decode, "_jpeg_region", None)
   return request.param
 
 
@@ -179,18 +179,18 @@ def test_reduced_scale_train_crop_matches_full_decode(decode_path, monkeypatch):
   scales = []  # the DCT scale of each decode: 1 / scales[i]
   real_decode = simplejpeg.decode_jpeg
   if decode_path == "region":
-    real_region = transforms._jpeg_region.decode_region
+    real_region = decode._jpeg_region.decode_region
 
     def spy(data, top, left, h, w, scale_denom, fast_dct):
       scales.append(scale_denom)
       return real_region(data, top, left, h, w, scale_denom, fast_dct)
-    monkeypatch.setattr(transforms, "_jpeg_region", type("Spy", (), {"decode_region": staticmethod(spy)}))
+    monkeypatch.setattr(decode, "_jpeg_region", type("Spy", (), {"decode_region": staticmethod(spy)}))
   else:
     def spy(*args, **kwargs):
       out = real_decode(*args, **kwargs)
       scales.append(1200 // out.shape[0])
       return out
-    monkeypatch.setattr(transforms.simplejpeg, "decode_jpeg", spy)
+    monkeypatch.setattr(decode.simplejpeg, "decode_jpeg", spy)
   op = TrainDecodeCrop(64)
   for seed in range(10):
     out = op.random_map({"image": data, "label": 0}, np.random.default_rng(seed))["image"]
@@ -230,7 +230,7 @@ def test_region_decode_equals_crop_of_full_decode(variant, scale):
     boxes.append((int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w))
   for top, left, h, w in boxes:
     for fast in (False, True):
-      rows = transforms._jpeg_region.decode_region(data, top, left, h, w, scale, fast)
+      rows = decode._jpeg_region.decode_region(data, top, left, h, w, scale, fast)
       region = np.frombuffer(rows, np.uint8).reshape(h, w, 3)
       reference = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fast,
                                          min_height=height, min_width=width)
@@ -249,7 +249,7 @@ def test_region_and_full_decode_paths_give_identical_images(monkeypatch):
              for s in range(10)]
     return crops + [evaluate.map({"image": data, "label": 0})["image"]]
   region = outputs()
-  monkeypatch.setattr(transforms, "_jpeg_region", None)
+  monkeypatch.setattr(decode, "_jpeg_region", None)
   for a, b in zip(region, outputs()):
     np.testing.assert_array_equal(a, b)
 
@@ -257,7 +257,7 @@ def test_region_and_full_decode_paths_give_identical_images(monkeypatch):
 @needs_region_decoder
 def test_region_decode_rejects_bad_input():
   data = jpeg_bytes(smooth_image(64, 96))
-  region = transforms._jpeg_region.decode_region
+  region = decode._jpeg_region.decode_region
   with pytest.raises(ValueError, match="outside"):
     region(data, 60, 0, 8, 8, 1, False)
   with pytest.raises(ValueError, match="Not a JPEG"):
@@ -313,7 +313,7 @@ def test_flip_happens_about_half_the_time():
 
 
 def test_oversized_header_is_rejected_before_decoding(monkeypatch):
-  monkeypatch.setattr(transforms, "MAX_PIXELS", 99 * 99)
+  monkeypatch.setattr(decode, "MAX_PIXELS", 99 * 99)
   out = EvalDecodeCrop(16).map({"image": jpeg_bytes(smooth_image(100, 100)), "label": 2})
   assert out["corrupt"] == 1 and not out["mask"] and out["label"] == 2
 

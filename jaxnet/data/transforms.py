@@ -32,52 +32,24 @@ crop-first decode and OpenCV resize, which differed from the reference by
 1.2-3.6 grey levels on average on scikit-image's photographs; this one by under
 0.001 (tests/test_eval_reference.py).
 
-Decoder choice
---------------
-`experiments/bench_input.py`, one core of a 2-core AMD EPYC VM, 2026-11-22,
-1,000 generated ~500x375 q90 4:2:0 JPEGs of ~70 KiB (ImageNet's bytes per
-pixel), decode + random-resized-crop + resize to 224 + flip, images/s:
-
-    PIL: decode + crop + resize (antialiased)               274
-    simplejpeg full decode + PIL resize                     276
-    OpenCV imdecode + INTER_AREA                            347
-    simplejpeg full decode + OpenCV resize                  549
-    region decode + OpenCV resize (TrainDecodeCrop)         699  (2.55x PIL)
-
-All of these run libjpeg-turbo inside, so full decodes cost about the same;
-what pays is (a) resizing with OpenCV, ~0.2 ms against PIL's ~1.2 ms (PIL
-converts to 4-channel and runs a wide antialiasing filter), and (b) decoding
-only the crop: Inception crops cover 8-100% of the image, and the rows below
-them are never entropy-decoded. On 1600x1200 re-encodes, where the reduced DCT
-scales matter, the same rows read 31, 39, 44 (83 with IMREAD_REDUCED), 95 and
-132 images/s. Rates scale with the JPEGs' entropy: on smoother ~40 KiB JPEGs
-of the same size, PIL 313 and TrainDecodeCrop 960 images/s.
-
-PIL stays as the fallback for anything libjpeg-turbo rejects (PNGs saved as
-.jpg, JPEGs with recoverable libjpeg warnings that the strict decoders
-refuse). Data neither can decode raises `CorruptImageError`; the Grain
-transforms turn that into a masked zero image instead of killing the run.
+Decoding (libjpeg-turbo through simplejpeg, the region decoder, PIL's fallback) is in
+decode.py; the measured decoder choice is in experiments/RESULTS.md ("Input pipeline with region
+decoding and OpenCV resizing", bench_input.py) and docs/data.md.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 from typing import Any
 
 import grain.python as grain
 import numpy as np
-import simplejpeg
 from PIL import Image
 from jaxnet.errors import InvalidValueError
 
-from jaxnet.data.bit_depth import to_8bit
-
-try:  # optional C extension (setup.py): decodes only the crop
-  from jaxnet.data import _jpeg_region
-except ImportError:
-  _jpeg_region = None
+from jaxnet.data import decode
+from jaxnet.data.decode import CorruptImageError, decode_jpeg  # noqa: F401 (CorruptImageError: public here too)
 
 try:
   import cv2
@@ -88,72 +60,6 @@ except ImportError:  # a minimal image without the wheel: PIL resizes, ~6x slowe
   cv2 = None
 
 Box = tuple[int, int, int, int]  # (top, left, height, width) in pixels
-
-# Headers claiming more pixels than this are rejected before decoding: a
-# forged or broken header could otherwise make one worker allocate gigabytes.
-# Same limit at which PIL raises DecompressionBombError.
-MAX_PIXELS = 2 * Image.MAX_IMAGE_PIXELS
-
-
-class CorruptImageError(ValueError):
-  """The bytes are not a decodable image (truncated, garbage, unknown format)."""
-
-
-def decode_jpeg(data: bytes, min_height: int | None = None,
-                min_width: int | None = None, fast_dct: bool = False) -> np.ndarray:
-  """Decode JPEG bytes to a uint8 HxWx3 RGB array.
-
-  With `min_height`/`min_width` the image may come back downscaled by 1/2,
-  1/4 or 1/8 in the DCT (cheaper than a full decode), but never below those
-  sizes. Other M/8 scales are avoided on purpose: libjpeg-turbo decodes 7/8
-  or 6/8 slower than full size. `fast_dct` uses libjpeg-turbo's fast integer
-  IDCT (TF's ImageNet input pipelines use the same, `INTEGER_FAST`): ~19%
-  faster decodes for a difference of a few intensity levels, fine under
-  augmentation; eval keeps the accurate IDCT.
-  """
-  scaled = {}
-  if min_height or min_width:
-    try:
-      height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-    except ValueError:
-      height = width = 0  # not a JPEG simplejpeg reads: PIL path below
-    factor = _dct_factor(height, width, min_height or 1, min_width or 1)
-    if factor > 1:
-      # simplejpeg picks the smallest M/8 scale meeting these minimums,
-      # which is exactly 1/factor.
-      scaled = {"min_height": -(-height // factor),
-                "min_width": -(-width // factor)}
-  try:
-    return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fast_dct, **scaled)
-  except (ValueError, TypeError) as err:
-    turbo_error = err
-  return _decode_with_pil(data, min_height, min_width, turbo_error)
-
-
-def _dct_factor(height: int, width: int, min_height: int, min_width: int) -> int:
-  """Largest of 8, 4, 2 that keeps the decoded image >= the minimums, else 1."""
-  for factor in (8, 4, 2):
-    if height // factor >= min_height and width // factor >= min_width:
-      return factor
-  return 1
-
-
-def _decode_with_pil(data, min_height, min_width, turbo_error) -> np.ndarray:
-  try:
-    with Image.open(io.BytesIO(data)) as image:
-      if min_height or min_width:
-        # draft() picks the largest JPEG scale keeping size >= request;
-        # it is a no-op for non-JPEG formats.
-        image.draft("RGB", (min_width or 1, min_height or 1))
-      # convert() forces the full decode, which is where truncation shows;
-      # 16-bit grayscale is scaled to 8 bits first (convert would clip it).
-      array = np.asarray(to_8bit(image).convert("RGB"))
-  except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
-    raise CorruptImageError(
-        f"cannot decode {len(data)} bytes as an image "
-        f"(simplejpeg: {turbo_error}; PIL: {err})") from err
-  return array
-
 
 def random_resized_crop_box(rng: np.random.Generator, height: int, width: int,
                             area_range=(0.08, 1.0), ratio_range=(3 / 4, 4 / 3),
@@ -238,32 +144,12 @@ def _check_interpolation(interpolation: str) -> None:
                      f"got {interpolation!r}")
 
 
-def _jpeg_size(data: bytes) -> tuple[int, int] | None:
-  """(height, width) from a JPEG header; None for other data (PNG, garbage).
-
-  Headers claiming more than MAX_PIXELS are refused before anything is decoded.
-  """
-  try:
-    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-  except ValueError:
-    return None
-  if height * width > MAX_PIXELS:
-    raise CorruptImageError(f"JPEG header claims {width}x{height} pixels")
-  return height, width
-
-
-def _decode_full(data: bytes) -> np.ndarray:
-  """Whole-image accurate decode (decode_jpeg's PIL path takes non-JPEG data)."""
-  _jpeg_size(data)
-  return decode_jpeg(data)
-
-
 def _decode_crop_resize(data: bytes, image_size: int, box_fn, fast_dct: bool = False) -> np.ndarray:
   """Decode only as many pixels as the crop needs, then resize the crop.
 
   `box_fn(height, width)` gives the crop box in full-resolution coordinates.
   """
-  size = _jpeg_size(data)
+  size = decode.jpeg_size(data)
   if size is None:
     # Not a baseline JPEG header (PNG, garbage): decode fully (PIL path)
     # or raise CorruptImageError.
@@ -276,9 +162,9 @@ def _decode_crop_resize(data: bytes, image_size: int, box_fn, fast_dct: bool = F
   # so the reduced decode never adds upsampling.
   min_height = min(height, math.ceil(height * image_size / h))
   min_width = min(width, math.ceil(width * image_size / w))
-  if _jpeg_region is not None:
-    factor = _dct_factor(height, width, min_height, min_width)
-    crop = _decode_region(data, height, width, (top, left, h, w), factor, fast_dct)
+  if decode._jpeg_region is not None:
+    factor = decode.dct_factor(height, width, min_height, min_width)
+    crop = decode.decode_region(data, height, width, (top, left, h, w), factor, fast_dct, _scale_box)
     if crop is not None:
       return _resize(crop, image_size)
   pixels = decode_jpeg(data, min_height, min_width, fast_dct)
@@ -298,26 +184,6 @@ def _scale_box(box: Box, height: int, width: int, shape) -> Box:
   h = min(max(1, round(h * scale_y)), shape[0] - top)
   w = min(max(1, round(w * scale_x)), shape[1] - left)
   return top, left, h, w
-
-
-def _decode_region(data: bytes, height: int, width: int, box: Box, factor: int,
-                   fast_dct: bool) -> np.ndarray | None:
-  """Only the crop, decoded at 1/factor scale by libjpeg-turbo; None if it refuses.
-
-  A JPEG without its end-of-image marker is truncated: it takes the full
-  decode path, which reports it corrupt, even when the crop lies in the
-  intact part (so a broken file is counted whichever crop is drawn).
-  """
-  if not data.rstrip(b"\0").endswith(b"\xff\xd9"):
-    return None
-  # libjpeg's scaled size is the ceiling of size / factor.
-  shape = (-(-height // factor), -(-width // factor))
-  top, left, h, w = _scale_box(box, height, width, shape)
-  try:
-    rows = _jpeg_region.decode_region(data, top, left, h, w, factor, fast_dct)
-  except ValueError:
-    return None  # CMYK, corrupt data, ...: the full decode decides
-  return np.frombuffer(rows, np.uint8).reshape(h, w, 3)
 
 
 def _resize_box(pixels: np.ndarray, box: Box, image_size: int) -> np.ndarray:
@@ -396,7 +262,7 @@ class EvalDecodeCrop(grain.MapTransform):
 
   def map(self, element: dict[str, Any]):
     try:
-      pixels = _decode_full(element["image"])
+      pixels = decode.decode_full(element["image"])
     except CorruptImageError as err:
       return _corrupt_output(element, self.image_size, err)
     image = eval_resize_crop(pixels, self.image_size, self.crop_fraction, self.interpolation)
