@@ -8,7 +8,6 @@ in evaluation.py, checkpoints in checkpoint.py, the workdir's lock and config
 check in workdir.py, metrics in metrics.py, signals and barriers in runtime.py.
 """
 
-import collections
 import contextlib
 import json
 import logging
@@ -19,9 +18,9 @@ import jax
 import numpy as np
 
 from jaxnet import checkpoint as ckpt
-from jaxnet import config_io, evaluation, integrity, parallel, peers, runtime, steps
+from jaxnet import config_io, evaluation, integrity, peers, runtime, steps
 from jaxnet import workdir as workdir_lib
-from jaxnet.data import pipeline
+from jaxnet.data.device_batches import DeviceBatches
 from jaxnet.errors import UserError
 from jaxnet.experiment import Experiment
 from jaxnet.metrics import (MetricWriter, Progress, RunWriteError, drop_records_after,
@@ -97,19 +96,18 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
   checkpoints = ckpt.Checkpoints(workdir, config.keep_checkpoints, config.async_checkpointing)
   watch.checkpoint_sentence = checkpoints.complete_sentence
 
-  image_size = exp.train_image_size(0)
-  loader_iter = iter(exp.train_loader(image_size))
   # However the run ends (done, preempted, an error), the loader's workers stop and
-  # their ready batches leave /dev/shm. The lambda reads loader_iter when it runs:
-  # the loader of the current resolution (progressive resizing closes the others).
-  cleanup.callback(lambda: pipeline.close_iterator(loader_iter, config.data.workers))
-  state, start_step = checkpoints.restore_newest(exp.abstract_state, loader_iter)
+  # their ready batches leave /dev/shm.
+  batches = cleanup.enter_context(DeviceBatches(
+      exp.train_loader, exp.batch_sharding, exp.train_image_size(0), config.data.prefetch,
+      config.data.workers))
+  state, start_step = checkpoints.restore_newest(exp.abstract_state, batches.iterator)
   if state is None:
     state, start_step = exp.init_state(), 0
     logging.info("no checkpoint in %s: starting from scratch", workdir)
   else:
     print(f"resumed from checkpoint at step {start_step} in {workdir}/checkpoints", flush=True)
-  iterator_state = loader_iter.get_state()
+  batches.restored()
   if is_chief:
     workdir_lib.record_config(workdir, config_json, changes, start_step)
     write_run_info(workdir, total_steps=exp.total_steps, steps_per_epoch=exp.steps_per_epoch,
@@ -126,41 +124,23 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
         flush=True)
   progress = Progress(total, config.batch_size, start_step, enabled=is_chief)
   history = []
-  prefetched = collections.deque()
   fp16 = exp.policy.uses_loss_scale
   profiler = StepProfiler(config.profile_steps, os.path.join(workdir, "tensorboard"), enabled=is_chief)
 
-  def fill():
-    # Batches go to the devices ahead of the step that uses them (transfers are
-    # async); each carries the iterator position *after* it, for checkpoints.
-    while len(prefetched) < max(config.data.prefetch, 1):
-      local = next(loader_iter)
-      prefetched.append((parallel.to_global(local, exp.batch_sharding), loader_iter.get_state()))
-
   def save(step):
     integrity.check_finite_metrics(history, step, checkpoints.intact_sentence(), fp16)
-    checkpoints.save(step, state, iterator_state, config_dict)
+    checkpoints.save(step, state, batches.position, config_dict)
 
   record = {}
   try:
     step = start_step
     if step < total:
-      fill()
-      runtime.compile_then_sync(exp.train_step, (state, prefetched[0][0]), "train_step compiled")
+      runtime.compile_then_sync(exp.train_step, (state, batches.peek()), "train_step compiled")
     while step < total:
-      if exp.train_image_size(step) != image_size:
-        # Progressive resizing: a new loader at the new size continues from the
-        # position of the last consumed batch; batches prefetched at the old size
-        # are dropped. The step recompiles once for the new shape.
-        image_size = exp.train_image_size(step)
-        pipeline.close_iterator(loader_iter, config.data.workers)
-        loader_iter = iter(exp.train_loader(image_size))
-        loader_iter.set_state(iterator_state)
-        prefetched.clear()
-        if is_chief:
-          print(f"step {step}: training resolution is now {image_size}px", flush=True)
-      fill()
-      batch, iterator_state = prefetched.popleft()
+      image_size = exp.train_image_size(step)
+      if image_size != batches.image_size and is_chief:  # progressive resizing (recompiles once)
+        print(f"step {step}: training resolution is now {image_size}px", flush=True)
+      batch = batches.next(image_size)
       with profiler.step(step + 1) as traced, jax.transfer_guard(_TRANSFER_GUARD):
         state, metrics = exp.train_step(state, batch)
         traced.append(state)
@@ -217,7 +197,7 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
   finally:
     # Batches from data.workers sit in /dev/shm while anything refers to them. Drop
     # the ones read ahead now: an exception's traceback keeps this frame alive.
-    prefetched.clear()
+    batches.close()
     batch = None
     profiler.stop()
     # The checkpoints first: closing them removes a failed save's partial files, giving
