@@ -1,0 +1,167 @@
+"""A trained model as an ONNX file, for onnxruntime, TensorRT, OpenVINO or Triton.
+
+  python -m jaxnet.export --workdir=DIR --format=onnx --out=model.onnx [--int8]
+
+The graph is the eval-mode function `jaxnet.export` serializes (steps.make_logits_fn:
+BN running statistics, the EMA params when the run kept an EMA, normalization
+inside), always in fp32 whatever precision the run trained in:
+  input  "images"  uint8 (batch, H, W, C), NHWC, the preprocessed images
+                   (jaxnet/preprocess.py: resize, center crop); batch is dynamic
+  output "logits"  float32 (batch, num_classes)
+The model's metadata_props record how to make the input (image size, channels,
+mean/std, the eval crop and interpolation) and the class names (METADATA_KEYS).
+
+The converter is jax2onnx (docs/deploy.md says why it is installed with --no-deps).
+It is handed the model as a jaxpr of lax primitives rather than as Flax modules,
+so its Flax-level rewrites (whose signatures differ from ours) are never involved;
+one lowering of its lax level is repaired here (_repair_max_pools).
+"""
+
+import json
+import os
+import tempfile
+
+import numpy as np
+
+from jaxnet import errors
+
+# Installed in two commands because jax2onnx pins orbax-checkpoint<0.11.37, which
+# jaxnet's orbax-checkpoint>=0.12.8 rules out; jax2onnx never imports orbax.
+INSTALL = "pip install -e '.[onnx]' && pip install --no-deps 'jax2onnx==0.17.1'"
+OPSET = 21  # onnxruntime >= 1.20 runs it; quantize_static's QDQ needs >= 13
+METADATA_KEYS = ("jaxnet.input", "jaxnet.image_size", "jaxnet.channels", "jaxnet.mean", "jaxnet.std",
+                 "jaxnet.eval_crop_fraction", "jaxnet.eval_interpolation", "jaxnet.class_names",
+                 "jaxnet.model", "jaxnet.step", "jaxnet.ema", "jaxnet.workdir")
+
+
+def require(*modules: str):
+  """Imports the optional ONNX packages, or a UserError with the install line."""
+  import importlib
+  loaded = []
+  for name in modules:
+    try:
+      loaded.append(importlib.import_module(name))
+    except ImportError as e:
+      raise errors.UserError(f"--format=onnx needs the package {e.name or name}, which is not "
+                             f"installed: {INSTALL}") from None
+  return loaded
+
+
+def fp32_logits_fn(predictor):
+  """`images -> logits` in fp32 with the predictor's variables closed over."""
+  import jax.numpy as jnp
+  from jaxnet import precision, steps
+  model = predictor.model.clone(dtype=jnp.float32) if hasattr(predictor.model, "dtype") else predictor.model
+  logits_fn = steps.make_logits_fn(model, precision.get_policy("fp32"),
+                                   mean=tuple(predictor.config.data.mean),
+                                   std=tuple(predictor.config.data.std))
+  variables = predictor.variables
+  return lambda images: logits_fn(variables, images)
+
+
+def metadata(predictor) -> dict:
+  c = predictor.config
+  return {
+      "jaxnet.input": "images: uint8 NHWC (batch, image_size, image_size, channels), "
+                      "resized and center-cropped as in jaxnet/preprocess.py; normalization is inside",
+      "jaxnet.image_size": str(c.image_size),
+      "jaxnet.channels": str(predictor.channels),
+      "jaxnet.mean": json.dumps(list(c.data.mean)),
+      "jaxnet.std": json.dumps(list(c.data.std)),
+      "jaxnet.eval_crop_fraction": str(c.data.eval_crop_fraction),
+      "jaxnet.eval_interpolation": str(c.data.eval_interpolation),
+      "jaxnet.class_names": json.dumps(predictor.class_names),
+      "jaxnet.model": c.model.name,
+      "jaxnet.step": str(predictor.step),
+      "jaxnet.ema": str(c.ema_decay > 0).lower(),
+      "jaxnet.workdir": str(predictor.workdir),
+  }
+
+
+def to_onnx(predictor):
+  """The predictor's eval-mode fp32 function as an onnx.ModelProto with a dynamic batch."""
+  import jax
+  import jax.extend
+  import jax.numpy as jnp
+  (jax2onnx, onnx) = require("jax2onnx", "onnx")
+  fn = fp32_logits_fn(predictor)
+  spec = jax.ShapeDtypeStruct(jax.export.symbolic_shape("batch")
+                              + tuple(predictor.image_shape), jnp.uint8)
+  # Traced to lax primitives first: jax2onnx then converts primitives only.
+  closed = jax.make_jaxpr(fn)(spec)
+  as_fun = jax.extend.core.jaxpr_as_fun(closed)
+  model = jax2onnx.to_onnx(lambda images: as_fun(images)[0], [spec], opset=OPSET,
+                           model_name=predictor.config.model.name,
+                           input_names=["images"], output_names=["logits"])
+  _repair_max_pools(model, onnx)
+  onnx.helper.set_model_props(model, metadata(predictor))
+  onnx.checker.check_model(model)
+  return model
+
+
+def _repair_max_pools(model, onnx) -> None:
+  """jax2onnx lowers an NHWC max pool (window (1, k, k, 1)) as a 4-D MaxPool over
+  Unsqueeze(Unsqueeze(x)), which onnxruntime rejects ("Unsupported pooling size").
+  Rewrites each as Transpose(NCHW) -> 2-D MaxPool -> Transpose(NHWC); MaxPool's
+  padding never wins the max, like the -inf padding of lax.reduce_window_max."""
+  graph = model.graph
+  helper = onnx.helper
+  producer = {out: node for node in graph.node for out in node.output}
+  nodes = list(graph.node)
+  for node in nodes:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    kernel = list(attrs.get("kernel_shape", []))
+    if node.op_type != "MaxPool" or len(kernel) != 4:
+      continue
+    strides = list(attrs.get("strides", [1] * 4))
+    pads = list(attrs.get("pads", [0] * 8))
+    unsq1 = producer.get(node.input[0])
+    unsq0 = producer.get(unsq1.input[0]) if unsq1 is not None else None
+    squeeze = [n for n in nodes if node.output[0] in n.input]
+    if (kernel[0] != 1 or kernel[3] != 1 or strides[0] != 1 or strides[3] != 1
+        or pads[0] or pads[3] or pads[4] or pads[7] or "dilations" in attrs
+        or unsq1 is None or unsq1.op_type != "Unsqueeze" or unsq0 is None
+        or unsq0.op_type != "Unsqueeze" or len(squeeze) != 1 or squeeze[0].op_type != "Squeeze"):
+      raise errors.UserError(f"ONNX export: an unexpected max pool {node.name} (kernel {kernel}); "
+                             "this model's pooling is not supported by --format=onnx")
+    x, y = unsq0.input[0], squeeze[0].output[0]
+    nchw = node.name + "_nchw"
+    replacement = [
+        helper.make_node("Transpose", [x], [nchw], perm=[0, 3, 1, 2], name=nchw),
+        helper.make_node("MaxPool", [nchw], [node.name + "_pooled"], name=node.name,
+                         kernel_shape=kernel[1:3], strides=strides[1:3],
+                         pads=[pads[1], pads[2], pads[5], pads[6]]),
+        helper.make_node("Transpose", [node.name + "_pooled"], [y], perm=[0, 2, 3, 1],
+                         name=node.name + "_nhwc"),
+    ]
+    at = list(graph.node).index(unsq0)
+    for old in (unsq0, unsq1, node, squeeze[0]):
+      graph.node.remove(old)
+    for offset, new in enumerate(replacement):
+      graph.node.insert(at + offset, new)
+  # The removed nodes' axes constants are unused now (onnxruntime warns about each).
+  used = {name for node in graph.node for name in node.input}
+  for initializer in [i for i in graph.initializer if i.name not in used]:
+    graph.initializer.remove(initializer)
+  # The intermediate values' recorded shapes may name removed outputs; drop them all.
+  del graph.value_info[:]
+
+
+def write_atomically(path: str, write) -> None:
+  """Calls write(tmp_path), then renames tmp_path to path: a failure leaves no file at path."""
+  directory = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=directory)
+  os.close(fd)
+  try:
+    write(tmp)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def save(predictor, path: str) -> None:
+  """Writes the fp32 ONNX model to path (a temporary file renamed at the end)."""
+  (onnx,) = require("onnx")
+  model = to_onnx(predictor)
+  write_atomically(path, lambda tmp: onnx.save_model(model, tmp))
