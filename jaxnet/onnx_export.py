@@ -17,6 +17,7 @@ so its Flax-level rewrites (whose signatures differ from ours) are never involve
 one lowering of its lax level is repaired here (_repair_max_pools).
 """
 
+import importlib
 import json
 import os
 import tempfile
@@ -36,7 +37,6 @@ METADATA_KEYS = ("jaxnet.input", "jaxnet.image_size", "jaxnet.channels", "jaxnet
 
 def require(*modules: str):
   """Imports the optional ONNX packages, or a UserError with the install line."""
-  import importlib
   loaded = []
   for name in modules:
     try:
@@ -45,6 +45,15 @@ def require(*modules: str):
       raise errors.UserError(f"--format=onnx needs the package {e.name or name}, which is not "
                              f"installed: {INSTALL}") from None
   return loaded
+
+
+def quiet_converter_logs() -> None:
+  """For command-line entry points only (it sets process-wide log levels): jax2onnx
+  imports every plugin it ships and logs a warning with a traceback for each one whose
+  package (equinox, dm-pix: other libraries' layers, never used for jaxnet models) is
+  absent."""
+  import logging
+  logging.getLogger("jax2onnx").setLevel(logging.ERROR)
 
 
 def fp32_logits_fn(predictor):
@@ -90,10 +99,16 @@ def to_onnx(predictor):
   # Traced to lax primitives first: jax2onnx then converts primitives only.
   closed = jax.make_jaxpr(fn)(spec)
   as_fun = jax.extend.core.jaxpr_as_fun(closed)
-  model = jax2onnx.to_onnx(lambda images: as_fun(images)[0], [spec], opset=OPSET,
-                           model_name=predictor.config.model.name,
-                           input_names=["images"], output_names=["logits"])
+  try:
+    model = jax2onnx.to_onnx(lambda images: as_fun(images)[0], [spec], opset=OPSET,
+                             model_name=predictor.config.model.name,
+                             input_names=["images"], output_names=["logits"])
+  except NotImplementedError as e:  # jax2onnx's answer to a primitive it has no lowering for
+    first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise errors.UserError(f"model {predictor.config.model.name} cannot be exported to ONNX: "
+                           f"jax2onnx says: {first_line}; --format=jax exports any model") from None
   _repair_max_pools(model, onnx)
+  _drop_zero_scalar_gemm_biases(model, onnx)  # also drops the initializers left unused
   onnx.helper.set_model_props(model, metadata(predictor))
   onnx.checker.check_model(model)
   return model
@@ -139,12 +154,25 @@ def _repair_max_pools(model, onnx) -> None:
       graph.node.remove(old)
     for offset, new in enumerate(replacement):
       graph.node.insert(at + offset, new)
-  # The removed nodes' axes constants are unused now (onnxruntime warns about each).
+  # The intermediate values' recorded shapes may name removed outputs; drop them all.
+  del graph.value_info[:]
+
+
+def _drop_zero_scalar_gemm_biases(model, onnx) -> None:
+  """jax2onnx gives each Gemm without a bias a scalar 0 as its bias C; onnxruntime's
+  per-channel quantizer indexes C per output channel and fails on a scalar. C is
+  optional in ONNX, and adding 0 is no change: remove it."""
+  graph = model.graph
+  initializers = {i.name: i for i in graph.initializer}
+  for node in graph.node:
+    if node.op_type != "Gemm" or len(node.input) < 3 or node.input[2] not in initializers:
+      continue
+    bias = onnx.numpy_helper.to_array(initializers[node.input[2]])
+    if bias.ndim == 0 and bias == 0:
+      del node.input[2]
   used = {name for node in graph.node for name in node.input}
   for initializer in [i for i in graph.initializer if i.name not in used]:
     graph.initializer.remove(initializer)
-  # The intermediate values' recorded shapes may name removed outputs; drop them all.
-  del graph.value_info[:]
 
 
 def write_atomically(path: str, write) -> None:
@@ -162,6 +190,6 @@ def write_atomically(path: str, write) -> None:
 
 def save(predictor, path: str) -> None:
   """Writes the fp32 ONNX model to path (a temporary file renamed at the end)."""
-  (onnx,) = require("onnx")
+  (onnx,) = require("onnx", "jax2onnx")[:1]
   model = to_onnx(predictor)
   write_atomically(path, lambda tmp: onnx.save_model(model, tmp))

@@ -94,3 +94,153 @@ def test_onnxruntime_matches_fp32_eval(name, size, overrides):
     assert np.abs(got - expected).max() < TOLERANCE, np.abs(got - expected).max()
     np.testing.assert_array_equal(got.argmax(-1), expected.argmax(-1))
     assert expected.std(axis=0).max() > 1e-2  # the logits depend on the image
+
+
+# --- the command line on a trained digits workdir: fp32, int8, bad input ----------------------
+
+@pytest.fixture(scope="module")
+def digits_workdir(tmp_path_factory):
+  """The quick start cut to 120 steps, with an EMA (export must use the EMA params)."""
+  from tests.helpers import run_main
+  from tests.notebooks import kernel_env
+  workdir = tmp_path_factory.mktemp("digits")
+  run_main(workdir, "total_steps=120", "log_every_steps=60", "eval_every_steps=120",
+           "checkpoint_every_steps=120", "ema_decay=0.9", env=kernel_env())
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def digits_test_set():
+  from jaxnet.data import sources
+  source = sources.digits_source("test", 16)
+  return source.images, source.labels
+
+
+def _export(workdir, out, *flags):
+  from jaxnet import export
+  assert export.main([f"--workdir={workdir}", "--format=onnx", f"--out={out}", *flags]) == 0
+  return onnx.load_model(str(out))
+
+
+def _top1(model, images, labels) -> float:
+  logits = session(model).run(["logits"], {"images": images})[0]
+  return float(np.mean(logits.argmax(-1) == labels))
+
+
+def test_cli_fp32_matches_eval_with_ema_and_records_preprocessing(digits_workdir, digits_test_set,
+                                                                  tmp_path):
+  from jaxnet import api
+  model = _export(digits_workdir, tmp_path / "digits.onnx")
+  images, labels = digits_test_set
+  predictor = api.restore(digits_workdir)  # with ema_decay > 0 it holds the EMA params
+  expected = predictor.logits(images)
+  got = session(model).run(["logits"], {"images": images})[0]
+  assert np.abs(got - expected).max() < TOLERANCE
+  np.testing.assert_array_equal(got.argmax(-1), expected.argmax(-1))
+  props = {p.key: p.value for p in model.metadata_props}
+  assert props["jaxnet.image_size"] == "16" and props["jaxnet.channels"] == "1"
+  assert props["jaxnet.mean"] == "[0.2]" and props["jaxnet.std"] == "[0.35]"
+  assert props["jaxnet.ema"] == "true" and props["jaxnet.step"] == "120"
+  assert props["jaxnet.class_names"] == '["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]'
+  shape = model.graph.input[0].type.tensor_type.shape.dim
+  assert shape[0].dim_param and [d.dim_value for d in shape[1:]] == [16, 16, 1]
+  assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.UINT8
+
+
+def test_int8_top1_within_one_point_of_fp32(digits_workdir, digits_test_set, tmp_path):
+  images, labels = digits_test_set
+  fp32 = _export(digits_workdir, tmp_path / "fp32.onnx")
+  int8 = _export(digits_workdir, tmp_path / "int8.onnx", "--int8", "--calibration-images=128")
+  ops = {n.op_type for n in int8.graph.node}
+  assert {"QuantizeLinear", "DequantizeLinear"} <= ops   # the QDQ format
+  per_channel = [i for i in int8.graph.initializer if i.name.endswith("_scale") and i.dims]
+  assert per_channel, "no per-channel weight scales"
+  top1_fp32, top1_int8 = _top1(fp32, images, labels), _top1(int8, images, labels)
+  print(f"digits eval top-1: fp32 {top1_fp32:.4f}, int8 {top1_int8:.4f}")
+  assert top1_fp32 > 0.9  # trained enough for the comparison to mean something
+  assert abs(top1_int8 - top1_fp32) <= 0.01
+  props = {p.key: p.value for p in int8.metadata_props}
+  assert "128 train images" in props["jaxnet.quantization"] and props["jaxnet.image_size"] == "16"
+
+
+def _fails_with_one_line(argv, capsys, expected: str, code: int = 1):
+  from jaxnet import export
+  with pytest.raises(SystemExit) as stopped:
+    export.main(argv)
+  assert stopped.value.code == code
+  lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")
+           or "error:" in l]
+  assert len(lines) == 1 and expected in lines[0], lines
+  return lines[0]
+
+
+def test_bad_options_are_one_line_and_write_nothing(digits_workdir, tmp_path, capsys):
+  out = tmp_path / "m.onnx"
+  w = f"--workdir={digits_workdir}"
+  _fails_with_one_line([w, "--format=onnx", f"--out={tmp_path / 'm.jax'}"], capsys, ".onnx file", 2)
+  _fails_with_one_line([w, "--int8", f"--out={out}"], capsys, "add --format=onnx", 2)
+  _fails_with_one_line([w, "--format=onnx", "--calibration-images=8", f"--out={out}"], capsys,
+                       "add --int8", 2)
+  _fails_with_one_line([w, "--format=onnx", "--platforms=cpu", f"--out={out}"], capsys,
+                       "--platforms applies to --format=jax", 2)
+  # The digits train split has 1,438 images.
+  _fails_with_one_line([w, "--format=onnx", "--int8", "--calibration-images=5000", f"--out={out}"],
+                       capsys, "has only 1438 images; pass --calibration-images=1438")
+  assert os.listdir(tmp_path) == []
+
+
+def test_unconvertible_model_and_missing_package_are_one_line(digits_workdir, tmp_path, capsys,
+                                                              monkeypatch):
+  out = tmp_path / "m.onnx"
+  argv = [f"--workdir={digits_workdir}", "--format=onnx", f"--out={out}"]
+  real = onnx_export.fp32_logits_fn
+
+  def with_random_noise(predictor):  # random bits over a dynamic batch: jax2onnx has no lowering
+    fn = real(predictor)
+    return lambda images: fn(images) + jax.random.uniform(jax.random.PRNGKey(0), (images.shape[0], 10))
+  monkeypatch.setattr(onnx_export, "fp32_logits_fn", with_random_noise)
+  _fails_with_one_line(argv, capsys, "cannot be exported to ONNX: jax2onnx says")
+  monkeypatch.undo()
+
+  import importlib
+  real_import = importlib.import_module
+
+  def without_onnxruntime(name, *args):
+    if name.split(".")[0] == "onnxruntime":
+      raise ModuleNotFoundError(f"No module named {name!r}", name="onnxruntime")
+    return real_import(name, *args)
+  monkeypatch.setattr(importlib, "import_module", without_onnxruntime)
+  line = _fails_with_one_line(argv[:2] + ["--int8", f"--out={out}"], capsys, onnx_export.INSTALL)
+  assert "onnxruntime" in line
+  assert os.listdir(tmp_path) == []
+
+
+def test_damaged_checkpoint_is_one_line_and_writes_nothing(digits_workdir, tmp_path):
+  import shutil
+  import subprocess
+  import sys
+  from tests.helpers import REPO
+  from tests.test_reliability import _flip_bytes_of_largest_file
+  damaged = tmp_path / "w"
+  shutil.copytree(digits_workdir, damaged)
+  _flip_bytes_of_largest_file(damaged / "checkpoints" / "120" / "state")
+  out = tmp_path / "d.onnx"
+  proc = subprocess.run([sys.executable, "-m", "jaxnet.export", f"--workdir={damaged}", "--format=onnx",
+                         f"--out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  errors_printed = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors_printed) == 1 and "checkpoint 120" in errors_printed[0], proc.stderr[-2000:]
+  assert not out.exists()
+
+
+def test_a_failed_write_leaves_nothing_at_out(tmp_path):
+  out = tmp_path / "m.onnx"
+
+  def half_write(tmp):
+    open(tmp, "wb").write(b"partial")
+    raise OSError("disk full")
+  with pytest.raises(OSError):
+    onnx_export.write_atomically(str(out), half_write)
+  assert os.listdir(tmp_path) == []
+  onnx_export.write_atomically(str(out), lambda tmp: open(tmp, "wb").write(b"whole"))
+  assert out.read_bytes() == b"whole" and os.listdir(tmp_path) == ["m.onnx"]
