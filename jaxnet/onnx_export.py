@@ -97,7 +97,8 @@ def to_onnx(predictor):
   spec = jax.ShapeDtypeStruct(jax.export.symbolic_shape("batch")
                               + tuple(predictor.image_shape), jnp.uint8)
   # Traced to lax primitives first: jax2onnx then converts primitives only.
-  closed = jax.make_jaxpr(fn)(spec)
+  with jax.disable_jit():  # inlines nested jits: jax2onnx 0.17's jit lowering fails on jax 0.12
+    closed = jax.make_jaxpr(fn)(spec)
   as_fun = jax.extend.core.jaxpr_as_fun(closed)
   try:
     model = jax2onnx.to_onnx(lambda images: as_fun(images)[0], [spec], opset=OPSET,
