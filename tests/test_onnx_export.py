@@ -29,15 +29,8 @@ def random_predictor(name: str, size: int, num_classes: int = 10, seed: int = 0,
   """A Predictor of model `name` with random weights, no zero or identity layer left."""
   from jaxnet import config_base, models
   from jaxnet.predictor import Predictor
-  config = config_base.base_config()
-  config.model.name = name
-  config.image_size = size
-  for key, value in config_overrides.items():
-    target = config
-    *path, last = key.split(".")
-    for part in path:
-      target = getattr(target, part)
-    setattr(target, last, value)
+  config = _with(config_base.base_config(), **{"model.name": name, "image_size": size,
+                                                 **config_overrides})
   model = models.from_config(config, num_classes)
   # Shapes from the model, values drawn here (far faster than running init op by op).
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)),
@@ -60,11 +53,33 @@ def random_predictor(name: str, size: int, num_classes: int = 10, seed: int = 0,
   # Random deep nets' logits reach the thousands; a trained net's are ~10. The head is
   # linear, so scaling it gives logits of a trained net's size (std 4) and an absolute
   # tolerance its usual meaning.
-  logits = Predictor(config, model, variables, num_classes=num_classes).logits(eval_split(size))
+  fp32 = models.from_config(_with(config, precision="fp32"), num_classes)
+  logits = Predictor(config, fp32, variables, num_classes=num_classes).logits(eval_split(size))
   factor = 4.0 / float(logits.std())
   head = variables["params"]["head"]
   variables["params"]["head"] = {k: v * factor for k, v in head.items()}
   return Predictor(config, model, variables, num_classes=num_classes, step=0, workdir="random")
+
+
+def _with(config, **values):
+  """A copy of config with dotted keys set: _with(c, **{"model.name": "resnet18"})."""
+  config = config.copy_and_resolve_references()
+  for key, value in values.items():
+    target = config
+    *path, last = key.split(".")
+    for part in path:
+      target = getattr(target, part)
+    setattr(target, last, value)
+  return config
+
+
+def fp32_reference(predictor):
+  """The same weights evaluated in fp32, what the ONNX graph must reproduce."""
+  from jaxnet import models
+  from jaxnet.predictor import Predictor
+  config = _with(predictor.config, precision="fp32")
+  return Predictor(config, models.from_config(config, predictor.num_classes), predictor.variables,
+                   num_classes=predictor.num_classes)
 
 
 def photographs(predictor) -> np.ndarray:
@@ -89,17 +104,19 @@ FAMILIES = [  # (model, image size, config overrides)
     ("alexnet", 64, {}),
     ("vit_mini", 32, {"model.vit_flavour": "plain"}),
     ("vit_ti16", 32, {}),
+    ("resnet18", 32, {"precision": "bf16"}),  # a bf16 run exports fp32
 ]
 
 
-@pytest.mark.parametrize("name,size,overrides", FAMILIES, ids=[f[0] for f in FAMILIES])
+@pytest.mark.parametrize("name,size,overrides", FAMILIES,
+                         ids=[f[0] + "".join(f"-{v}" for v in f[2].values()) for f in FAMILIES])
 def test_onnxruntime_matches_fp32_eval(name, size, overrides):
   predictor = random_predictor(name, size, **overrides)
   model = onnx_export.to_onnx(predictor)
   run = session(model)
   photos = photographs(predictor)
   images = np.concatenate([photos, eval_split(size)])  # one batch: one compilation
-  expected = predictor.logits(images)
+  expected = fp32_reference(predictor).logits(images)
   got = run.run(["logits"], {"images": images})[0]
   assert got.shape == expected.shape and got.dtype == np.float32
   difference = np.abs(got - expected).max()
@@ -168,7 +185,8 @@ def test_int8_top1_within_one_point_of_fp32(digits_workdir, digits_test_set, tmp
   fp32 = _export(digits_workdir, tmp_path / "fp32.onnx")
   int8 = _export(digits_workdir, tmp_path / "int8.onnx", "--int8", "--calibration-images=128")
   ops = {n.op_type for n in int8.graph.node}
-  assert {"QuantizeLinear", "DequantizeLinear"} <= ops   # the QDQ format
+  # The QDQ format: float ops between Quantize/DequantizeLinear pairs, no QLinearConv.
+  assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops and "QLinearConv" not in ops
   per_channel = [i for i in int8.graph.initializer if i.name.endswith("_scale") and i.dims]
   assert per_channel, "no per-channel weight scales"
   top1_fp32, top1_int8 = _top1(fp32, images, labels), _top1(int8, images, labels)
