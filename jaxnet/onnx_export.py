@@ -109,6 +109,7 @@ def to_onnx(predictor):
     raise errors.UserError(f"model {predictor.config.model.name} cannot be exported to ONNX: "
                            f"jax2onnx says: {first_line}; --format=jax exports any model") from None
   _repair_max_pools(model, onnx)
+  _make_fusable(model, onnx)
   _drop_zero_scalar_gemm_biases(model, onnx)  # also drops the initializers left unused
   onnx.helper.set_model_props(model, metadata(predictor))
   onnx.checker.check_model(model)
@@ -157,6 +158,30 @@ def _repair_max_pools(model, onnx) -> None:
       graph.node.insert(at + offset, new)
   # The intermediate values' recorded shapes may name removed outputs; drop them all.
   del graph.value_info[:]
+
+
+def _make_fusable(model, onnx) -> None:
+  """Rewrites two jax spellings into the ones onnxruntime fuses into a convolution:
+  BN's x - mean (Sub of a constant) becomes x + (-mean), an Add it folds into the Conv's
+  bias like the Mul and Add after it; ReLU's max(x, 0) becomes Relu, which it fuses into
+  the Conv. Exact: x - m and x + (-m) round alike, and max(x, 0) is relu(x)."""
+  graph = model.graph
+  initializers = {i.name: i for i in graph.initializer}
+  array = onnx.numpy_helper.to_array
+  for node in graph.node:
+    constant = initializers.get(node.input[-1]) if len(node.input) == 2 else None
+    if constant is None:
+      continue
+    if node.op_type == "Sub":
+      negated = onnx.numpy_helper.from_array(-array(constant), name=constant.name + "_negated")
+      if negated.name not in initializers:
+        graph.initializer.append(negated)
+        initializers[negated.name] = negated
+      node.op_type = "Add"
+      node.input[1] = negated.name
+    elif node.op_type == "Max" and array(constant).ndim == 0 and array(constant) == 0:
+      node.op_type = "Relu"
+      del node.input[1]
 
 
 def _drop_zero_scalar_gemm_biases(model, onnx) -> None:

@@ -129,6 +129,22 @@ def test_onnxruntime_matches_fp32_eval(name, size, overrides):
   assert np.abs(single - expected[:1]).max() < TOLERANCE
 
 
+def test_batch_norm_and_relu_fold_into_the_convolutions(tmp_path):
+  """What onnxruntime makes of a ResNet's graph: every BN folded into its convolution's
+  weights, the ReLUs that follow a convolution fused into it (speed, docs/deploy.md)."""
+  model = onnx_export.to_onnx(random_predictor("resnet_tiny", 16))
+  options = ort.SessionOptions()
+  options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+  # (the level below the default one, whose NCHWc layout would rename the fused ops)
+  options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+  ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+  ops = [n.op_type for n in onnx.load_model(options.optimized_model_filepath).graph.node]
+  convolutions = [n for n in model.graph.node if n.op_type == "Conv"]
+  assert "Sub" not in ops and "Max" not in ops
+  assert ops.count("Conv") + ops.count("FusedConv") == len(convolutions)
+  assert ops.count("FusedConv") >= 1
+  assert ops.count("Mul") <= 2  # the input normalization's, not one per BN
+
 # --- the command line on a trained digits workdir: fp32, int8, bad input ----------------------
 
 @pytest.fixture(scope="module")
@@ -278,3 +294,57 @@ def test_a_failed_write_leaves_nothing_at_out(tmp_path):
   assert os.listdir(tmp_path) == []
   onnx_export.write_atomically(str(out), lambda tmp: open(tmp, "wb").write(b"whole"))
   assert out.read_bytes() == b"whole" and os.listdir(tmp_path) == ["m.onnx"]
+
+
+# --- calibration from an encoded (JPEG) train split -------------------------------------------
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+  from jaxnet.data.make_imagefolder import make_imagefolder
+  root = str(tmp_path_factory.mktemp("folder"))
+  make_imagefolder(root, classes=3, per_class=4, val_per_class=2, seed=0, verbose=False)
+  return root
+
+
+def test_calibration_images_are_train_jpegs_preprocessed_as_eval(folder):
+  from jaxnet import errors, onnx_quantize
+  from jaxnet.data.imagefolder import ImageFolderSource
+  from jaxnet.data.transforms import EvalDecodeCrop
+  predictor = random_predictor("resnet_tiny", 24, num_classes=3, **{
+      "data.source": "imagefolder", "data.dir": folder, "data.eval_split": "val",
+      "data.eval_crop_fraction": 0.8})
+  images = onnx_quantize.calibration_images(predictor, 5)
+  train = ImageFolderSource(folder, "train")
+  crop = EvalDecodeCrop(24, 0.8, predictor.config.data.eval_interpolation)
+  every = np.stack([crop.map(train[i])["image"] for i in range(len(train))])
+  assert images.shape == (5, 24, 24, 3) and images.dtype == np.uint8
+  # Five different train images, each exactly as eval would have preprocessed it.
+  matches = [int(np.flatnonzero((every == image).all(axis=(1, 2, 3)))[0]) for image in images]
+  assert len(set(matches)) == 5
+  with pytest.raises(errors.UserError, match="has only 12 images; pass --calibration-images=12"):
+    onnx_quantize.calibration_images(predictor, 13)
+
+
+@pytest.mark.slow
+def test_int8_on_a_generated_imagefolder_model(tmp_path):
+  """A model trained on generated JPEGs (5 classes, 100 val images): int8 within 1 point."""
+  from jaxnet.data.imagefolder import ImageFolderSource
+  from jaxnet.data import pipeline
+  from jaxnet.data.make_imagefolder import make_imagefolder
+  from tests.helpers import run_main
+  from tests.notebooks import kernel_env
+  root = make_imagefolder(str(tmp_path / "folder"), classes=5, per_class=40, val_per_class=20,
+                          seed=0, verbose=False)
+  workdir = tmp_path / "w"
+  run_main(workdir, f"data.dir={root}", "data.source=imagefolder", "data.eval_split=val",
+           "data.mean=(0.485,0.456,0.406)", "data.std=(0.229,0.224,0.225)", "image_size=32",
+           "total_steps=90", "eval_every_steps=90", "checkpoint_every_steps=90", env=kernel_env())
+  fp32 = _export(workdir, tmp_path / "fp32.onnx")
+  int8 = _export(workdir, tmp_path / "int8.onnx", "--int8", "--calibration-images=200")
+  batch = next(iter(pipeline.eval_batches(ImageFolderSource(root, "val"), global_batch_size=100,
+                                          image_size=32)))
+  images, labels = batch["image"], batch["label"]
+  top1_fp32, top1_int8 = _top1(fp32, images, labels), _top1(int8, images, labels)
+  print(f"generated ImageFolder eval top-1: fp32 {top1_fp32:.4f}, int8 {top1_int8:.4f}")
+  assert top1_fp32 > 0.5  # well above chance (0.2)
+  assert abs(top1_int8 - top1_fp32) <= 0.01
