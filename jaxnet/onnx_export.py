@@ -13,8 +13,10 @@ mean/std, the eval crop and interpolation) and the class names (METADATA_KEYS).
 
 The converter is jax2onnx (docs/deploy.md says why it is installed with --no-deps).
 It is handed the model as a jaxpr of lax primitives rather than as Flax modules,
-so its Flax-level rewrites (whose signatures differ from ours) are never involved;
-one lowering of its lax level is repaired here (_repair_max_pools).
+so its Flax-level rewrites (whose signatures differ from ours) are never involved.
+Its output is then adjusted: NHWC max pools onnxruntime can run (_repair_max_pools),
+BN and ReLU in the forms onnxruntime fuses into convolutions (_make_fusable), no
+scalar Gemm biases, which onnxruntime's quantizer rejects (_drop_zero_scalar_gemm_biases).
 """
 
 import importlib

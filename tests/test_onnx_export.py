@@ -188,6 +188,7 @@ def test_cli_fp32_matches_eval_with_ema_and_records_preprocessing(digits_workdir
   assert np.abs(got - expected).max() < TOLERANCE
   np.testing.assert_array_equal(got.argmax(-1), expected.argmax(-1))
   props = {p.key: p.value for p in model.metadata_props}
+  assert set(onnx_export.METADATA_KEYS) <= set(props)
   assert props["jaxnet.image_size"] == "16" and props["jaxnet.channels"] == "1"
   assert props["jaxnet.mean"] == "[0.2]" and props["jaxnet.std"] == "[0.35]"
   assert props["jaxnet.ema"] == "true" and props["jaxnet.step"] == "120"
