@@ -22,7 +22,7 @@ scalar Gemm biases, which onnxruntime's quantizer rejects (_drop_zero_scalar_gem
 import importlib
 import json
 import os
-import tempfile
+import secrets
 
 import numpy as np
 
@@ -205,9 +205,10 @@ def _drop_zero_scalar_gemm_biases(model, onnx) -> None:
 
 def write_atomically(path: str, write) -> None:
   """Calls write(tmp_path), then renames tmp_path to path: a failure leaves no file at path."""
-  directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=directory)
-  os.close(fd)
+  directory, name = os.path.split(os.path.abspath(path))
+  # Beside path (so the rename is atomic), created by write itself, so it gets the
+  # usual permissions (mkstemp's file would stay 0600).
+  tmp = os.path.join(directory, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
   try:
     write(tmp)
     os.replace(tmp, path)
