@@ -141,7 +141,8 @@ def _save_onnx(predictor, args) -> int:
   from jaxnet import onnx_export, onnx_quantize
   onnx_export.quiet_converter_logs()  # a CLI entry point may set a library's log level
   if args.int8:
-    n = args.calibration_images or onnx_quantize.DEFAULT_CALIBRATION_IMAGES
+    n = onnx_quantize.DEFAULT_CALIBRATION_IMAGES if args.calibration_images is None \
+        else args.calibration_images  # 0 is an error (calibration_images), not the default
     onnx_quantize.save_int8(predictor, args.out, n)
     kind = f"int8, calibrated on {n} train images"
   else:

@@ -235,6 +235,8 @@ def test_bad_options_are_one_line_and_write_nothing(digits_workdir, tmp_path, ca
                        "add --int8", 2)
   _fails_with_one_line([w, "--format=onnx", "--platforms=cpu", f"--out={out}"], capsys,
                        "--platforms applies to --format=jax", 2)
+  _fails_with_one_line([w, "--format=onnx", "--int8", "--calibration-images=0", f"--out={out}"],
+                       capsys, "--calibration-images=0: give at least 1")
   # The digits train split has 1,438 images.
   _fails_with_one_line([w, "--format=onnx", "--int8", "--calibration-images=5000", f"--out={out}"],
                        capsys, "has only 1438 images; pass --calibration-images=1438")
