@@ -205,8 +205,16 @@ def test_int8_top1_within_one_point_of_fp32(digits_workdir, digits_test_set, tmp
   ops = {n.op_type for n in int8.graph.node}
   # The QDQ format: float ops between Quantize/DequantizeLinear pairs, no QLinearConv.
   assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops and "QLinearConv" not in ops
-  per_channel = [i for i in int8.graph.initializer if i.name.endswith("_scale") and i.dims]
-  assert per_channel, "no per-channel weight scales"
+  # Every convolution's weights: int8, dequantized with one scale per output channel.
+  initializers = {i.name: onnx.numpy_helper.to_array(i) for i in int8.graph.initializer}
+  producer = {out: node for node in int8.graph.node for out in node.output}
+  convolutions = [n for n in int8.graph.node if n.op_type == "Conv"]
+  assert convolutions
+  for conv in convolutions:
+    dequantize = producer[conv.input[1]]
+    weights, scale = (initializers[name] for name in dequantize.input[:2])
+    assert dequantize.op_type == "DequantizeLinear" and weights.dtype == np.int8
+    assert scale.shape == (weights.shape[0],) and weights.shape[0] > 1
   top1_fp32, top1_int8 = _top1(fp32, images, labels), _top1(int8, images, labels)
   print(f"digits eval top-1: fp32 {top1_fp32:.4f}, int8 {top1_int8:.4f}")
   assert top1_fp32 > 0.9  # trained enough for the comparison to mean something
