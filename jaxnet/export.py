@@ -1,6 +1,6 @@
 """Serialize a trained model's inference function with `jax.export`, and load it back.
 
-  python -m jaxnet.export --workdir=DIR --out=FILE [--step=N] [--platforms=cpu,cuda]
+  python -m jaxnet.export --workdir=DIR --out=FILE [--step=N] [--platforms=cpu,cuda] [--int8]
   python -m jaxnet.export --workdir=DIR --format=torch --out=FILE.safetensors
   python -m jaxnet.export --workdir=DIR --format=onnx --out=FILE.onnx [--int8 [--calibration-images=N]]
 
@@ -9,7 +9,8 @@ PyTorch's names: torchvision's for ResNets and AlexNet, timm's for ViTs
 (jaxnet/weights/export.py). `--format=onnx` writes an ONNX graph with the same
 input and output as below (jaxnet/onnx_export.py; `--int8` quantizes it,
 jaxnet/onnx_quantize.py; docs/deploy.md). The rest of this docstring is about the
-default, `--format=jax`.
+default, `--format=jax`; with `--int8` its convolutions and dense layers compute in
+int8 (qwix post-training quantization, jaxnet/qwix_quantize.py).
 
 The exported function is `logits = f(images)`:
   images  uint8 (batch, H, W, C), the preprocessed images (jaxnet/preprocess.py);
@@ -49,14 +50,17 @@ def export(predictor, platforms=None) -> "jax.export.Exported":
   return jax.export.export(jax.jit(infer), platforms=platforms)(spec)
 
 
-def save(predictor, path: str, platforms=None) -> None:
+def save(predictor, path: str, platforms=None, quantization: str | None = None) -> None:
   exported = export(predictor, platforms)
   with open(path, "wb") as f:
     f.write(exported.serialize())
+  metadata = {"image_shape": list(predictor.image_shape), "dtype": "uint8",
+              "class_names": predictor.class_names, "platforms": list(exported.platforms),
+              "workdir": str(predictor.workdir), "step": predictor.step}
+  if quantization:
+    metadata["quantization"] = quantization
   with open(path + ".json", "w") as f:
-    json.dump({"image_shape": list(predictor.image_shape), "dtype": "uint8",
-               "class_names": predictor.class_names, "platforms": list(exported.platforms),
-               "workdir": str(predictor.workdir), "step": predictor.step}, f, indent=2)
+    json.dump(metadata, f, indent=2)
 
 
 class ExportedModel:
@@ -98,7 +102,9 @@ def main(argv=None):
                            "(torchvision's for ResNets and AlexNet, timm's for ViTs); onnx: an "
                            "ONNX graph, uint8 NHWC images in, fp32 logits out (docs/deploy.md)")
   parser.add_argument("--int8", action="store_true",
-                      help="with --format=onnx: static int8 quantization (QDQ, per-channel weights)")
+                      help="with --format=onnx: static int8 quantization (onnxruntime, QDQ, "
+                           "per-channel weights); with --format=jax: int8 convolutions and dense "
+                           "layers (qwix, dynamic activation ranges)")
   parser.add_argument("--calibration-images", type=int, default=None,
                       help="with --int8: train images that calibrate the activation ranges "
                            "(default 256)")
@@ -111,10 +117,10 @@ def main(argv=None):
     parser.error(f"--format=torch writes a .safetensors file; got --out={args.out}")
   if args.format == "onnx" and not args.out.endswith(".onnx"):
     parser.error(f"--format=onnx writes a .onnx file; got --out={args.out}")
-  if args.int8 and args.format != "onnx":
-    parser.error("--int8 quantizes an ONNX model: add --format=onnx")
-  if args.calibration_images is not None and not args.int8:
-    parser.error("--calibration-images calibrates --int8: add --int8 --format=onnx")
+  if args.int8 and args.format not in ("onnx", "jax"):
+    parser.error(f"--int8 quantizes an ONNX or a jax export, not --format={args.format}")
+  if args.calibration_images is not None and not (args.int8 and args.format == "onnx"):
+    parser.error("--calibration-images calibrates the ONNX --int8: add --int8 --format=onnx")
   if args.platforms and args.format != "jax":
     parser.error(f"--platforms applies to --format=jax; --format={args.format} runs anywhere")
 
@@ -131,9 +137,15 @@ def main(argv=None):
     if args.format == "onnx":
       return _save_onnx(predictor, args)
     platforms = args.platforms.split(",") if args.platforms else None
-    save(predictor, args.out, platforms)
+    quantization = None
+    if args.int8:
+      from jaxnet import qwix_quantize
+      predictor = qwix_quantize.quantize(predictor)
+      quantization = qwix_quantize.DESCRIPTION
+    save(predictor, args.out, platforms, quantization)
   print(f"exported step {predictor.step} of {args.workdir} to {args.out} "
-        f"(input uint8 (batch, {', '.join(map(str, predictor.image_shape))}))")
+        f"(input uint8 (batch, {', '.join(map(str, predictor.image_shape))})"
+        f"{'; ' + quantization if quantization else ''})")
   return 0
 
 

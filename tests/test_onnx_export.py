@@ -223,6 +223,24 @@ def test_int8_top1_within_one_point_of_fp32(digits_workdir, digits_test_set, tmp
   assert "128 train images" in props["jaxnet.quantization"] and props["jaxnet.image_size"] == "16"
 
 
+def test_jax_int8_export_computes_in_int8_within_one_point_of_fp32(digits_workdir, digits_test_set,
+                                                                   tmp_path):
+  """`--format=jax --int8`: qwix PTQ, served by jax alone."""
+  pytest.importorskip("qwix", reason=f"qwix is not installed: {onnx_export.INSTALL}")
+  import json
+  from jaxnet import api, export
+  out = tmp_path / "digits-int8.jax"
+  assert export.main([f"--workdir={digits_workdir}", f"--out={out}", "--int8"]) == 0
+  model = export.load(str(out))
+  assert "int8" in json.loads(open(str(out) + ".json").read())["quantization"]
+  assert "xi8>" in model.exported.mlir_module()  # int8 tensors in the serialized function
+  images, labels = digits_test_set
+  top1_fp32 = float(np.mean(api.restore(digits_workdir).logits(images).argmax(-1) == labels))
+  top1_int8 = float(np.mean(np.asarray(model(images)).argmax(-1) == labels))
+  print(f"digits eval top-1: fp32 {top1_fp32:.4f}, qwix int8 {top1_int8:.4f}")
+  assert top1_fp32 > 0.9 and abs(top1_int8 - top1_fp32) <= 0.01
+
+
 def _fails_with_one_line(argv, capsys, expected: str, code: int = 1):
   from jaxnet import export
   with pytest.raises(SystemExit) as stopped:
@@ -238,7 +256,10 @@ def test_bad_options_are_one_line_and_write_nothing(digits_workdir, tmp_path, ca
   out = tmp_path / "m.onnx"
   w = f"--workdir={digits_workdir}"
   _fails_with_one_line([w, "--format=onnx", f"--out={tmp_path / 'm.jax'}"], capsys, ".onnx file", 2)
-  _fails_with_one_line([w, "--int8", f"--out={out}"], capsys, "add --format=onnx", 2)
+  _fails_with_one_line([w, "--format=torch", "--int8", f"--out={tmp_path / 'm.safetensors'}"], capsys,
+                       "--int8 quantizes an ONNX or a jax export, not --format=torch", 2)
+  _fails_with_one_line([w, "--int8", "--calibration-images=8", f"--out={tmp_path / 'm.jax'}"], capsys,
+                       "add --int8 --format=onnx", 2)
   _fails_with_one_line([w, "--format=onnx", "--calibration-images=8", f"--out={out}"], capsys,
                        "add --int8", 2)
   _fails_with_one_line([w, "--format=onnx", "--platforms=cpu", f"--out={out}"], capsys,
