@@ -3,8 +3,9 @@
   python experiments/bench_inference.py [--model resnet50] [--image-size 224] [--batches 1,32]
                                         [--iterations 20] [--workdir DIR]
 
-Rows: jaxnet's `jax.export` function in fp32 and in bf16 (called under jax.jit, as a
-server embedding it would), and onnxruntime (CPU execution provider) running the
+Rows: jaxnet's `jax.export` function in fp32, in bf16 and in int8 (`--int8`: qwix,
+dynamic activation ranges), each called under jax.jit as a server embedding it would,
+and onnxruntime (CPU execution provider) running the
 `--format=onnx` export in fp32 and its `--int8` quantization. Each cell calls the
 model `--iterations` times on one uint8 batch after 2 warm-up calls and reports the
 median (p50) and 99th-percentile latency of a call and images/s at the median.
@@ -72,7 +73,7 @@ def main():
   import jax
   import numpy as np
   import onnxruntime as ort
-  from jaxnet import api, export, onnx_export, onnx_quantize
+  from jaxnet import api, export, onnx_export, onnx_quantize, qwix_quantize
   onnx_export.quiet_converter_logs()
   batches = [int(b) for b in args.batches.split(",")]
 
@@ -85,7 +86,8 @@ def main():
   rng = np.random.default_rng(0)
 
   engines = {}
-  for label, predictor in (("jax.export fp32", fp32), ("jax.export bf16", bf16)):
+  for label, predictor in (("jax.export fp32", fp32), ("jax.export bf16", bf16),
+                           ("jax.export int8 (qwix)", qwix_quantize.quantize(fp32))):
     engines[label] = jax.jit(export.export(predictor).call)
   onnx_fp32 = onnx_export.to_onnx(fp32)
   if args.workdir:
@@ -112,7 +114,7 @@ def main():
         f"{args.iterations} calls per cell)\n")
   print(benchlib.cpu_line())
   print(benchlib.load_line())
-  print(benchlib.versions_line("onnx", "onnxruntime", "jax2onnx"))
+  print(benchlib.versions_line("onnx", "onnxruntime", "jax2onnx", "qwix"))
   print(f"jax devices: {', '.join(str(d) for d in jax.devices())}; onnxruntime: CPUExecutionProvider")
   print(benchlib.date_line() + "\n")
   base = {batch: ips for label, batch, _, _, ips in rows if label == "jax.export fp32"}
