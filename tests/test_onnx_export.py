@@ -1,11 +1,13 @@
 """`python -m jaxnet.export --format=onnx`: onnxruntime (CPU) against jaxnet's fp32 eval.
 
-Each family (ResNet-18/50, AlexNet, ViT) is exported at a small size with random
-weights (every BN statistic and zero-initialized layer redrawn, so nothing in the
-graph is an identity), and run by onnxruntime on scikit-image's photographs and a
+Each family (ResNet-18/50, AlexNet, ViTs of both flavours) is exported at a small size
+with random weights (BN statistics, scales and zero-initialized heads drawn too, so no
+layer is an identity), and run by onnxruntime on scikit-image's photographs and a
 generated eval split: logits within 1e-4 (max abs), the same top-1 on every image.
 The int8 tests train the digits model briefly and compare fp32 and int8 top-1 on its
-eval split. Skipped, with the install line, where onnx/onnxruntime/jax2onnx are absent.
+eval split, for onnxruntime's static int8 and qwix's (`--format=jax --int8`); a slow
+test does the same on a generated ImageFolder. Skipped, with the install line, where
+onnx/onnxruntime/jax2onnx are absent.
 """
 
 import os
