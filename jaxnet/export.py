@@ -1,12 +1,16 @@
 """Serialize a trained model's inference function with `jax.export`, and load it back.
 
-  python -m jaxnet.export --workdir=DIR --out=FILE [--step=N] [--platforms=cpu,cuda]
+  python -m jaxnet.export --workdir=DIR --out=FILE [--step=N] [--platforms=cpu,cuda] [--int8]
   python -m jaxnet.export --workdir=DIR --format=torch --out=FILE.safetensors
+  python -m jaxnet.export --workdir=DIR --format=onnx --out=FILE.onnx [--int8 [--calibration-images=N]]
 
 `--format=torch` (or its older name `torchvision`) writes the weights instead, under
 PyTorch's names: torchvision's for ResNets and AlexNet, timm's for ViTs
-(jaxnet/weights/export.py). The rest of this docstring is about the default,
-`--format=jax`.
+(jaxnet/weights/export.py). `--format=onnx` writes an ONNX graph with the same
+input and output as below (jaxnet/onnx_export.py; `--int8` quantizes it,
+jaxnet/onnx_quantize.py; docs/deploy.md). The rest of this docstring is about the
+default, `--format=jax`; with `--int8` its convolutions and dense layers compute in
+int8 (qwix post-training quantization, jaxnet/qwix_quantize.py).
 
 The exported function is `logits = f(images)`:
   images  uint8 (batch, H, W, C), the preprocessed images (jaxnet/preprocess.py);
@@ -46,14 +50,17 @@ def export(predictor, platforms=None) -> "jax.export.Exported":
   return jax.export.export(jax.jit(infer), platforms=platforms)(spec)
 
 
-def save(predictor, path: str, platforms=None) -> None:
+def save(predictor, path: str, platforms=None, quantization: str | None = None) -> None:
   exported = export(predictor, platforms)
   with open(path, "wb") as f:
     f.write(exported.serialize())
+  metadata = {"image_shape": list(predictor.image_shape), "dtype": "uint8",
+              "class_names": predictor.class_names, "platforms": list(exported.platforms),
+              "workdir": str(predictor.workdir), "step": predictor.step}
+  if quantization:
+    metadata["quantization"] = quantization
   with open(path + ".json", "w") as f:
-    json.dump({"image_shape": list(predictor.image_shape), "dtype": "uint8",
-               "class_names": predictor.class_names, "platforms": list(exported.platforms),
-               "workdir": str(predictor.workdir), "step": predictor.step}, f, indent=2)
+    json.dump(metadata, f, indent=2)
 
 
 class ExportedModel:
@@ -89,10 +96,18 @@ def main(argv=None):
   parser.add_argument("--workdir", required=True, help="a training workdir with checkpoints")
   parser.add_argument("--out", required=True, help="file to write the serialized function to")
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-  parser.add_argument("--format", choices=("jax", "torch", "torchvision"), default="jax",
+  parser.add_argument("--format", choices=("jax", "torch", "torchvision", "onnx"), default="jax",
                       help="jax: the serialized inference function; torch (or torchvision, its "
                            "older name): the weights as a .safetensors file with PyTorch names "
-                           "(torchvision's for ResNets and AlexNet, timm's for ViTs)")
+                           "(torchvision's for ResNets and AlexNet, timm's for ViTs); onnx: an "
+                           "ONNX graph, uint8 NHWC images in, fp32 logits out (docs/deploy.md)")
+  parser.add_argument("--int8", action="store_true",
+                      help="with --format=onnx: static int8 quantization (onnxruntime, QDQ, "
+                           "per-channel weights); with --format=jax: int8 convolutions and dense "
+                           "layers (qwix, dynamic activation ranges)")
+  parser.add_argument("--calibration-images", type=int, default=None,
+                      help="with --int8: train images that calibrate the activation ranges "
+                           "(default 256)")
   parser.add_argument("--platforms", default=None,
                       help="comma-separated backends to lower for, e.g. cpu,cuda (default: this one)")
   args = parser.parse_args(argv)
@@ -100,6 +115,14 @@ def main(argv=None):
     args.format = "torch"
   if args.format == "torch" and not args.out.endswith(".safetensors"):
     parser.error(f"--format=torch writes a .safetensors file; got --out={args.out}")
+  if args.format == "onnx" and not args.out.endswith(".onnx"):
+    parser.error(f"--format=onnx writes a .onnx file; got --out={args.out}")
+  if args.int8 and args.format not in ("onnx", "jax"):
+    parser.error(f"--int8 quantizes an ONNX or a jax export, not --format={args.format}")
+  if args.calibration_images is not None and not (args.int8 and args.format == "onnx"):
+    parser.error("--calibration-images calibrates the ONNX --int8: add --int8 --format=onnx")
+  if args.platforms and args.format != "jax":
+    parser.error(f"--platforms applies to --format=jax; --format={args.format} runs anywhere")
 
   from jaxnet import api, errors
   with errors.one_line_errors():
@@ -111,10 +134,34 @@ def main(argv=None):
       print(f"exported step {predictor.step} of {args.workdir} to {args.out} ({len(tensors)} "
             f"tensors, {names} names)")
       return 0
+    if args.format == "onnx":
+      return _save_onnx(predictor, args)
     platforms = args.platforms.split(",") if args.platforms else None
-    save(predictor, args.out, platforms)
+    quantization = None
+    if args.int8:
+      from jaxnet import qwix_quantize
+      predictor = qwix_quantize.quantize(predictor)
+      quantization = qwix_quantize.DESCRIPTION
+    save(predictor, args.out, platforms, quantization)
   print(f"exported step {predictor.step} of {args.workdir} to {args.out} "
-        f"(input uint8 (batch, {', '.join(map(str, predictor.image_shape))}))")
+        f"(input uint8 (batch, {', '.join(map(str, predictor.image_shape))})"
+        f"{'; ' + quantization if quantization else ''})")
+  return 0
+
+
+def _save_onnx(predictor, args) -> int:
+  from jaxnet import onnx_export, onnx_quantize
+  onnx_export.quiet_converter_logs()  # a CLI entry point may set a library's log level
+  if args.int8:
+    n = onnx_quantize.DEFAULT_CALIBRATION_IMAGES if args.calibration_images is None \
+        else args.calibration_images  # 0 is an error (calibration_images), not the default
+    onnx_quantize.save_int8(predictor, args.out, n)
+    kind = f"int8, calibrated on {n} train images"
+  else:
+    onnx_export.save(predictor, args.out)
+    kind = "fp32"
+  print(f"exported step {predictor.step} of {args.workdir} to {args.out} (ONNX {kind}; input uint8 "
+        f"(batch, {', '.join(map(str, predictor.image_shape))}) named images, output logits)")
   return 0
 
 

@@ -45,6 +45,7 @@ PARALLEL = "tests/test_parallel.py::"
 EXPERIMENTS = "tests/test_experiments.py::"
 RECIPE = "tests/test_imagenet_recipe.py::"
 DATA = "tests/test_data_reliability.py::"
+ONNX = "tests/test_onnx_export.py::"
 
 MUTATIONS = [
     # --- the training loop -------------------------------------------------------
@@ -224,6 +225,44 @@ MUTATIONS = [
     Mutation("export_platforms", "jaxnet/export.py",
              'platforms = args.platforms.split(",") if args.platforms else None', "platforms = None",
              (TOOLS + "test_export_round_trips_logits",)),
+
+    # --- ONNX export (docs/deploy.md) ----------------------------------------------
+    Mutation("onnx_max_pools_repaired", "jaxnet/onnx_export.py",
+             "  _repair_max_pools(model, onnx)\n", "",
+             (ONNX + "test_onnxruntime_matches_fp32_eval[resnet18]",), ci=True),
+    Mutation("onnx_always_fp32", "jaxnet/onnx_export.py",
+             "model = predictor.model.clone(dtype=jnp.float32) if", "model = predictor.model if",
+             (ONNX + "test_onnxruntime_matches_fp32_eval[resnet18-bf16]",), ci=True),
+    Mutation("onnx_dynamic_batch", "jaxnet/onnx_export.py",
+             'jax.export.symbolic_shape("batch")', "(11,)",
+             (ONNX + "test_onnxruntime_matches_fp32_eval[vit_mini-plain]",), ci=True),
+    Mutation("onnx_batch_norm_folds_into_conv", "jaxnet/onnx_export.py",
+             "  _make_fusable(model, onnx)\n", "",
+             (ONNX + "test_batch_norm_and_relu_fold_into_the_convolutions",), ci=True),
+    Mutation("onnx_unconvertible_model_one_line", "jaxnet/onnx_export.py",
+             "  except NotImplementedError as e:", "  except ImportError as e:",
+             (ONNX + "test_unconvertible_model_and_missing_package_are_one_line",)),
+    Mutation("onnx_missing_package_install_line", "jaxnet/onnx_export.py",
+             'f"installed: {INSTALL}"', '"installed"',
+             (ONNX + "test_unconvertible_model_and_missing_package_are_one_line",)),
+    Mutation("onnx_preprocessing_metadata", "jaxnet/onnx_export.py",
+             "  onnx.helper.set_model_props(model, metadata(predictor))\n", "",
+             (ONNX + "test_cli_fp32_matches_eval_with_ema_and_records_preprocessing",)),
+    Mutation("onnx_written_atomically", "jaxnet/onnx_export.py",
+             "    write(tmp)\n    os.replace(tmp, path)", "    write(path)",
+             (ONNX + "test_a_failed_write_leaves_nothing_at_out",), ci=True),
+    Mutation("onnx_int8_per_channel", "jaxnet/onnx_quantize.py",
+             "per_channel=True", "per_channel=False",
+             (ONNX + "test_int8_top1_within_one_point_of_fp32",)),
+    Mutation("onnx_int8_qdq_format", "jaxnet/onnx_quantize.py",
+             "quant_format=quantization.QuantFormat.QDQ", "quant_format=quantization.QuantFormat.QOperator",
+             (ONNX + "test_int8_top1_within_one_point_of_fp32",)),
+    Mutation("jax_int8_quantizes", "jaxnet/export.py",
+             "      predictor = qwix_quantize.quantize(predictor)\n", "",
+             (ONNX + "test_jax_int8_export_computes_in_int8_within_one_point_of_fp32",)),
+    Mutation("onnx_calibration_set_too_small", "jaxnet/onnx_quantize.py",
+             "  if len(source) < num_images:\n", "  if False:\n",
+             (ONNX + "test_bad_options_are_one_line_and_write_nothing",)),
 
     # --- benchmarks --------------------------------------------------------------
     Mutation("bench_train_fails_on_failed_cells", "experiments/bench_train.py",

@@ -1,0 +1,385 @@
+"""`python -m jaxnet.export --format=onnx`: onnxruntime (CPU) against jaxnet's fp32 eval.
+
+Each family (ResNet-18/50, AlexNet, ViTs of both flavours) is exported at a small size
+with random weights (BN statistics, scales and zero-initialized heads drawn too, so no
+layer is an identity), and run by onnxruntime on scikit-image's photographs and a
+generated eval split: logits within 1e-4 (max abs), the same top-1 on every image.
+The int8 tests train the digits model briefly and compare fp32 and int8 top-1 on its
+eval split, for onnxruntime's static int8 and qwix's (`--format=jax --int8`); a slow
+test does the same on a generated ImageFolder. Skipped, with the install line, where
+onnx/onnxruntime/jax2onnx are absent.
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxnet import onnx_export
+
+for _name in ("onnx", "onnxruntime", "jax2onnx"):
+  pytest.importorskip(_name, reason=f"the onnx extra is not installed: {onnx_export.INSTALL}")
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+
+TOLERANCE = 1e-4
+
+
+def random_predictor(name: str, size: int, num_classes: int = 10, seed: int = 0, **config_overrides):
+  """A Predictor of model `name` with random weights, no zero or identity layer left."""
+  from jaxnet import config_base, models
+  from jaxnet.predictor import Predictor
+  config = _with(config_base.base_config(), **{"model.name": name, "image_size": size,
+                                                 **config_overrides})
+  model = models.from_config(config, num_classes)
+  # Shapes from the model, values drawn here (far faster than running init op by op).
+  shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)),
+                                             train=False))
+  leaves, treedef = jax.tree.flatten_with_path(shapes)
+  rng = np.random.default_rng(seed)
+  drawn = []
+  for path, leaf in leaves:
+    key = jax.tree_util.keystr(path)
+    if "var" in key:                        # BN running variance: positive, not 1
+      value = rng.uniform(0.5, 1.5, leaf.shape)
+    elif "scale" in key:                    # BN and LayerNorm scales: around 1, not 1
+      value = rng.uniform(0.5, 1.5, leaf.shape)
+    elif len(leaf.shape) <= 1:              # BN running means, biases
+      value = rng.normal(0, 0.2, leaf.shape)
+    else:                                   # kernels, embeddings: He-like scale
+      value = rng.normal(0, np.sqrt(2 / np.prod(leaf.shape[:-1])), leaf.shape)
+    drawn.append(value.astype(np.float32))
+  variables = jax.tree.unflatten(treedef, drawn)
+  # Random deep nets' logits reach the thousands; a trained net's are ~10. The head is
+  # linear, so scaling it gives logits of a trained net's size (std 4) and an absolute
+  # tolerance its usual meaning.
+  fp32 = models.from_config(_with(config, precision="fp32"), num_classes)
+  logits = Predictor(config, fp32, variables, num_classes=num_classes).logits(eval_split(size))
+  factor = 4.0 / float(logits.std())
+  head = variables["params"]["head"]
+  variables["params"]["head"] = {k: v * factor for k, v in head.items()}
+  return Predictor(config, model, variables, num_classes=num_classes, step=0, workdir="random")
+
+
+def _with(config, **values):
+  """A copy of config with dotted keys set: _with(c, **{"model.name": "resnet18"})."""
+  config = config.copy_and_resolve_references()
+  for key, value in values.items():
+    target = config
+    *path, last = key.split(".")
+    for part in path:
+      target = getattr(target, part)
+    setattr(target, last, value)
+  return config
+
+
+def fp32_reference(predictor):
+  """The same weights evaluated in fp32, what the ONNX graph must reproduce."""
+  from jaxnet import models
+  from jaxnet.predictor import Predictor
+  config = _with(predictor.config, precision="fp32")
+  return Predictor(config, models.from_config(config, predictor.num_classes), predictor.variables,
+                   num_classes=predictor.num_classes)
+
+
+def photographs(predictor) -> np.ndarray:
+  """chelsea, coffee and astronaut, preprocessed as `jaxnet.predict` would."""
+  skimage_data = pytest.importorskip("skimage.data")
+  return predictor.preprocess([skimage_data.chelsea(), skimage_data.coffee(), skimage_data.astronaut()])
+
+
+def eval_split(size: int, n: int = 8) -> np.ndarray:
+  from jaxnet.data.sources import SyntheticSource
+  source = SyntheticSource(n, size, seed=1)
+  return np.stack([source[i]["image"] for i in range(n)])
+
+
+def session(model):
+  return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+FAMILIES = [  # (model, image size, config overrides)
+    ("resnet18", 32, {}),
+    ("resnet50", 32, {}),
+    ("alexnet", 64, {}),
+    ("vit_mini", 32, {"model.vit_flavour": "plain"}),
+    ("vit_ti16", 32, {}),
+    ("resnet18", 32, {"precision": "bf16"}),  # a bf16 run exports fp32
+]
+
+
+@pytest.mark.parametrize("name,size,overrides", FAMILIES,
+                         ids=[f[0] + "".join(f"-{v}" for v in f[2].values()) for f in FAMILIES])
+def test_onnxruntime_matches_fp32_eval(name, size, overrides):
+  predictor = random_predictor(name, size, **overrides)
+  model = onnx_export.to_onnx(predictor)
+  run = session(model)
+  photos = photographs(predictor)
+  images = np.concatenate([photos, eval_split(size)])  # one batch: one compilation
+  expected = fp32_reference(predictor).logits(images)
+  got = run.run(["logits"], {"images": images})[0]
+  assert got.shape == expected.shape and got.dtype == np.float32
+  difference = np.abs(got - expected).max()
+  print(f"{name}: max abs logit difference {difference:.2e} over {len(images)} images")
+  assert difference < TOLERANCE
+  np.testing.assert_array_equal(got.argmax(-1), expected.argmax(-1))
+  assert expected.std(axis=0).max() > 1e-2  # the logits depend on the image
+  # The batch dimension is dynamic: one image alone gives its row of the batch's logits.
+  single = run.run(["logits"], {"images": photos[:1]})[0]
+  assert np.abs(single - expected[:1]).max() < TOLERANCE
+
+
+def test_batch_norm_and_relu_fold_into_the_convolutions(tmp_path):
+  """What onnxruntime makes of a ResNet's graph: every BN folded into its convolution's
+  weights, the ReLUs that follow a convolution fused into it (speed, docs/deploy.md)."""
+  model = onnx_export.to_onnx(random_predictor("resnet_tiny", 16))
+  options = ort.SessionOptions()
+  options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+  # (the level below the default one, whose NCHWc layout would rename the fused ops)
+  options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+  ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+  ops = [n.op_type for n in onnx.load_model(options.optimized_model_filepath).graph.node]
+  convolutions = [n for n in model.graph.node if n.op_type == "Conv"]
+  assert "Sub" not in ops and "Max" not in ops
+  assert ops.count("Conv") + ops.count("FusedConv") == len(convolutions)
+  assert ops.count("FusedConv") >= 1
+  # Left: the normalization's Mul and those of BNs behind a Transpose (2 of 9 in resnet_tiny).
+  assert ops.count("Mul") <= len(convolutions) // 3, ops
+
+# --- the command line on a trained digits workdir: fp32, int8, bad input ----------------------
+
+@pytest.fixture(scope="module")
+def digits_workdir(tmp_path_factory):
+  """The quick start cut to 120 steps, with an EMA (export must use the EMA params)."""
+  from tests.helpers import run_main
+  from tests.notebooks import kernel_env
+  workdir = tmp_path_factory.mktemp("digits")
+  run_main(workdir, "total_steps=120", "log_every_steps=60", "eval_every_steps=120",
+           "checkpoint_every_steps=120", "ema_decay=0.9", env=kernel_env())
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def digits_test_set():
+  from jaxnet.data import sources
+  source = sources.digits_source("test", 16)
+  return source.images, source.labels
+
+
+def _export(workdir, out, *flags):
+  from jaxnet import export
+  assert export.main([f"--workdir={workdir}", "--format=onnx", f"--out={out}", *flags]) == 0
+  return onnx.load_model(str(out))
+
+
+def _top1(model, images, labels) -> float:
+  logits = session(model).run(["logits"], {"images": images})[0]
+  return float(np.mean(logits.argmax(-1) == labels))
+
+
+def test_cli_fp32_matches_eval_with_ema_and_records_preprocessing(digits_workdir, digits_test_set,
+                                                                  tmp_path):
+  from jaxnet import api
+  model = _export(digits_workdir, tmp_path / "digits.onnx")
+  images, labels = digits_test_set
+  predictor = api.restore(digits_workdir)  # with ema_decay > 0 it holds the EMA params
+  expected = predictor.logits(images)
+  got = session(model).run(["logits"], {"images": images})[0]
+  assert np.abs(got - expected).max() < TOLERANCE
+  np.testing.assert_array_equal(got.argmax(-1), expected.argmax(-1))
+  props = {p.key: p.value for p in model.metadata_props}
+  assert set(onnx_export.METADATA_KEYS) <= set(props)
+  assert props["jaxnet.image_size"] == "16" and props["jaxnet.channels"] == "1"
+  assert props["jaxnet.mean"] == "[0.2]" and props["jaxnet.std"] == "[0.35]"
+  assert props["jaxnet.ema"] == "true" and props["jaxnet.step"] == "120"
+  assert props["jaxnet.class_names"] == '["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]'
+  shape = model.graph.input[0].type.tensor_type.shape.dim
+  assert shape[0].dim_param and [d.dim_value for d in shape[1:]] == [16, 16, 1]
+  assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.UINT8
+
+
+def test_int8_top1_within_one_point_of_fp32(digits_workdir, digits_test_set, tmp_path):
+  images, labels = digits_test_set
+  fp32 = _export(digits_workdir, tmp_path / "fp32.onnx")
+  int8 = _export(digits_workdir, tmp_path / "int8.onnx", "--int8", "--calibration-images=128")
+  ops = {n.op_type for n in int8.graph.node}
+  # The QDQ format: float ops between Quantize/DequantizeLinear pairs, no QLinearConv.
+  assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops and "QLinearConv" not in ops
+  # Every convolution's weights: int8, dequantized with one scale per output channel.
+  initializers = {i.name: onnx.numpy_helper.to_array(i) for i in int8.graph.initializer}
+  producer = {out: node for node in int8.graph.node for out in node.output}
+  convolutions = [n for n in int8.graph.node if n.op_type == "Conv"]
+  assert convolutions
+  for conv in convolutions:
+    dequantize = producer[conv.input[1]]
+    weights, scale = (initializers[name] for name in dequantize.input[:2])
+    assert dequantize.op_type == "DequantizeLinear" and weights.dtype == np.int8
+    assert scale.shape == (weights.shape[0],) and weights.shape[0] > 1
+  top1_fp32, top1_int8 = _top1(fp32, images, labels), _top1(int8, images, labels)
+  print(f"digits eval top-1: fp32 {top1_fp32:.4f}, int8 {top1_int8:.4f}")
+  assert top1_fp32 > 0.9  # trained enough for the comparison to mean something
+  assert abs(top1_int8 - top1_fp32) <= 0.01
+  props = {p.key: p.value for p in int8.metadata_props}
+  assert "128 train images" in props["jaxnet.quantization"] and props["jaxnet.image_size"] == "16"
+
+
+def test_jax_int8_export_computes_in_int8_within_one_point_of_fp32(digits_workdir, digits_test_set,
+                                                                   tmp_path):
+  """`--format=jax --int8`: qwix PTQ, served by jax alone."""
+  pytest.importorskip("qwix", reason=f"qwix is not installed: {onnx_export.INSTALL}")
+  import json
+  from jaxnet import api, export
+  out = tmp_path / "digits-int8.jax"
+  assert export.main([f"--workdir={digits_workdir}", f"--out={out}", "--int8"]) == 0
+  model = export.load(str(out))
+  assert "int8" in json.loads(open(str(out) + ".json").read())["quantization"]
+  assert "xi8>" in model.exported.mlir_module()  # int8 tensors in the serialized function
+  images, labels = digits_test_set
+  top1_fp32 = float(np.mean(api.restore(digits_workdir).logits(images).argmax(-1) == labels))
+  top1_int8 = float(np.mean(np.asarray(model(images)).argmax(-1) == labels))
+  print(f"digits eval top-1: fp32 {top1_fp32:.4f}, qwix int8 {top1_int8:.4f}")
+  assert top1_fp32 > 0.9 and abs(top1_int8 - top1_fp32) <= 0.01
+
+
+def _fails_with_one_line(argv, capsys, expected: str, code: int = 1):
+  from jaxnet import export
+  with pytest.raises(SystemExit) as stopped:
+    export.main(argv)
+  assert stopped.value.code == code
+  lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")
+           or "error:" in l]
+  assert len(lines) == 1 and expected in lines[0], lines
+  return lines[0]
+
+
+def test_bad_options_are_one_line_and_write_nothing(digits_workdir, tmp_path, capsys):
+  out = tmp_path / "m.onnx"
+  w = f"--workdir={digits_workdir}"
+  _fails_with_one_line([w, "--format=onnx", f"--out={tmp_path / 'm.jax'}"], capsys, ".onnx file", 2)
+  _fails_with_one_line([w, "--format=torch", "--int8", f"--out={tmp_path / 'm.safetensors'}"], capsys,
+                       "--int8 quantizes an ONNX or a jax export, not --format=torch", 2)
+  _fails_with_one_line([w, "--int8", "--calibration-images=8", f"--out={tmp_path / 'm.jax'}"], capsys,
+                       "add --int8 --format=onnx", 2)
+  _fails_with_one_line([w, "--format=onnx", "--calibration-images=8", f"--out={out}"], capsys,
+                       "add --int8", 2)
+  _fails_with_one_line([w, "--format=onnx", "--platforms=cpu", f"--out={out}"], capsys,
+                       "--platforms applies to --format=jax", 2)
+  _fails_with_one_line([w, "--format=onnx", "--int8", "--calibration-images=0", f"--out={out}"],
+                       capsys, "--calibration-images=0: give at least 1")
+  # The digits train split has 1,438 images.
+  _fails_with_one_line([w, "--format=onnx", "--int8", "--calibration-images=5000", f"--out={out}"],
+                       capsys, "has only 1438 images; pass --calibration-images=1438")
+  assert os.listdir(tmp_path) == []
+
+
+def test_unconvertible_model_and_missing_package_are_one_line(digits_workdir, tmp_path, capsys,
+                                                              monkeypatch):
+  out = tmp_path / "m.onnx"
+  argv = [f"--workdir={digits_workdir}", "--format=onnx", f"--out={out}"]
+  real = onnx_export.fp32_logits_fn
+
+  def with_random_noise(predictor):  # random bits over a dynamic batch: jax2onnx has no lowering
+    fn = real(predictor)
+    return lambda images: fn(images) + jax.random.uniform(jax.random.PRNGKey(0), (images.shape[0], 10))
+  monkeypatch.setattr(onnx_export, "fp32_logits_fn", with_random_noise)
+  _fails_with_one_line(argv, capsys, "cannot be exported to ONNX: jax2onnx says")
+  monkeypatch.undo()
+
+  import importlib
+  real_import = importlib.import_module
+
+  def without_onnxruntime(name, *args):
+    if name.split(".")[0] == "onnxruntime":
+      raise ModuleNotFoundError(f"No module named {name!r}", name="onnxruntime")
+    return real_import(name, *args)
+  monkeypatch.setattr(importlib, "import_module", without_onnxruntime)
+  line = _fails_with_one_line(argv[:2] + ["--int8", f"--out={out}"], capsys, onnx_export.INSTALL)
+  assert "onnxruntime" in line
+  assert os.listdir(tmp_path) == []
+
+
+def test_damaged_checkpoint_is_one_line_and_writes_nothing(digits_workdir, tmp_path):
+  import shutil
+  import subprocess
+  import sys
+  from tests.helpers import REPO
+  from tests.test_reliability import _flip_bytes_of_largest_file
+  damaged = tmp_path / "w"
+  shutil.copytree(digits_workdir, damaged)
+  _flip_bytes_of_largest_file(damaged / "checkpoints" / "120" / "state")
+  out = tmp_path / "d.onnx"
+  proc = subprocess.run([sys.executable, "-m", "jaxnet.export", f"--workdir={damaged}", "--format=onnx",
+                         f"--out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  errors_printed = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors_printed) == 1 and "checkpoint 120" in errors_printed[0], proc.stderr[-2000:]
+  assert not out.exists()
+
+
+def test_a_failed_write_leaves_nothing_at_out(tmp_path):
+  out = tmp_path / "m.onnx"
+
+  def half_write(tmp):
+    open(tmp, "wb").write(b"partial")
+    raise OSError("disk full")
+  with pytest.raises(OSError):
+    onnx_export.write_atomically(str(out), half_write)
+  assert os.listdir(tmp_path) == []
+  onnx_export.write_atomically(str(out), lambda tmp: open(tmp, "wb").write(b"whole"))
+  assert out.read_bytes() == b"whole" and os.listdir(tmp_path) == ["m.onnx"]
+
+
+# --- calibration from an encoded (JPEG) train split -------------------------------------------
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+  from jaxnet.data.make_imagefolder import make_imagefolder
+  root = str(tmp_path_factory.mktemp("folder"))
+  make_imagefolder(root, classes=3, per_class=4, val_per_class=2, seed=0, verbose=False)
+  return root
+
+
+def test_calibration_images_are_train_jpegs_preprocessed_as_eval(folder):
+  from jaxnet import errors, onnx_quantize
+  from jaxnet.data.imagefolder import ImageFolderSource
+  from jaxnet.data.transforms import EvalDecodeCrop
+  predictor = random_predictor("resnet_tiny", 24, num_classes=3, **{
+      "data.source": "imagefolder", "data.dir": folder, "data.eval_split": "val",
+      "data.eval_crop_fraction": 0.8})
+  images = onnx_quantize.calibration_images(predictor, 5)
+  train = ImageFolderSource(folder, "train")
+  crop = EvalDecodeCrop(24, 0.8, predictor.config.data.eval_interpolation)
+  every = np.stack([crop.map(train[i])["image"] for i in range(len(train))])
+  assert images.shape == (5, 24, 24, 3) and images.dtype == np.uint8
+  # Five different train images, each exactly as eval would have preprocessed it.
+  matches = [int(np.flatnonzero((every == image).all(axis=(1, 2, 3)))[0]) for image in images]
+  assert len(set(matches)) == 5
+  with pytest.raises(errors.UserError, match="has only 12 images; pass --calibration-images=12"):
+    onnx_quantize.calibration_images(predictor, 13)
+
+
+@pytest.mark.slow
+def test_int8_on_a_generated_imagefolder_model(tmp_path):
+  """A model trained on generated JPEGs (5 classes, 100 val images): int8 within 1 point."""
+  from jaxnet.data.imagefolder import ImageFolderSource
+  from jaxnet.data import pipeline
+  from jaxnet.data.make_imagefolder import make_imagefolder
+  from tests.helpers import run_main
+  from tests.notebooks import kernel_env
+  root = make_imagefolder(str(tmp_path / "folder"), classes=5, per_class=40, val_per_class=20,
+                          seed=0, verbose=False)
+  workdir = tmp_path / "w"
+  run_main(workdir, f"data.dir={root}", "data.source=imagefolder", "data.eval_split=val",
+           "data.mean=(0.485,0.456,0.406)", "data.std=(0.229,0.224,0.225)", "image_size=32",
+           "total_steps=90", "eval_every_steps=90", "checkpoint_every_steps=90", env=kernel_env())
+  fp32 = _export(workdir, tmp_path / "fp32.onnx")
+  int8 = _export(workdir, tmp_path / "int8.onnx", "--int8", "--calibration-images=200")
+  batch = next(iter(pipeline.eval_batches(ImageFolderSource(root, "val"), global_batch_size=100,
+                                          image_size=32)))
+  images, labels = batch["image"], batch["label"]
+  top1_fp32, top1_int8 = _top1(fp32, images, labels), _top1(int8, images, labels)
+  print(f"generated ImageFolder eval top-1: fp32 {top1_fp32:.4f}, int8 {top1_int8:.4f}")
+  assert top1_fp32 > 0.5  # well above chance (0.2)
+  assert abs(top1_int8 - top1_fp32) <= 0.01
