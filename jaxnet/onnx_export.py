@@ -24,7 +24,6 @@ import json
 import os
 import secrets
 
-import numpy as np
 
 from jaxnet import errors
 
