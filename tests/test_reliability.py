@@ -324,13 +324,23 @@ def _tmpfs(path, size):
     subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
+def _disk_bytes(path) -> int:
+  return sum(os.lstat(os.path.join(d, f)).st_blocks * 512
+             for d, dirs, files in os.walk(path) for f in dirs + files)
+
+
 def test_full_disk_stops_cleanly_and_keeps_the_newest_checkpoint(tmp_path):
-  # One digits checkpoint takes ~1.1 MB: the first fits, the second does not.
-  with _tmpfs(tmp_path / "small", "1700k") as mount:
+  # A disk on which the run's first checkpoint fits and its second does not (the size of
+  # one is measured: it changes with the state, ~0.7 MB without an EMA copy).
+  args = ("log_every_steps=10", "checkpoint_every_steps=5", "keep_checkpoints=1", "batch_size=32")
+  probe = tmp_path / "probe"
+  run_main(probe, "total_steps=5", *args)
+  checkpoint = _disk_bytes(probe / "checkpoints" / "5")
+  size_k = (_disk_bytes(probe) + checkpoint // 2) // 1024
+  with _tmpfs(tmp_path / "small", f"{size_k}k") as mount:
     workdir = mount / "w"
-    proc = run_main(workdir, "total_steps=40", "log_every_steps=10", "checkpoint_every_steps=5",
-                    "keep_checkpoints=1", "batch_size=32", check=False)
-    shown = f"stdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    proc = run_main(workdir, "total_steps=40", *args, check=False)
+    shown = f"disk {size_k} KiB, checkpoint {checkpoint} B\nstdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-3000:]}"
     line = _assert_one_clear_line(proc)
     assert "checkpoint at step 10 FAILED (no space left on device)" in line, shown
     assert f"writing {workdir}/checkpoints/10" in line and "newest intact checkpoint is step 5" in line, shown
