@@ -195,9 +195,9 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
             f"({elapsed:.1f}s)", flush=True)
     return eval_metrics
   finally:
-    # Batches from data.workers sit in /dev/shm while anything refers to them. Drop
-    # the ones read ahead now: an exception's traceback keeps this frame alive.
-    batches.close()
+    # Batches from data.workers sit in /dev/shm while anything refers to them, and an
+    # exception's traceback keeps this frame alive: drop the last one taken. `batches`
+    # (closed by the caller's exit stack) drops those read ahead.
     batch = None
     profiler.stop()
     # The checkpoints first: closing them removes a failed save's partial files, giving

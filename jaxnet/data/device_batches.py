@@ -42,11 +42,10 @@ class DeviceBatches:
   def next(self, image_size: int):
     """The next batch at `image_size`; `position` moves past it."""
     if image_size != self.image_size:
-      pipeline.close_iterator(self.iterator, self._workers)
+      self.close()
       self.image_size = image_size
       self.iterator = iter(self._make_loader(image_size))
       self.iterator.set_state(self.position)
-      self._ahead.clear()
     self._fill()
     batch, self.position = self._ahead.popleft()
     return batch
