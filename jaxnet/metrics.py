@@ -202,17 +202,26 @@ def _end_line(f) -> None:
       f.write("\n")
 
 
+def replace_atomically(path: str, write) -> None:
+  """Calls write(tmp) for a file beside `path` (so the rename is atomic), then renames it to
+  `path`: `path` is whole or untouched. The writer creates the file, so it gets the usual
+  permissions."""
+  tmp = f"{path}.tmp-{os.getpid()}"
+  try:
+    write(tmp)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):  # a failed write (a full disk): give the space back
+      os.remove(tmp)
+
+
 def write_atomically(path: str, text: str) -> None:
   """Writes `path` whole or not at all; a failed write is RunWriteError naming it."""
-  tmp = f"{path}.tmp-{os.getpid()}"
+  def write(tmp):
+    with open(tmp, "w") as f:
+      f.write(text)
   with reporting_failed_writes(path):
-    try:
-      with open(tmp, "w") as f:
-        f.write(text)
-      os.replace(tmp, path)
-    finally:
-      if os.path.exists(tmp):  # a failed write (a full disk): give the space back
-        os.remove(tmp)
+    replace_atomically(path, write)
 
 
 def drop_records_after(workdir: str, step: int) -> int:

@@ -21,11 +21,10 @@ scalar Gemm biases, which onnxruntime's quantizer rejects (_drop_zero_scalar_gem
 
 import importlib
 import json
-import os
-import secrets
 
 
 from jaxnet import errors
+from jaxnet.metrics import replace_atomically
 
 # Installed in two commands because jax2onnx pins orbax-checkpoint<0.11.37, which
 # jaxnet's orbax-checkpoint>=0.12.8 rules out; jax2onnx never imports orbax.
@@ -202,22 +201,8 @@ def _drop_zero_scalar_gemm_biases(model, onnx) -> None:
     graph.initializer.remove(initializer)
 
 
-def write_atomically(path: str, write) -> None:
-  """Calls write(tmp_path), then renames tmp_path to path: a failure leaves no file at path."""
-  directory, name = os.path.split(os.path.abspath(path))
-  # Beside path (so the rename is atomic), created by write itself, so it gets the
-  # usual permissions (mkstemp's file would stay 0600).
-  tmp = os.path.join(directory, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-  try:
-    write(tmp)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-
-
 def save(predictor, path: str) -> None:
   """Writes the fp32 ONNX model to path (a temporary file renamed at the end)."""
   (onnx,) = require("onnx", "jax2onnx")[:1]
   model = to_onnx(predictor)
-  write_atomically(path, lambda tmp: onnx.save_model(model, tmp))
+  replace_atomically(path, lambda tmp: onnx.save_model(model, tmp))

@@ -14,6 +14,7 @@ import tempfile
 import numpy as np
 
 from jaxnet import errors, onnx_export
+from jaxnet.metrics import replace_atomically
 
 DEFAULT_CALIBRATION_IMAGES = 256  # onnxruntime's examples use a few hundred
 
@@ -95,4 +96,4 @@ def save_int8(predictor, path: str, num_images: int = DEFAULT_CALIBRATION_IMAGES
   (onnx,) = onnx_export.require("onnx", "jax2onnx", "onnxruntime.quantization")[:1]
   images = calibration_images(predictor, num_images)  # fails early, before the export
   quantized = quantize(onnx_export.to_onnx(predictor), images)
-  onnx_export.write_atomically(path, lambda tmp: onnx.save_model(quantized, tmp))
+  replace_atomically(path, lambda tmp: onnx.save_model(quantized, tmp))

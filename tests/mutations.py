@@ -248,7 +248,7 @@ MUTATIONS = [
     Mutation("onnx_preprocessing_metadata", "jaxnet/onnx_export.py",
              "  onnx.helper.set_model_props(model, metadata(predictor))\n", "",
              (ONNX + "test_cli_fp32_matches_eval_with_ema_and_records_preprocessing",)),
-    Mutation("onnx_written_atomically", "jaxnet/onnx_export.py",
+    Mutation("written_atomically", "jaxnet/metrics.py",
              "    write(tmp)\n    os.replace(tmp, path)", "    write(path)",
              (ONNX + "test_a_failed_write_leaves_nothing_at_out",), ci=True),
     Mutation("onnx_int8_per_channel", "jaxnet/onnx_quantize.py",
@@ -387,7 +387,7 @@ MUTATIONS = [
              (DATA + "test_runs_with_workers_leave_no_shared_memory_behind",
               DATA + "test_a_stopped_run_frees_its_shared_memory")),
     Mutation("read_ahead_batches_dropped_on_the_way_out", "jaxnet/train.py",
-             "    batches.close()\n    batch = None\n", "",
+             "    batch = None\n", "",
              (DATA + "test_a_stopped_run_frees_its_shared_memory",)),
     Mutation("loader_cycles_collected", "jaxnet/data/pipeline.py",
              "  if workers:\n    gc.collect()\n", "",
@@ -399,6 +399,9 @@ MUTATIONS = [
     Mutation("eval_loader_closed", "jaxnet/data/pipeline.py",
              "    close_iterator(batches, workers)\n", "    pass\n",
              (DATA + "test_runs_with_workers_leave_no_shared_memory_behind",)),
+    Mutation("read_ahead_batches_dropped_at_close", "jaxnet/data/device_batches.py",
+             "    self._ahead.clear()\n    pipeline.close_iterator", "    pipeline.close_iterator",
+             (DATA + "test_a_stopped_run_frees_its_shared_memory",)),
 ]
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from jaxnet import onnx_export
+from jaxnet.metrics import replace_atomically
 
 for _name in ("onnx", "onnxruntime", "jax2onnx"):
   pytest.importorskip(_name, reason=f"the onnx extra is not installed: {onnx_export.INSTALL}")
@@ -325,9 +326,9 @@ def test_a_failed_write_leaves_nothing_at_out(tmp_path):
     open(tmp, "wb").write(b"partial")
     raise OSError("disk full")
   with pytest.raises(OSError):
-    onnx_export.write_atomically(str(out), half_write)
+    replace_atomically(str(out), half_write)
   assert os.listdir(tmp_path) == []
-  onnx_export.write_atomically(str(out), lambda tmp: open(tmp, "wb").write(b"whole"))
+  replace_atomically(str(out), lambda tmp: open(tmp, "wb").write(b"whole"))
   assert out.read_bytes() == b"whole" and os.listdir(tmp_path) == ["m.onnx"]
 
 
