@@ -148,7 +148,7 @@ class Checkpoints:
 
   def _no_checkpoint(self) -> FileNotFoundError:
     return MissingFileError(f"no checkpoint in {self.directory}: train first "
-                             f"(python -m jaxnet.main --config=... --workdir={self.workdir})")
+                            f"(python -m jaxnet.main --config=... --workdir={self.workdir})")
 
   # -- saving ---------------------------------------------------------------
 

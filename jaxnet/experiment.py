@@ -9,9 +9,9 @@ import jax
 from jaxnet import checkpoint as ckpt
 from jaxnet import durations, mixing, models, optim, parallel, precision, steps
 from jaxnet.data import pipeline, sources
+from jaxnet.errors import InvalidValueError
 from jaxnet.state import TrainState, init_state
 from jaxnet.weights import pretrained
-from jaxnet.errors import InvalidValueError
 
 
 class Experiment:
@@ -42,11 +42,11 @@ class Experiment:
     self.image_shape = (config.image_size, config.image_size, channels)
     if len(config.data.mean) != channels or len(config.data.std) != channels:
       raise InvalidValueError(f"config.data.mean/std have {len(config.data.mean)} values but images have "
-                       f"{channels} channels")
+                              f"{channels} channels")
 
     if config.progressive_resizing and not ref.encoded:
       raise InvalidValueError("config.progressive_resizing needs a JPEG source (imagefolder or tfds): "
-                       f"{config.data.source} images have one fixed size")
+                              f"{config.data.source} images have one fixed size")
     train_len = len(self.train_source) if self.train_source is not None else config.batch_size
     self.steps_per_epoch = max(train_len // config.batch_size, 1)
     self.total_steps = durations.steps(config, "total", self.steps_per_epoch)
@@ -124,6 +124,6 @@ def _head_size(model_num_classes: int, data_num_classes: int, source: str) -> in
     return data_num_classes
   if model_num_classes < data_num_classes:
     raise InvalidValueError(f"config.model.num_classes={model_num_classes}, but the {source} data has "
-                     f"{data_num_classes} classes: labels past the head would train on all-zero "
-                     f"targets. Set it to 0 (the dataset's count) or at least {data_num_classes}")
+                            f"{data_num_classes} classes: labels past the head would train on all-zero "
+                            f"targets. Set it to 0 (the dataset's count) or at least {data_num_classes}")
   return model_num_classes

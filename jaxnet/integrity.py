@@ -22,7 +22,6 @@ class DamagedCheckpointError(UserError):
     super().__init__(f"checkpoint {step} in {directory} is damaged: {reason}")
 
 
-
 def leaf_name(path) -> str:
   """'params/stem_conv/kernel' for a pytree path, whether the node is a dict or a dataclass."""
   parts = []

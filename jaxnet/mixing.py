@@ -21,6 +21,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+
 from jaxnet.errors import InvalidValueError
 
 

@@ -12,6 +12,7 @@ import math
 import jax
 import jax.numpy as jnp
 import optax
+
 from jaxnet.errors import InvalidValueError
 
 

@@ -14,6 +14,7 @@ assembles the pieces into one global array.
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
 from jaxnet.errors import InvalidValueError
 
 DATA_AXIS = "data"
@@ -61,8 +62,8 @@ def bn_num_groups(bn_group_size: int, mesh: Mesh) -> int:
   # formed; silently falling back to global statistics would change the recipe.
   if bn_group_size < 0 or devices % bn_group_size:
     raise InvalidValueError(f"model.bn_group_size={bn_group_size} does not divide the {devices} devices "
-                     f"of the mesh; use a divisor of {devices}, or 0 for statistics over the "
-                     f"global batch")
+                            f"of the mesh; use a divisor of {devices}, or 0 for statistics over the "
+                            f"global batch")
   return devices // bn_group_size
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import flax.struct
 import jax
 import jax.numpy as jnp
+
 from jaxnet.errors import InvalidValueError
 
 _DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}

@@ -16,7 +16,7 @@ import sys
 
 def _expand_folders(paths: list[str]) -> list[str]:
   """Each folder replaced by its image files, in name order; other paths kept."""
-  from jaxnet.data.imagefolder import IMAGE_EXTENSIONS, is_image_name
+  from jaxnet.data.imagefolder import EXTENSIONS_TEXT, is_image_name
   from jaxnet.errors import UserError
   files = []
   for path in paths:
@@ -26,7 +26,7 @@ def _expand_folders(paths: list[str]) -> list[str]:
     images = sorted(name for name in os.listdir(path) if is_image_name(name)
                     and not os.path.isdir(os.path.join(path, name)))
     if not images:
-      raise UserError(f"folder {path} holds no {'/'.join(IMAGE_EXTENSIONS)} images to predict")
+      raise UserError(f"folder {path} holds no {EXTENSIONS_TEXT} images to predict")
     files.extend(os.path.join(path, name) for name in images)
   return files
 

@@ -36,7 +36,7 @@ class Predictor:
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.shape[1:] != self.image_shape:
       raise InvalidValueError(f"expected uint8 images of shape (N, {', '.join(map(str, self.image_shape))}), "
-                       f"got {images.dtype} {images.shape}; use preprocess() for files")
+                              f"got {images.dtype} {images.shape}; use preprocess() for files")
     return np.asarray(self._logits(self.variables, images), np.float32)
 
   def probabilities(self, images) -> np.ndarray:
@@ -93,4 +93,4 @@ def _check_matches_model(model, variables, input_shape, workdir):
   shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)
   if shapes(dict(expected)) != shapes(dict(variables)):
     raise InvalidValueError(f"the checkpoint in {workdir} does not match the model its config.json builds "
-                     f"({model.__class__.__name__}); was config.json edited after training?")
+                            f"({model.__class__.__name__}); was config.json edited after training?")

@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image
 
 from jaxnet.data.bit_depth import scale_16_to_8, to_8bit
-from jaxnet.errors import UserError
+from jaxnet.errors import InvalidValueError
 
 # Sources whose records are decoded arrays rather than JPEG bytes (see data/sources.py).
 ARRAY_SOURCES = ("digits", "synthetic")
@@ -48,7 +48,7 @@ def load_batch(images, config, channels: int) -> np.ndarray:
   return np.stack([load_image(im, config, channels) for im in images])
 
 
-class ImageReadError(UserError, ValueError):
+class ImageReadError(InvalidValueError):
   """An image to predict on is missing or is not an image."""
 
 

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import os
 
-from jaxnet.errors import MissingFileError, UserError
+from jaxnet.errors import InvalidValueError, MissingFileError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
 _CLASSES_SPLIT = "train"
-_EXTENSIONS_TEXT = "/".join(IMAGE_EXTENSIONS)
+EXTENSIONS_TEXT = "/".join(IMAGE_EXTENSIONS)  # ".jpg/.jpeg/.png/.webp", for messages
 
 
-class ImageFolderError(UserError, ValueError):
+class ImageFolderError(InvalidValueError):
   """An image folder whose layout would train on wrong or missing labels."""
 
 
@@ -118,14 +118,14 @@ class ImageFolderSource:
       files = _image_files(class_dir, self.ignored, os.path.relpath(class_dir, root))
       if not files:
         raise ImageFolderError(
-            f"class folder {class_dir} holds no {_EXTENSIONS_TEXT} images: it would be a class "
+            f"class folder {class_dir} holds no {EXTENSIONS_TEXT} images: it would be a class "
             f"that no example has. Put its images in, or remove the folder")
       self._paths.extend(os.path.join(class_dir, f) for f in files)
       self._labels.extend([label] * len(files))
     self.ignored.sort()
     if not self._paths:
       raise MissingFileError(
-          f"No {_EXTENSIONS_TEXT} files in the class folders of {split_dir!r} "
+          f"No {EXTENSIONS_TEXT} files in the class folders of {split_dir!r} "
           f"(classes taken from {classes_dir!r}). {_LAYOUT_HELP}")
 
   def __len__(self) -> int:

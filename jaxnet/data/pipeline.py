@@ -13,6 +13,7 @@ from typing import Iterator
 
 import grain.python as grain
 import numpy as np
+
 from jaxnet.errors import InvalidValueError
 
 

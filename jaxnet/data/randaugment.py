@@ -185,7 +185,7 @@ class RandAugment(grain.RandomMapTransform):
   def __init__(self, num_ops: int, magnitude: float):
     if num_ops < 0 or not 0 <= magnitude <= MAX_MAGNITUDE:
       raise InvalidValueError(f"RandAugment({num_ops}, {magnitude}): config.data.randaug_num_ops must be "
-                       f">= 0 and config.data.randaug_magnitude within 0..{MAX_MAGNITUDE}")
+                              f">= 0 and config.data.randaug_magnitude within 0..{MAX_MAGNITUDE}")
     self.num_ops, self.magnitude = num_ops, magnitude
 
   def random_map(self, element: dict[str, Any], rng: np.random.Generator):

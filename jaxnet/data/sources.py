@@ -11,6 +11,7 @@ processes; `encoded=False` sources hold uint8 HWC arrays of the final size.
 """
 
 import numpy as np
+
 from jaxnet.errors import InvalidValueError
 
 # The digits train/test split is fixed (not tied to config.seed) so that every
@@ -98,12 +99,12 @@ def ignored_note(sources) -> str | None:
     root = root or getattr(source, "root", None)
   if not ignored:
     return None
-  from jaxnet.data.imagefolder import IMAGE_EXTENSIONS
+  from jaxnet.data.imagefolder import EXTENSIONS_TEXT
   shown = ", ".join(ignored[:_NOTE_NAMES]) + (f" and {len(ignored) - _NOTE_NAMES} more"
                                               if len(ignored) > _NOTE_NAMES else "")
   what = (("entry", "is", "a ", "image") if len(ignored) == 1 else ("entries", "are", "", "images"))
   return (f"note: ignored {len(ignored)} {what[0]} of {root} that {what[1]} hidden or not "
-          f"{what[2]}{'/'.join(IMAGE_EXTENSIONS)} {what[3]}: {shown}")
+          f"{what[2]}{EXTENSIONS_TEXT} {what[3]}: {shown}")
 
 
 def make_source(data_config, split: str, image_size: int):

@@ -8,6 +8,7 @@ FileNotFoundError with the commands to prepare it.
 """
 
 from __future__ import annotations
+
 from jaxnet.errors import MissingFileError
 
 _RANDOM_ACCESS_FORMATS = ("array_record", "parquet")

@@ -46,6 +46,7 @@ from typing import Any
 import grain.python as grain
 import numpy as np
 from PIL import Image
+
 from jaxnet.errors import InvalidValueError
 
 from jaxnet.data import decode
@@ -141,7 +142,7 @@ def eval_resize_crop(pixels: np.ndarray, image_size: int, crop_fraction: float =
 def _check_interpolation(interpolation: str) -> None:
   if interpolation not in EVAL_INTERPOLATIONS:
     raise InvalidValueError(f"data.eval_interpolation must be one of {sorted(EVAL_INTERPOLATIONS)}, "
-                     f"got {interpolation!r}")
+                            f"got {interpolation!r}")
 
 
 def _decode_crop_resize(data: bytes, image_size: int, box_fn, fast_dct: bool = False) -> np.ndarray:

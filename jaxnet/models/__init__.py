@@ -94,7 +94,7 @@ def from_config(config, num_classes: int, bn_num_groups: int = 1) -> nn.Module:
   accepts = options(m.name)
   if m.bn_group_size and "bn_num_groups" not in accepts:
     raise InvalidValueError(f"config.model.bn_group_size={m.bn_group_size}, but {m.name} has no batch norm; "
-                     "leave it at 0")
+                            "leave it at 0")
   if m.vit_flavour != "timm" and "flavour" not in accepts:
     raise InvalidValueError(f"config.model.vit_flavour={m.vit_flavour!r} applies to ViTs, not {m.name}")
   given = dict(bn_momentum=m.bn_momentum, bn_epsilon=m.bn_epsilon, bn_num_groups=bn_num_groups,

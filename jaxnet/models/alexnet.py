@@ -58,7 +58,7 @@ class AlexNet(nn.Module):
     pool = functools.partial(max_pool, window_shape=(3, 3), strides=(2, 2), padding="VALID")
     if min(x.shape[1:3]) < 63:
       raise InvalidValueError(f"AlexNet needs images of at least 63x63 pixels, got {x.shape[1]}x{x.shape[2]}; "
-                       "raise config.image_size")
+                              "raise config.image_size")
     c1, c2, c3, c4, c5 = self.widths
     x = x.astype(self.dtype)
     x = pool(nn.relu(conv(c1, (11, 11), (4, 4), padding=[(2, 2), (2, 2)], name="conv1")(x)))

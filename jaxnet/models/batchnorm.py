@@ -11,6 +11,7 @@ splitting the global batch into `num_groups` contiguous chunks.
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
 from jaxnet.errors import InvalidValueError
 
 

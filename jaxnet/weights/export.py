@@ -38,8 +38,8 @@ def save(predictor, path: str) -> dict[str, np.ndarray]:
   model = predictor.config.model.name
   if model.startswith("vit") and predictor.config.model.vit_flavour != "timm":
     raise InvalidValueError(f"a {model} of vit_flavour={predictor.config.model.vit_flavour!r} has no timm "
-                     f"counterpart (timm's ViTs have a class token and learned position "
-                     f"embeddings); export it with --format=jax")
+                            f"counterpart (timm's ViTs have a class token and learned position "
+                            f"embeddings); export it with --format=jax")
   tensors = torch_tensors(predictor.variables, model)
   metadata = {
       "format": "torch", "names": pretrained.names_of(model).NAMES, "model": model,

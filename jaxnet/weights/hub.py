@@ -21,12 +21,12 @@ def fetch(spec: str) -> tuple[str, dict]:
   repo = spec[len(PREFIX):]
   if repo.count("/") != 1:
     raise InvalidValueError(f"init.weights={spec!r}: a hub spec is hf-hub:OWNER/NAME, "
-                     f"e.g. hf-hub:timm/resnet50.tv_in1k")
+                            f"e.g. hf-hub:timm/resnet50.tv_in1k")
   try:
     from huggingface_hub import hf_hub_download
   except ImportError:
     raise InvalidValueError(f"init.weights={spec} needs huggingface_hub: pip install 'jaxnet-train[hub]' (or "
-                     f"download model.safetensors yourself and set init.weights to its path)") from None
+                            f"download model.safetensors yourself and set init.weights to its path)") from None
   try:
     # huggingface_hub logs a warning per retry; the error raised below says what happened.
     with quiet_logger("huggingface_hub"):

@@ -11,6 +11,7 @@ WORKDIR/preprocessing.json.
 
 import dataclasses
 import json
+
 from jaxnet.errors import InvalidValueError
 
 FILE = "preprocessing.json"
@@ -27,7 +28,7 @@ class Preprocessing:
     from jaxnet.data.transforms import EVAL_INTERPOLATIONS  # lazily: it loads OpenCV
     if self.interpolation not in EVAL_INTERPOLATIONS:
       raise InvalidValueError(f"interpolation {self.interpolation!r} is not supported; jaxnet's eval "
-                       f"resizes with one of {sorted(EVAL_INTERPOLATIONS)}")
+                              f"resizes with one of {sorted(EVAL_INTERPOLATIONS)}")
     if len(self.mean) != len(self.std):
       raise InvalidValueError(f"mean {self.mean} and std {self.std} have different lengths")
 
@@ -51,7 +52,7 @@ def from_timm(pretrained_cfg: dict) -> Preprocessing:
   """From timm's `pretrained_cfg` (mean, std, crop_pct, interpolation, crop_mode)."""
   if pretrained_cfg.get("crop_mode", "center") != "center":
     raise InvalidValueError(f"timm crop_mode {pretrained_cfg['crop_mode']!r} is not supported; jaxnet's "
-                     f"eval takes a center crop")
+                            f"eval takes a center crop")
   return Preprocessing(tuple(pretrained_cfg["mean"]), tuple(pretrained_cfg["std"]),
                        float(pretrained_cfg.get("crop_pct", 0.875)),
                        pretrained_cfg.get("interpolation", "bilinear"))

@@ -56,8 +56,8 @@ def names_of(model: str) -> torch_names.Family:
     if model.startswith(prefix):
       return family
   raise InvalidValueError(f"model {model!r} has no PyTorch tensor names in jaxnet: weights files and "
-                   f"hf-hub specs load into {', '.join(p + '*' for p in FAMILIES)} models "
-                   f"(a jaxnet workdir loads into any model)")
+                          f"hf-hub specs load into {', '.join(p + '*' for p in FAMILIES)} models "
+                          f"(a jaxnet workdir loads into any model)")
 
 
 def _describer(family: torch_names.Family) -> Callable[[Path], str]:
@@ -73,7 +73,7 @@ def _is_workdir(spec: str) -> bool:
     return False
   if not os.path.exists(os.path.join(spec, "config.json")):
     raise MissingFileError(f"init.weights={spec} is a directory without config.json: give a jaxnet "
-                            f"workdir, a .safetensors/.pth file or hf-hub:OWNER/NAME")
+                           f"workdir, a .safetensors/.pth file or hf-hub:OWNER/NAME")
   return True
 
 

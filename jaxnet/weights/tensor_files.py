@@ -8,6 +8,7 @@ A .pth is a pickle of torch tensors, so it needs torch.
 import os
 
 import numpy as np
+
 from jaxnet.errors import InvalidValueError, MissingFileError
 
 SAFETENSORS = (".safetensors",)
@@ -24,7 +25,7 @@ def read(path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
   if path.endswith(TORCH_PICKLES):
     return _read_torch(path), {}
   raise InvalidValueError(f"{path}: unknown weights format; use a .safetensors file (or a torch "
-                   f"{'/'.join(TORCH_PICKLES)} state dict where torch is installed)")
+                          f"{'/'.join(TORCH_PICKLES)} state dict where torch is installed)")
 
 
 def read_metadata(path: str) -> dict[str, str]:
