@@ -2,7 +2,7 @@
 
   python -m jaxnet.main --config=configs/vit.py:s16 --workdir=$WORKDIR \
       --config.data.dir=$TFDS_DATA_DIR
-  (variants: ti16, s16, b16, l16; s16 is the default)
+  (variants: ti16, s16, b16, l16, h14; s16 is the default)
 
 The recipe of big_vision's configs/vit_s16_i1k.py (Beyer, Zhai, Kolesnikov 2022,
 arXiv:2205.01580): the plain ViT (config.model.vit_flavour=plain: global average
@@ -15,14 +15,16 @@ big_vision's weight decay is "decoupled": each step subtracts wd * (lr / peak lr
 * param, which is optax's adamw (lr * wd * param) with wd = 1e-4 / 1e-3 = 0.1.
 
 Meant for: one 8-GPU server (A100/H100 class), 128 images per GPU, bf16. The other
-variants get the S/16 recipe unchanged; big_vision tuned it for S/16 only.
+variants get the S/16 recipe unchanged; big_vision tuned it for S/16 only. h14 (ViT-H/14,
+632 M parameters) adds FSDP (config.mesh.fsdp): its fp32 params and Adam moments are split
+over the GPUs instead of copied to each (docs/scaling.md).
 Expect: s16 ~76.5% top-1 after 90 epochs (big_vision's published result, 6-7 h on a
 TPU v3-8 there). jaxnet has not trained it on ImageNet yet.
 """
 
 from jaxnet.config_base import base_config
 
-VARIANTS = ("ti16", "s16", "b16", "l16")
+VARIANTS = ("ti16", "s16", "b16", "l16", "h14")
 
 
 def get_config(variant: str = "s16"):
@@ -60,4 +62,5 @@ def get_config(variant: str = "s16"):
   c.optim.warmup_steps = 10_000
   c.optim.schedule = "cosine"
   c.optim.grad_clip_norm = 1.0
+  c.mesh.fsdp = variant == "h14"
   return c

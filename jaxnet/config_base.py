@@ -109,6 +109,12 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.num_devices = 0           # 0: every device of every host
+  # FSDP (jaxnet/fsdp.py, docs/scaling.md): params, gradients, optimizer state and EMA split
+  # over devices instead of copied to each; for models whose state does not fit one device.
+  c.mesh.fsdp = False
+  c.mesh.fsdp_devices = 0          # devices each tensor is split over; 0: all. k: split within
+                                   # groups of k consecutive devices (one host's), copied across
+  c.mesh.fsdp_min_size = 2**18     # tensors with fewer elements (biases, norms) stay replicated
 
   c.distributed = ml_collections.ConfigDict()  # multi-host; see docs/multihost.md
   c.distributed.enabled = "auto"   # auto (Slurm / coordinator set) | true | false

@@ -7,7 +7,7 @@ Training (`jaxnet/train.py`) and evaluation (`jaxnet/evaluation.py`) both start 
 import jax
 
 from jaxnet import checkpoint as ckpt
-from jaxnet import durations, mixing, models, optim, parallel, precision, steps
+from jaxnet import durations, fsdp, mixing, models, optim, parallel, precision, steps
 from jaxnet.data import pipeline, sources
 from jaxnet.errors import InvalidValueError
 from jaxnet.state import TrainState, init_state
@@ -20,7 +20,8 @@ class Experiment:
   def __init__(self, config, *, need_train_data: bool = True, devices=None):
     """`devices`: the devices to build the mesh over (default: jax.devices())."""
     self.config = config
-    self.mesh = parallel.make_mesh(config.mesh.num_devices, devices)
+    m = config.mesh
+    self.mesh = parallel.make_mesh(m.num_devices, devices, fsdp=m.fsdp, fsdp_devices=m.fsdp_devices)
     parallel.check_batch_size(config.batch_size, self.mesh)
     if config.grad_accum_steps > 1:  # each micro-batch is split over the devices too
       parallel.check_batch_size(config.batch_size // config.grad_accum_steps, self.mesh,
@@ -63,12 +64,15 @@ class Experiment:
                               keep_ema=config.ema_decay > 0)
     abstract_state = jax.eval_shape(init)  # shapes only: nothing is allocated twice
     replicated = parallel.replicated(self.mesh)
-    self.state_sharding = jax.tree.map(lambda _: replicated, abstract_state)
+    self.state_sharding = fsdp.state_shardings(abstract_state, self.mesh, m.fsdp, m.fsdp_min_size)
+    self.fsdp_summary = (fsdp.summarize(abstract_state, self.state_sharding, m.fsdp_min_size)
+                         if m.fsdp else None)
     self.abstract_state = ckpt.abstract(abstract_state, self.state_sharding)
     self._init = jax.jit(init, out_shardings=self.state_sharding)
     self.batch_sharding = parallel.batch_sharding(self.mesh)
 
-    norm = dict(num_classes=self.num_classes, mean=tuple(config.data.mean), std=tuple(config.data.std))
+    norm = dict(num_classes=self.num_classes, mean=tuple(config.data.mean), std=tuple(config.data.std),
+                param_sharding=self.state_sharding.params if m.fsdp else None)
     train_step = steps.make_train_step(self.model, self.tx, self.schedule, self.policy,
                                        label_smoothing=config.label_smoothing,
                                        ema_decay=config.ema_decay, mix=mixing.Mix(**config.mix),

@@ -44,7 +44,8 @@ WINDOW_REDUCTION = {"data/corrupt_images": "sum", "train/skipped_steps": "last",
 
 def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_classes: int,
                     mean, std, label_smoothing: float = 0.0, ema_decay: float = 0.0,
-                    mix: mixing.Mix | None = None, grad_accum_steps: int = 1):
+                    mix: mixing.Mix | None = None, grad_accum_steps: int = 1,
+                    param_sharding=None):
   """Returns `train_step(state, batch) -> (state, metrics)`.
 
   `batch` holds `image` (uint8 NHWC), `label`, `mask` and `corrupt`; examples
@@ -58,7 +59,13 @@ def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_cl
   batch, with the activations of one micro-batch in memory at a time. Batch norm
   normalises each micro-batch with its own statistics, and its running statistics
   move once per micro-batch.
+
+  `param_sharding` (FSDP, jaxnet/fsdp.py): the params' shardings. The step then
+  gathers the whole params where the model uses them, and gives each device the
+  gradient slice of the params it holds (XLA's reduce-scatter, where data
+  parallelism all-reduces).
   """
+  gather, scatter = _fsdp_constraints(param_sharding)
 
   def loss_fn(params, batch_stats, batch, key, count, loss_scale):
     # The loss is the masked *sum* over this (micro-)batch over the example count of
@@ -70,7 +77,7 @@ def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_cl
       images, targets = mix.apply(mix_key, images.astype(jnp.float32), targets, batch["mask"])
     images = normalize(images, mean, std, policy.compute_dtype)
     logits, updates = model.apply(
-        {"params": params, "batch_stats": batch_stats}, images, train=True,
+        {"params": gather(params), "batch_stats": batch_stats}, images, train=True,
         mutable=["batch_stats"], rngs={"dropout": dropout_key})
     per_example = optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
     loss = jnp.sum(per_example * batch["mask"].astype(jnp.float32)) / count
@@ -114,6 +121,7 @@ def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_cl
   def train_step(state: TrainState, batch):
     count = jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0)  # real examples
     grads, loss, correct, new_batch_stats = gradients(state, batch, count)
+    grads = scatter(grads)
     if policy.uses_loss_scale:
       grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
@@ -154,15 +162,17 @@ def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_cl
 
 
 def make_eval_step(model, policy: precision_lib.Policy, *, num_classes: int, mean, std,
-                   use_ema: bool = False):
+                   use_ema: bool = False, param_sharding=None):
   """Returns `eval_step(state, batch) -> sums`: metric *sums* and the example count,
-  so that batches (including the padded last one) add up exactly."""
+  so that batches (including the padded last one) add up exactly.
+  `param_sharding`: as make_train_step's."""
 
   logits_fn = make_logits_fn(model, policy, mean=mean, std=std)
+  gather, _ = _fsdp_constraints(param_sharding)
 
   def eval_step(state: TrainState, batch):
-    logits = logits_fn(eval_variables(state.params, state.ema_params, state.batch_stats, use_ema),
-                       batch["image"])
+    params = gather(state.ema_params if use_ema else state.params)
+    logits = logits_fn(eval_variables(params, params, state.batch_stats, use_ema), batch["image"])
     mask = batch["mask"].astype(jnp.float32)
     loss = cross_entropy(logits, batch["label"], num_classes)
     top5 = jax.lax.top_k(logits, min(5, num_classes))[1]
@@ -175,6 +185,20 @@ def make_eval_step(model, policy: precision_lib.Policy, *, num_classes: int, mea
     }
 
   return eval_step
+
+
+def _fsdp_constraints(param_sharding):
+  """(gather, scatter): params -> whole on every device; gradients -> sharded as the params.
+
+  Without them XLA's sharding propagation may instead split the activations along the
+  weights' sharded axis (model parallelism with all-to-alls, not FSDP). Identities when
+  the params are not sharded."""
+  if param_sharding is None:
+    return (lambda params: params), (lambda grads: grads)
+  whole = jax.tree.map(lambda s: jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec()),
+                       param_sharding)
+  return (lambda params: jax.lax.with_sharding_constraint(params, whole),
+          lambda grads: jax.lax.with_sharding_constraint(grads, param_sharding))
 
 
 def eval_variables(params, ema_params, batch_stats, use_ema: bool) -> dict:

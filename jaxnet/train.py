@@ -122,6 +122,8 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
         f"({exp.steps_per_epoch} per epoch), global batch {config.batch_size} on "
         f"{exp.mesh.devices.size} {jax.default_backend()} device(s), precision {config.precision}",
         flush=True)
+  if exp.fsdp_summary and is_chief:
+    print(exp.fsdp_summary.line(), flush=True)
   progress = Progress(total, config.batch_size, start_step, enabled=is_chief)
   history = []
   fp16 = exp.policy.uses_loss_scale

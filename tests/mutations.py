@@ -118,7 +118,7 @@ MUTATIONS = [
 
     # --- data parallelism and batch norm -----------------------------------------
     Mutation("gradient_all_reduce", "jaxnet/parallel.py",
-             "return NamedSharding(mesh, P(DATA_AXIS))", "return NamedSharding(mesh, P())",
+             "return NamedSharding(mesh, P(BATCH_AXES))", "return NamedSharding(mesh, P())",
              (PARALLEL + "test_compiled_step_all_reduces_gradients_and_stays_on_device",)),
     Mutation("bn_groups", "jaxnet/parallel.py",
              "return devices // bn_group_size", "return 1",
@@ -126,6 +126,16 @@ MUTATIONS = [
     Mutation("bn_group_statistics_averaged", "jaxnet/models/batchnorm.py",
              "jnp.mean(var.reshape(groups, features), 0)", "var.reshape(groups, features)[0]",
              (PARALLEL + "test_bn_groups_of_four_devices",)),
+
+    # --- FSDP --------------------------------------------------------------------
+    Mutation("fsdp_splits_large_tensors", "jaxnet/fsdp.py",
+             'return P(*[FSDP_AXIS if a == axis else None for a in range(len(shape))])', "return P()",
+             ("tests/test_fsdp.py::test_each_device_holds_an_eighth_of_the_params_and_optimizer_state",),
+             ci=True),
+    Mutation("fsdp_state_sharding_used", "jaxnet/experiment.py",
+             "fsdp.state_shardings(abstract_state, self.mesh, m.fsdp, m.fsdp_min_size)",
+             "fsdp.state_shardings(abstract_state, self.mesh, False, m.fsdp_min_size)",
+             ("tests/test_fsdp.py::test_fsdp_on_eight_devices_trains_like_one_device",)),
 
     # --- optimizers --------------------------------------------------------------
     Mutation("weight_decay_mask", "jaxnet/optim.py",

@@ -28,13 +28,15 @@ from tests.test_torch_reference import model_shapes
 
 REFERENCE = os.path.join(os.path.dirname(__file__), "data", "reference_logits_alexnet_vit.npz")
 
-# torchvision's alexnet and timm's vit_*_patch16_224 (1000 classes, 224px).
+# torchvision's alexnet and timm's vit_*_patch16_224 and vit_huge_patch14_224 (1000 classes, 224px;
+# torchvision's vit_h_14 publishes the same 632,045,800).
 PUBLISHED_PARAMS = {
     "alexnet": 61_100_840,
     "vit_ti16": 5_717_416,
     "vit_s16": 22_050_664,
     "vit_b16": 86_567_656,
     "vit_l16": 304_326_632,
+    "vit_h14": 632_045_800,
 }
 
 

@@ -125,7 +125,7 @@ def one_device():
 @pytest.fixture(scope="module")
 def eight_devices(one_device):
   exp = experiment.Experiment(make_config(8))
-  assert exp.mesh.shape == {"data": 8, "model": 1}
+  assert exp.mesh.shape == {"data": 8, "fsdp": 1}
   step, states, losses = run_steps(exp, one_device["init"], one_device["batches"])
   return dict(exp=exp, step=step, states=states, losses=losses)
 

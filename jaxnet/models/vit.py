@@ -3,7 +3,8 @@
   flavour="timm"   timm/DeiT style: a class token and a learned position
                    embedding (over the class token too); the head reads the
                    class token after the final LayerNorm. Parameter counts equal
-                   timm's vit_{tiny,small,base,large}_patch16_224.
+                   timm's vit_{tiny,small,base,large}_patch16_224
+                   and vit_huge_patch14_224.
   flavour="plain"  big_vision's "plain ViT" baseline (Beyer et al. 2022, the
                    vit_s16_i1k recipe): no class token, a fixed 2-D sin-cos
                    position embedding, global average pooling after the final
@@ -156,6 +157,9 @@ SIZES = {"ti": (192, 12, 3, 768), "s": (384, 12, 6, 1536), "b": (768, 12, 12, 30
 for _size, (_width, _depth, _heads, _mlp) in SIZES.items():
   register(f"vit_{_size}16")(functools.partial(
       ViT, patch_size=16, width=_width, depth=_depth, num_heads=_heads, mlp_dim=_mlp))
+# ViT-H/14 (Dosovitskiy et al. 2021; timm's vit_huge_patch14_224): 632 M parameters, whose
+# fp32 params and Adam moments (7.6 GB) are what FSDP (config.mesh.fsdp) splits over the GPUs.
+register("vit_h14")(functools.partial(ViT, patch_size=14, width=1280, depth=32, num_heads=16, mlp_dim=5120))
 
 # Two blocks of width 32 on 4x4 patches (~19k parameters on digits): tests and CPU runs on 16px images.
 register("vit_mini")(functools.partial(ViT, patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64))

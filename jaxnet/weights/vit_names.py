@@ -1,6 +1,6 @@
 """jaxnet ViT variable paths -> timm Vision Transformer state-dict names.
 
-For timm's `vit_*_patch16_224` family (jaxnet's default `vit_flavour=timm`):
+For timm's `vit_*_patch16_224` family (and `vit_huge_patch14_224`) (jaxnet's default `vit_flavour=timm`):
 
   jaxnet                       timm
   cls_token, pos_embed         cls_token, pos_embed (same layout)
