@@ -26,6 +26,8 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
 MAX_DEVICES = 8
 
 
@@ -97,30 +99,13 @@ def main():
         f"device; jax {jax.__version__}, {available} x {jax.devices()[0].device_kind} "
         f"({backend}), {os.cpu_count()} CPU cores", flush=True)
 
-  # Step time does not depend on the weights' values, so the state is filled on
-  # the host from its shapes instead of compiling the random init (which takes
-  # longer to compile than the train step of a small model). Scales and
-  # variances are 1 so that BN and the loss scale are well defined.
   first = make_experiment(counts[0])
-  rng = np.random.default_rng(0)
-
-  def fill(path, leaf):
-    name = jax.tree_util.keystr(path)
-    if not np.issubdtype(leaf.dtype, np.floating):
-      return np.zeros(leaf.shape, leaf.dtype)
-    if "var" in name or "scale" in name:
-      return np.ones(leaf.shape, leaf.dtype)
-    return (0.05 * rng.standard_normal(leaf.shape)).astype(leaf.dtype)
-
-  init_host = jax.tree_util.tree_map_with_path(fill, first.abstract_state)
+  init_host = benchlib.filled_state(first.abstract_state)
   rows = []
   for n in counts:
     exp = first if n == counts[0] else make_experiment(n)
     gb = exp.config.batch_size
-    host = {"image": rng.integers(0, 256, (gb,) + exp.image_shape, dtype=np.uint8),
-            "label": rng.integers(0, exp.num_classes, (gb,), dtype=np.int32),
-            "mask": np.ones((gb,), np.bool_), "corrupt": np.zeros((gb,), np.int32)}
-    batch = {k: jax.device_put(v, exp.batch_sharding) for k, v in host.items()}
+    batch = benchlib.synthetic_batch(exp, gb)
     state = jax.device_put(init_host, exp.state_sharding)
     t0 = time.perf_counter()
     step = exp.train_step.lower(state, batch).compile()

@@ -78,3 +78,36 @@ def cell_failed(result: dict) -> bool:
 
 def median(values):
   return statistics.median(values) if values else float("nan")
+
+
+def filled_state(abstract_state, seed: int = 0):
+  """A host train state of `abstract_state`'s shapes with arbitrary finite values.
+
+  Step time does not depend on the weights' values, so benchmarks fill the state
+  instead of compiling the random init (which compiles slower than a small model's
+  step). Scales and variances are 1, so BN and the loss scale are well defined.
+  """
+  import jax
+  import numpy as np
+  rng = np.random.default_rng(seed)
+
+  def fill(path, leaf):
+    name = jax.tree_util.keystr(path)
+    if not np.issubdtype(leaf.dtype, np.floating):
+      return np.zeros(leaf.shape, leaf.dtype)
+    if "var" in name or "scale" in name:
+      return np.ones(leaf.shape, leaf.dtype)
+    return (0.05 * rng.standard_normal(leaf.shape)).astype(leaf.dtype)
+
+  return jax.tree_util.tree_map_with_path(fill, abstract_state)
+
+
+def synthetic_batch(exp, global_batch: int, seed: int = 0) -> dict:
+  """A random uint8 batch for `exp` (a jaxnet Experiment), on its devices."""
+  import jax
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  host = {"image": rng.integers(0, 256, (global_batch,) + exp.image_shape, dtype=np.uint8),
+          "label": rng.integers(0, exp.num_classes, (global_batch,), dtype=np.int32),
+          "mask": np.ones((global_batch,), np.bool_), "corrupt": np.zeros((global_batch,), np.int32)}
+  return {k: jax.device_put(v, exp.batch_sharding) for k, v in host.items()}

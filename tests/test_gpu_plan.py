@@ -307,3 +307,36 @@ def test_a_run_s_xla_flags_are_compile_options_unless_xla_flags_sets_them(monkey
                                     "xla_gpu_all_reduce_combine_threshold_bytes": 134217728}
   monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=false")
   assert gpu_plan.run_options() == {"xla_gpu_all_reduce_combine_threshold_bytes": 134217728}
+
+
+def _vit_mini_on_8_h100s(**mesh):
+  from jaxnet import config_io, gpu_plan
+  _require_plugin()
+  _, text = gpu_plan.target_text("h100")
+  config = gpu_plan.plan_config(config_io.load("configs/vit.py:s16", {
+      "model.name": "vit_mini", "image_size": 16, "mesh.fsdp_min_size": 256, **mesh}), 8, 8)
+  exp, train, _ = gpu_plan.build(config, gpu_plan.topology_devices(text, 8), eval_step=False)
+  return exp, ha.summary(gpu_plan.analyse_step(train, exp.abstract_state, 8))["collectives"]
+
+
+def test_fsdp_reduce_scatters_the_gradients_of_sharded_params_on_8_h100s():
+  """Under FSDP the gradients of the split params are reduce-scattered, not all-reduced: the
+  all-reduces carry only the replicated (small) params' gradients and scalars; data
+  parallelism all-reduces every gradient. No all-to-all: the activations are not resharded."""
+  import math
+
+  import jax
+  dp, dp_collectives = _vit_mini_on_8_h100s()
+  fsdp, collectives = _vit_mini_on_8_h100s(**{"mesh.fsdp": True})
+  sizes = lambda tree: [math.prod(x.shape) for x in jax.tree.leaves(tree)]
+  params = sum(sizes(dp.abstract_state.params))
+  split = sum(n for n, s in zip(sizes(fsdp.abstract_state.params),
+                                jax.tree.leaves(fsdp.state_sharding.params)) if s.spec != ())
+  assert split > params / 2
+  print(f"\nvit_mini params {params}, split {split}; collectives DP {dp_collectives}, FSDP {collectives}")
+  assert dp_collectives["all-reduce"]["elements"] >= params
+  assert "reduce-scatter" not in dp_collectives
+  assert collectives["reduce-scatter"]["elements"] >= split
+  assert collectives["all-reduce"]["elements"] < params - split + 1000  # small grads and scalars
+  assert collectives["all-gather"]["count"] >= 1
+  assert "all-to-all" not in collectives
