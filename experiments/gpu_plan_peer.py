@@ -28,7 +28,7 @@ def peer_step(model_name, precision, batch, image_size, devices):
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
   import flax_minimal
-  from jaxnet import gpu_plan, models
+  from jaxnet import gpu_compile, models
   model = models.create(model_name, num_classes=1000, dtype=flax_minimal.DTYPES[precision])
   tx = flax_minimal.make_optimizer()
   variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
@@ -44,7 +44,7 @@ def peer_step(model_name, precision, batch, image_size, devices):
   labels = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=sharded)
   step = jax.jit(flax_minimal.make_step(model, tx, precision, 1000), donate_argnums=0)
   with models.tracing_for("gpu"):
-    compiled = gpu_plan.compile_step(step, state, images, labels)
+    compiled = gpu_compile.compile_step(step, state, images, labels)
   return compiled, variables["params"]
 
 
@@ -66,19 +66,19 @@ def main():
   parser.add_argument("--batch", type=int, default=2048, help="global batch")
   parser.add_argument("--image-size", type=int, default=224)
   args = parser.parse_args()
-  from jaxnet import config_io, gpu_plan, hlo_analysis
-  gpu_plan.check_plugin()
-  _, text = gpu_plan.target_text(args.target)
-  devices = gpu_plan.topology_devices(text, args.gpus)
+  from jaxnet import config_io, gpu_compile, hlo_analysis
+  gpu_compile.check_plugin()
+  _, text = gpu_compile.target_text(args.target)
+  devices = gpu_compile.topology_devices(text, args.gpus)
   per_gpu = args.batch // args.gpus
 
   config = config_io.load("configs/resnet50.py", {
       "model.name": args.model, "precision": args.precision, "image_size": args.image_size,
       "optim.name": "sgd", "optim.momentum": 0.9, "optim.nesterov": True,
       "optim.weight_decay": 5e-5, "label_smoothing": 0.0})
-  config = gpu_plan.plan_config(config, per_gpu, args.gpus)
-  exp, train, _ = gpu_plan.build(config, devices, eval_step=False)
-  rows = [row("jaxnet", train, gpu_plan.analyse_step(train, exp.abstract_state, per_gpu))]
+  config = gpu_compile.plan_config(config, per_gpu, args.gpus)
+  exp, train, _ = gpu_compile.build(config, devices, eval_step=False)
+  rows = [row("jaxnet", train, gpu_compile.analyse_step(train, exp.abstract_state, per_gpu))]
 
   compiled, params = peer_step(args.model, args.precision, args.batch, args.image_size, devices)
   import jax

@@ -18,32 +18,28 @@ checkpoint as the latest. What this module adds to orbax:
   step, the path, the cause and the newest intact checkpoint;
 - rotation (keep_checkpoints) deletes only old checkpoints whose save is known to
   have completed, so the newest intact checkpoint is never deleted.
+The checksums and the finite check are jaxnet.integrity; whether a checkpoint fits this
+run, jaxnet.checkpoint_fit; removing a failed save's files and moving damaged checkpoints
+aside, jaxnet.checkpoint_cleanup.
 """
 
-import glob
 import json
 import logging
 import os
-import shutil
-import time
 
 import grain.python as grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxnet import integrity
+from jaxnet import checkpoint_cleanup, checkpoint_fit, integrity
 from jaxnet import state as state_lib
+from jaxnet.checkpoint_fit import CheckpointMismatchError
 from jaxnet.errors import MissingFileError, UserError, describe_os_error, first_line
-from jaxnet.integrity import DamagedCheckpointError, leaf_name  # noqa: F401 (ckpt.* names)
+from jaxnet.integrity import DamagedCheckpointError  # noqa: F401 (a ckpt.* name)
 from jaxnet.quiet import quiet_logger
 
 STATE, DATA_ITER, CONFIG, CHECKSUMS = "state", "data_iter", "config", "checksums"
-DAMAGED_DIR = "checkpoints_damaged"
-
-
-class CheckpointMismatchError(UserError):
-  """A checkpoint is intact but holds a different model or optimizer than this run builds."""
 
 
 class CheckpointSaveError(UserError):
@@ -207,31 +203,11 @@ class Checkpoints:
   def _save_failed(self, step: int, error: BaseException) -> CheckpointSaveError:
     path = os.path.join(self.directory, str(step))
     self._failed.add(step)
-    self._remove_partials(step)  # give the space back
+    checkpoint_cleanup.remove_partials(self.directory, step)  # give the space back
     cause = describe_os_error(error)
     fix = "Free space there, then" if cause == "no space left on device" else "Fix that, then"
     return CheckpointSaveError(f"checkpoint at step {step} FAILED ({cause}) writing {path}. "
                                f"{self.intact_sentence()} {fix} rerun the same command to resume.")
-
-  def _remove_partials(self, step: int, settle_sec: float = 0.0) -> None:
-    """Removes a failed save's temporary directories.
-
-    The first failed write ends orbax's save, but tensorstore's writes of the other
-    arrays may still land afterwards and recreate the directory. With `settle_sec`,
-    keeps removing until it has stayed absent that long (at most 20 times as long).
-    """
-    pattern = os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*")
-    deadline, absent_since = time.monotonic() + 20 * settle_sec, None
-    while True:
-      partials = glob.glob(pattern)
-      for partial in partials:
-        shutil.rmtree(partial, ignore_errors=True)
-      now = time.monotonic()
-      if partials or absent_since is None:
-        absent_since = now
-      if now - absent_since >= settle_sec or now > deadline:
-        return
-      time.sleep(settle_sec / 5)
 
   def _rotate(self) -> None:
     if not self.keep:
@@ -258,9 +234,7 @@ class Checkpoints:
       raise DamagedCheckpointError(step, self.directory, f"its metadata cannot be read ({first_line(e)})")
     if saved_tree is None:
       raise DamagedCheckpointError(step, self.directory, "it holds no train state (empty or incomplete)")
-    saved_has_ema = any(n.startswith("ema_params/") for n in _shapes(saved_tree))
-    target = state_lib.restore_target(abstract_state, saved_has_ema)
-    _check_fits(saved_tree, target, step_dir)
+    target = checkpoint_fit.restore_target(saved_tree, abstract_state, step_dir)
     state, checksums = self.read(step, target, iterator)
     if checksums is not None:
       integrity.verify(state, checksums, step, self.directory)
@@ -313,20 +287,14 @@ class Checkpoints:
       self._set_aside(damaged)
       raise DamagedCheckpointError(
           ", ".join(map(str, damaged)), self.directory,
-          f"no checkpoint verifies; they were moved to {os.path.join(self.workdir, DAMAGED_DIR)}. "
+          f"no checkpoint verifies; they were moved to {os.path.join(self.workdir, checkpoint_cleanup.DAMAGED_DIR)}. "
           f"Rerun to start from scratch, or use a new --workdir")
     return None, None
 
   def _set_aside(self, steps) -> None:
     if not steps or self.read_only or jax.process_index() != 0:
       return
-    target = os.path.join(self.workdir, DAMAGED_DIR)
-    os.makedirs(target, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for step in steps:
-      destination = os.path.join(target, f"{step}-{stamp}")
-      os.replace(os.path.join(self.directory, str(step)), destination)
-      print(f"moved damaged checkpoint {step} to {destination}", flush=True)
+    checkpoint_cleanup.set_aside(self.workdir, self.directory, steps)
     self.manager.reload()
 
   def close(self) -> None:
@@ -335,25 +303,7 @@ class Checkpoints:
     finally:
       self.manager.close()
       for step in self._failed:
-        self._remove_partials(step, settle_sec=0.5)
-
-
-def _shapes(tree) -> dict:
-  return {leaf_name(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
-def _check_fits(saved_tree, abstract_state, step_dir: str) -> None:
-  """Raises CheckpointMismatchError naming the arrays whose names or shapes differ."""
-  saved, wanted = _shapes(saved_tree), _shapes(abstract_state)
-  if saved == wanted:
-    return
-  diffs = [f"{k}: {saved.get(k, 'absent')} in the checkpoint, {wanted.get(k, 'absent')} in this run"
-           for k in sorted(set(saved) | set(wanted)) if saved.get(k) != wanted.get(k)]
-  more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
-  raise CheckpointMismatchError(
-      f"the checkpoint in {step_dir} holds a different model or optimizer than this config builds "
-      f"({'; '.join(diffs[:3])}{more}). Use the config it was trained with (its config.json), "
-      f"or a new --workdir.")
+        checkpoint_cleanup.remove_partials(self.directory, step, settle_sec=0.5)
 
 
 def abstract(tree, shardings):

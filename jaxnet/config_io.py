@@ -17,7 +17,7 @@ import traceback
 import ml_collections
 
 from jaxnet.config_base import base_config
-from jaxnet.errors import MissingFileError, UserError
+from jaxnet.errors import InvalidValueError, MissingFileError, UserError
 
 
 class ConfigOverrideError(UserError, ValueError):
@@ -100,7 +100,6 @@ _RULES = (
     ("data.read_threads", lambda v: v >= 0, ">= 0"),
     ("data.prefetch", lambda v: v >= 0, ">= 0"),
     ("data.eval_batch_size", lambda v: v >= 0, ">= 0 (0 means batch_size)"),
-    ("data.eval_crop_fraction", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("optim.learning_rate", lambda v: v >= 0, ">= 0"),
     ("distributed.heartbeat_timeout_sec", lambda v: v >= 1, ">= 1"),
 )
@@ -121,6 +120,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
     problems.append(f"profile_steps={profile!r} must be (first, last) with 1 <= first <= last")
   if config.total_steps == 0 and config.num_epochs <= 0:
     problems.append(f"num_epochs={config.num_epochs!r} must be > 0 when total_steps is 0")
+  from jaxnet.data import transforms  # the eval options' checks live where they are used
+  for check, value in ((transforms.check_crop_fraction, config.data.eval_crop_fraction),
+                       (transforms.check_interpolation, config.data.eval_interpolation)):
+    try:
+      check(value)
+    except InvalidValueError as e:
+      problems.append(str(e))
   if problems:
     raise InvalidConfigError("invalid config: " + "; ".join(problems))
 

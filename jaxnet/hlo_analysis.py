@@ -1,8 +1,9 @@
 """What a compiled XLA:GPU program does, read from its optimized HLO text.
 
 `jaxnet.gpu_plan` compiles the train step for a GPU target on a machine without one
-and hands `compiled.as_text()` to `analyse`. Only the text is read (no jax, no
-device), so the rules are unit-tested on small HLO snippets.
+and hands `compiled.as_text()` to `analyse`, which reads it (parsed by `jaxnet.hlo_text`)
+into kernels, FLOPs and HBM bytes. Only the text is read (no jax, no device), so the
+rules are unit-tested on small HLO snippets.
 
 What counts as a kernel: each fusion and each library call (cuDNN, cuBLAS, ...) in
 the computations that run on the device, i.e. the entry computation and the bodies
@@ -20,10 +21,8 @@ import dataclasses
 import json
 import re
 
-DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-               "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
-               "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3b11fnuz": 1, "f8e5m2fnuz": 1,
-               "f8e4m3fnuz": 1, "s4": 0.5, "u4": 0.5, "token": 0}
+from jaxnet.hlo_text import (arrays, attribute, backend_config, called, elements, layout_name, nbytes,
+                              parse_module)
 
 # cuDNN / cuBLAS custom-call targets, by what they compute.
 CONV_TARGETS = {"__cudnn$convForward": "forward", "__cudnn$convBackwardInput": "backward-input",
@@ -36,139 +35,6 @@ COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute
 NO_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
              "partition-id", "replica-id", "add-dependency", "opt-barrier", "domain",
              "copy-done", "send-done", "recv-done", "async-done", "async-update", "iota"}
-LAYOUT_NAMES = {"b01f": "NHWC", "bf01": "NCHW", "b012f": "NDHWC", "bf012": "NCDHW", "b0f": "NWC",
-                "bf0": "NCW"}
-
-_SHAPE = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
-_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
-_INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
-
-
-@dataclasses.dataclass
-class Instruction:
-  name: str
-  shape: str      # the result's shape text, a tuple "(a, b)" for several results
-  opcode: str
-  operands: list  # names of the operand instructions
-  attrs: str      # everything after the operand list
-  root: bool = False
-
-
-@dataclasses.dataclass
-class Computation:
-  name: str
-  instructions: list
-  entry: bool = False
-
-  def __post_init__(self):
-    self.by_name = {i.name: i for i in self.instructions}
-
-  @property
-  def root(self):
-    return next((i for i in self.instructions if i.root), self.instructions[-1])
-
-
-def _balanced(text: str, start: int) -> int:
-  """Index just past the bracket group opening at text[start]."""
-  depth, pairs = 0, {"(": ")", "{": "}", "[": "]"}
-  closers = set(pairs.values())
-  quoted = False
-  for i in range(start, len(text)):
-    c = text[i]
-    if c == '"' and text[i - 1] != "\\":
-      quoted = not quoted
-    elif quoted:
-      continue
-    elif c in pairs:
-      depth += 1
-    elif c in closers:
-      depth -= 1
-      if depth == 0:
-        return i + 1
-  return len(text)
-
-
-def parse_instruction(line: str) -> Instruction | None:
-  m = _INSTR.match(line)
-  if not m:
-    return None
-  root, name, rest = bool(m.group(1)), m.group(2), m.group(3)
-  if rest.startswith("("):
-    end = _balanced(rest, 0)
-  else:
-    end = rest.find(" ")
-    # A layout with tiling, "{1,0:T(8,128)}", holds no spaces; the type ends at the first space.
-  shape, rest = rest[:end], rest[end:].lstrip()
-  m = re.match(r"([\w\-]+)\(", rest)
-  if not m:
-    return None
-  opcode = m.group(1)
-  close = _balanced(rest, m.end() - 1)
-  operand_text, attrs = rest[m.end():close - 1], rest[close:]
-  operands = re.findall(r"%([\w.\-]+)", operand_text)
-  if not operands and operand_text.strip() and opcode not in ("constant", "parameter"):
-    operands = [t.strip().split()[-1] for t in operand_text.split(",") if t.strip()]
-  return Instruction(name, shape, opcode, operands, attrs, root)
-
-
-def parse_module(text: str) -> dict:
-  """HLO module text -> {computation name: Computation}."""
-  computations, current, lines = {}, None, []
-  for line in text.splitlines():
-    if current is None:
-      m = _HEADER.match(line.strip())
-      if m:
-        current, lines = (m.group(2), bool(m.group(1))), []
-      continue
-    if line.strip() == "}":
-      instructions = [i for i in map(parse_instruction, lines) if i]
-      if instructions:
-        computations[current[0]] = Computation(current[0], instructions, entry=current[1])
-      current = None
-      continue
-    lines.append(line)
-  return computations
-
-
-def arrays(shape: str) -> list:
-  """'(bf16[2,3]{1,0}, u8[0]{0})' -> [('bf16', (2, 3)), ('u8', (0,))]."""
-  return [(d, tuple(int(x) for x in dims.split(",") if x)) for d, dims in _SHAPE.findall(shape)]
-
-
-def elements(dims) -> int:
-  n = 1
-  for d in dims:
-    n *= d
-  return n
-
-
-def nbytes(shape: str) -> float:
-  return sum(elements(dims) * DTYPE_BYTES.get(dtype, 4) for dtype, dims in arrays(shape))
-
-
-def layout_name(labels: str) -> str:
-  return LAYOUT_NAMES.get(labels, labels)
-
-
-def _attr(attrs: str, key: str) -> str | None:
-  m = re.search(rf"\b{key}=(%?[\w.\-$>]+|\"[^\"]*\"|\{{[^}}]*\}})", attrs)
-  return m.group(1).strip('"').lstrip("%") if m else None
-
-
-def _called(attrs: str, key: str) -> list:
-  m = re.search(rf"\b{key}=(\{{[^}}]*\}}|%?[\w.\-]+)", attrs)
-  return re.findall(r"[\w.\-]+", m.group(1).replace("%", "")) if m else []
-
-
-def _backend_config(attrs: str) -> str:
-  i = attrs.find("backend_config=")
-  if i < 0:
-    return ""
-  start = i + len("backend_config=")
-  if attrs[start:start + 1] == "{":
-    return attrs[start:_balanced(attrs, start)]
-  m = re.match(r'"((?:[^"\\]|\\.)*)"', attrs[start:])
-  return m.group(1).encode().decode("unicode_escape") if m else ""
 
 
 def conv_flops(forward_output_dims, filter_dims, filter_labels: str) -> int:
@@ -269,7 +135,7 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
     # Combined: several tensors in one collective, as operands or concatenated into one buffer.
     concatenated = any(computations[n].root.opcode == "concatenate"
                        for o in instr.operands if o in comp.by_name
-                       for n in _called(comp.by_name[o].attrs, "calls") if n in computations)
+                       for n in called(comp.by_name[o].attrs, "calls") if n in computations)
     result.collectives.append({"op": op, "bytes": size, "elements": values, "operands": operand_shapes,
                                "combined": len(instr.operands) > 1 or concatenated, "count": count})
     result.kernels.append(Kernel(instr.name, "collective", 0, size, "", count))
@@ -286,11 +152,11 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
       elif i.opcode == "dot":
         dt, out = first_array(i.shape)
         _, lhs = first_array(shape_of(fused, i.operands[0]))
-        contracting = [int(x) for x in re.findall(r"\d+", _attr(i.attrs, "lhs_contracting_dims") or "")]
+        contracting = [int(x) for x in re.findall(r"\d+", attribute(i.attrs, "lhs_contracting_dims") or "")]
         flops += dot_flops(out, lhs, contracting)
         dtype = first_array(shape_of(fused, i.operands[0]))[0]
       elif i.opcode == "convolution":
-        labels = (_attr(i.attrs, "dim_labels") or "b01f_01io->b01f").replace("->", "_").split("_")
+        labels = (attribute(i.attrs, "dim_labels") or "b01f_01io->b01f").replace("->", "_").split("_")
         _, out = first_array(i.shape)
         _, rhs = first_array(shape_of(fused, i.operands[1]))
         flops += conv_flops(out, rhs, labels[1])
@@ -309,17 +175,17 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
       if op in NO_KERNEL or op.endswith("-done"):
         continue
       if op == "while":
-        config = _backend_config(instr.attrs)
+        config = backend_config(instr.attrs)
         m = re.search(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)', config)
         trips = int(m.group(1)) if m else 1
         for key in ("body", "condition"):
-          for name in _called(instr.attrs, key):
+          for name in called(instr.attrs, key):
             if name in computations:
               walk(computations[name], count * trips)
         continue
       if op in ("conditional", "call"):
         for key in ("branch_computations", "true_computation", "false_computation", "to_apply"):
-          for name in _called(instr.attrs, key):
+          for name in called(instr.attrs, key):
             if name in computations:
               walk(computations[name], count)
         continue
@@ -328,7 +194,7 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
         collective(comp, instr, base, count)
         continue
       if op == "async-start":
-        wrapped = [computations[n] for n in _called(instr.attrs, "calls") if n in computations]
+        wrapped = [computations[n] for n in called(instr.attrs, "calls") if n in computations]
         inner = [i for w in wrapped for i in w.instructions
                  if i.opcode.removesuffix("-start") in COLLECTIVES]
         if inner:
@@ -338,12 +204,12 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
             walk(w, count)
         continue
       if op == "fusion":
-        fused = [computations[n] for n in _called(instr.attrs, "calls") if n in computations]
+        fused = [computations[n] for n in called(instr.attrs, "calls") if n in computations]
         flops, dtype = 0, ""
         for f in fused:
           f_flops, f_dtype = inside_fusion(f, instr.name, count)
           flops, dtype = flops + f_flops, dtype or f_dtype
-        config = _backend_config(instr.attrs)
+        config = backend_config(instr.attrs)
         kind = "fusion"
         if "__cudnn$fusion" in config:
           kind = "conv" if any(i.opcode == "convolution" for f in fused for i in f.instructions) else "gemm"
@@ -360,7 +226,7 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
         result.kernels.append(Kernel(instr.name, kind, flops, io_bytes(comp, instr), dtype, count))
         continue
       if op == "custom-call":
-        target = _attr(instr.attrs, "custom_call_target") or ""
+        target = attribute(instr.attrs, "custom_call_target") or ""
         # Library calls return (result, scratch space): only the result is written to HBM.
         out_shape = instr.shape
         if out_shape.startswith("("):
@@ -368,7 +234,7 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
         size = io_bytes(comp, instr, results_too=False) + nbytes(out_shape)
         if target in CONV_TARGETS:
           kind = CONV_TARGETS[target]
-          labels = (_attr(instr.attrs, "dim_labels") or "").replace("->", "_").split("_")
+          labels = (attribute(instr.attrs, "dim_labels") or "").replace("->", "_").split("_")
           operands = [first_array(shape_of(comp, o))[1] for o in instr.operands]
           result_dims = first_array(instr.shape)[1]
           # Operands and result per kind (dim_labels always describe the forward convolution):
@@ -386,7 +252,7 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
                                       "dtype": dtype, "count": count})
           result.kernels.append(Kernel(instr.name, "conv", flops, size, dtype, count))
         elif target.startswith(GEMM_TARGETS):
-          config = _backend_config(instr.attrs)
+          config = backend_config(instr.attrs)
           contracting = re.search(r'"lhs_contracting_dimensions"\s*:\s*\[([^\]]*)\]', config)
           contracting = [int(x) for x in re.findall(r"\d+", contracting.group(1))] if contracting else []
           lhs_dtype, lhs = first_array(shape_of(comp, instr.operands[0]))

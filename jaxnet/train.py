@@ -34,12 +34,15 @@ from jaxnet.weights import pretrained
 _TRANSFER_GUARD = os.environ.get("JAXNET_TRANSFER_GUARD", "allow")
 
 
-def itstime(step: int, every: int, total: int) -> bool:
-  """Whether a periodic action runs after `step`: every `every` steps (0: never), not at `total`.
+def itstime(step: int, every: int, total: int, *, last: bool) -> bool:
+  """Whether a periodic action runs after `step`: every `every` steps (0: never), and at the
+  final step `total` exactly when `last` (as big_vision's utils.itstime).
 
-  The final step is always logged, evaluated and saved, once, by the loop's end.
+  Logging asks for the final step; eval and saving do not, as the loop's end does those once.
   """
-  return bool(every) and step % every == 0 and step != total
+  if step == total:
+    return last
+  return bool(every) and step % every == 0
 
 
 def _summarize_window(history: list[dict]) -> dict:
@@ -151,7 +154,7 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
       watch.step = step
 
       record = {}
-      log_now = step == total or itstime(step, config.log_every_steps, total)
+      log_now = itstime(step, config.log_every_steps, total, last=True)
       if log_now:
         integrity.check_finite_metrics(history, step, checkpoints.intact_sentence(), fp16)
         record = _summarize_window(history)
@@ -162,7 +165,7 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
         record["time"] = progress.elapsed()  # seconds since this process started training
         progress.report(step, record, record["train/images_per_sec"], config.log_every_steps)
 
-      if itstime(step, exp.eval_every, total):  # the final eval comes after the loop
+      if itstime(step, exp.eval_every, total, last=False):  # the final eval comes after the loop
         eval_metrics = evaluation.evaluate(exp, state)
         record.update(eval_metrics, time=progress.elapsed())
         if is_chief:
@@ -173,7 +176,7 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
       if record and step != total:
         writer.write(step, record)
 
-      if itstime(step, exp.checkpoint_every, total):  # so does the final save
+      if itstime(step, exp.checkpoint_every, total, last=False):  # so does the final save
         save(step)
 
       if step < total and signals.should_stop(sync=log_now):  # at total the run ends anyway

@@ -1,4 +1,4 @@
-"""jaxnet.gpu_plan and jaxnet.hlo_analysis: the GPU program, compiled on this CPU.
+"""gpu_plan, gpu_compile and hlo_analysis: the GPU program, compiled on this CPU.
 
 The hlo_analysis tests read small HLO snippets (always run). The gpu_plan tests compile
 jaxnet's real train step for H100 targets; they need the CUDA plugin wheels of this jaxlib
@@ -140,7 +140,7 @@ def test_no_entry_is_an_error():
 
 
 def test_missing_or_mismatched_plugin_names_the_fix(monkeypatch):
-  from jaxnet import gpu_plan
+  from jaxnet import gpu_compile
   jaxlib = importlib.metadata.version("jaxlib")
   real = importlib.metadata.version
 
@@ -152,21 +152,21 @@ def test_missing_or_mismatched_plugin_names_the_fix(monkeypatch):
   monkeypatch.setattr(importlib.metadata, "version", none)
   with pytest.raises(UserError, match=f"pip install --no-deps jax-cuda12-plugin=={jaxlib} "
                                       f"jax-cuda12-pjrt=={jaxlib}"):
-    gpu_plan.check_plugin()
+    gpu_compile.check_plugin()
   monkeypatch.setattr(importlib.metadata, "version",
                       lambda name: "0.0.1" if name.startswith("jax-cuda12") else none(name))
   with pytest.raises(UserError, match=f"does not match jaxlib {jaxlib}: pip install"):
-    gpu_plan.check_plugin()
+    gpu_compile.check_plugin()
   with pytest.raises(UserError, match="unknown --target=v200: use one of a100, h100, h200"):
-    gpu_plan.target_text("v200")
+    gpu_compile.target_text("v200")
 
 
 # --- gpu_plan: jaxnet's steps compiled for H100s ----------------------------------------
 
 def _plugin_reason():
-  from jaxnet import gpu_plan
+  from jaxnet import gpu_compile
   try:
-    gpu_plan.check_plugin()
+    gpu_compile.check_plugin()
   except UserError as e:
     return str(e)
   return None
@@ -181,15 +181,15 @@ def _require_plugin():
 
 def _resnet50(precision, per_gpu_batch, gpus):
   """ResNet-50's train step (the real one, via Experiment) compiled for `gpus` H100s."""
-  from jaxnet import config_io, gpu_plan
+  from jaxnet import config_io, gpu_compile
   _require_plugin()
-  _, text = gpu_plan.target_text("h100")
-  devices = gpu_plan.topology_devices(text, gpus)
-  config = gpu_plan.plan_config(config_io.load("configs/resnet50.py", {"precision": precision}),
+  _, text = gpu_compile.target_text("h100")
+  devices = gpu_compile.topology_devices(text, gpus)
+  config = gpu_compile.plan_config(config_io.load("configs/resnet50.py", {"precision": precision}),
                                 per_gpu_batch, gpus)
-  exp, train, _ = gpu_plan.build(config, devices, eval_step=False)
-  analysis = gpu_plan.analyse_step(train, exp.abstract_state, per_gpu_batch)
-  return exp, train, analysis, gpu_plan.device_memory(text)
+  exp, train, _ = gpu_compile.build(config, devices, eval_step=False)
+  analysis = gpu_compile.analyse_step(train, exp.abstract_state, per_gpu_batch)
+  return exp, train, analysis, gpu_compile.device_memory(text)
 
 
 def _check_resnet50(exp, train, analysis, device_memory, gpus):
@@ -263,23 +263,23 @@ def test_command_line_prints_the_table_or_one_line():
 
 def test_largest_batch_doubles_then_bisects(monkeypatch):
   """The search, with a fake compile: 1 GiB per image per GPU, 20.5 GiB usable -> 20."""
-  from jaxnet import gpu_plan
+  from jaxnet import gpu_compile
   compiled = []
 
   def fake_build(config, devices, eval_step=True):
     per_gpu = config.batch_size // len(devices)
     compiled.append(per_gpu)
-    return None, gpu_plan.Compiled("", per_gpu * 2**30, 0, 0, 0, 0), None
+    return None, gpu_compile.Compiled("", per_gpu * 2**30, 0, 0, 0, 0), None
 
-  monkeypatch.setattr(gpu_plan, "build", fake_build)
+  monkeypatch.setattr(gpu_compile, "build", fake_build)
   from jaxnet import config_io
   config = config_io.load("configs/resnet50.py", {})
-  found = gpu_plan.largest_batch(config, devices=[0, 1], usable=20.5 * 2**30, start=4)
+  found = gpu_compile.largest_batch(config, devices=[0, 1], usable=20.5 * 2**30, start=4)
   assert (found["per_gpu_batch"], found["does_not_fit"]) == (20, 22)
   assert compiled[:4] == [4, 8, 16, 32]  # doubling until it does not fit, then bisecting
   assert len(compiled) == len(set(compiled)) <= 8
   compiled.clear()
-  too_big = gpu_plan.largest_batch(config, devices=[0, 1], usable=2.5 * 2**30, start=64)
+  too_big = gpu_compile.largest_batch(config, devices=[0, 1], usable=2.5 * 2**30, start=64)
   assert (too_big["per_gpu_batch"], too_big["does_not_fit"]) == (2, 3)
   assert compiled == [64, 32, 16, 8, 4, 2, 3]  # halving until it fits, then between 2 and 4
 
@@ -290,10 +290,10 @@ def test_fp16_max_pool_gradient_stays_sharded_over_8_h100s():
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from jaxnet import gpu_plan, models
+  from jaxnet import gpu_compile, models
   _require_plugin()
-  _, text = gpu_plan.target_text("h100")
-  mesh = jax.sharding.Mesh(gpu_plan.topology_devices(text, 8), ("data",))
+  _, text = gpu_compile.target_text("h100")
+  mesh = jax.sharding.Mesh(gpu_compile.topology_devices(text, 8), ("data",))
   x = jax.ShapeDtypeStruct((64, 32, 32, 16), jnp.float16, sharding=NamedSharding(mesh, P("data")))
   loss = lambda x: jnp.sum(models.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1))).astype(jnp.float32) ** 2)
   hlo = jax.jit(jax.grad(loss)).lower(x).compile().as_text()
@@ -301,22 +301,22 @@ def test_fp16_max_pool_gradient_stays_sharded_over_8_h100s():
 
 
 def test_a_run_s_xla_flags_are_compile_options_unless_xla_flags_sets_them(monkeypatch):
-  from jaxnet import gpu_plan
+  from jaxnet import gpu_compile
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-  assert gpu_plan.run_options() == {"xla_gpu_enable_latency_hiding_scheduler": True,
+  assert gpu_compile.run_options() == {"xla_gpu_enable_latency_hiding_scheduler": True,
                                     "xla_gpu_all_reduce_combine_threshold_bytes": 134217728}
   monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=false")
-  assert gpu_plan.run_options() == {"xla_gpu_all_reduce_combine_threshold_bytes": 134217728}
+  assert gpu_compile.run_options() == {"xla_gpu_all_reduce_combine_threshold_bytes": 134217728}
 
 
 def _vit_mini_on_8_h100s(**mesh):
-  from jaxnet import config_io, gpu_plan
+  from jaxnet import config_io, gpu_compile
   _require_plugin()
-  _, text = gpu_plan.target_text("h100")
-  config = gpu_plan.plan_config(config_io.load("configs/vit.py:s16", {
+  _, text = gpu_compile.target_text("h100")
+  config = gpu_compile.plan_config(config_io.load("configs/vit.py:s16", {
       "model.name": "vit_mini", "image_size": 16, "mesh.fsdp_min_size": 256, **mesh}), 8, 8)
-  exp, train, _ = gpu_plan.build(config, gpu_plan.topology_devices(text, 8), eval_step=False)
-  return exp, ha.summary(gpu_plan.analyse_step(train, exp.abstract_state, 8))["collectives"]
+  exp, train, _ = gpu_compile.build(config, gpu_compile.topology_devices(text, 8), eval_step=False)
+  return exp, ha.summary(gpu_compile.analyse_step(train, exp.abstract_state, 8))["collectives"]
 
 
 def test_fsdp_reduce_scatters_the_gradients_of_sharded_params_on_8_h100s():

@@ -116,6 +116,17 @@ def test_nan_bf16_eval_from_the_command_line_is_one_error_line(quick_start):
   assert read_jsonl(workdir) == before  # nothing recorded
 
 
+def test_periodic_actions_run_every_n_steps_and_at_the_last_step_only_when_asked():
+  from jaxnet.train import itstime
+  steps = range(1, 11)
+  # Logging asks for the last step; eval and saving leave it to the loop's end (once).
+  assert [s for s in steps if itstime(s, 4, 10, last=True)] == [4, 8, 10]
+  assert [s for s in steps if itstime(s, 4, 10, last=False)] == [4, 8]
+  assert [s for s in steps if itstime(s, 5, 10, last=False)] == [5]
+  assert [s for s in steps if itstime(s, 0, 10, last=True)] == [10]  # 0: never, but the last
+  assert [s for s in steps if itstime(s, 0, 10, last=False)] == []
+
+
 def test_resume_is_exact(tmp_path):
   """2N steps straight through == N steps, stop, resume to 2N (params and losses)."""
   args = ("total_steps=12", "log_every_steps=1", "checkpoint_every_steps=6", "eval_every_steps=0",

@@ -109,8 +109,7 @@ def eval_crop_geometry(height: int, width: int, image_size: int,
   becomes 256 for 224 / 0.875, the longer side is truncated to an integer,
   and the crop offset is rounded half to even, as both libraries do.
   """
-  if not 0 < crop_fraction <= 1:
-    raise InvalidValueError(f"data.eval_crop_fraction must be in (0, 1], got {crop_fraction}")
+  check_crop_fraction(crop_fraction)
   short = math.floor(image_size / crop_fraction)
   if width <= height:
     resized = (int(short * height / width), short)
@@ -129,7 +128,7 @@ def eval_resize_crop(pixels: np.ndarray, image_size: int, crop_fraction: float =
   the box) as resizing the whole image and then cropping, at a fraction of
   the cost.
   """
-  _check_interpolation(interpolation)
+  check_interpolation(interpolation)
   height, width = pixels.shape[:2]
   (resized_h, resized_w), (top, left) = eval_crop_geometry(height, width, image_size, crop_fraction)
   sy, sx = height / resized_h, width / resized_w
@@ -139,7 +138,14 @@ def eval_resize_crop(pixels: np.ndarray, image_size: int, crop_fraction: float =
   return np.asarray(image)
 
 
-def _check_interpolation(interpolation: str) -> None:
+# The one check of each eval option: here, where they are used (a caller of these functions
+# may never run config_io.validate), and from config_io.validate before a run writes anything.
+def check_crop_fraction(crop_fraction: float) -> None:
+  if not 0 < crop_fraction <= 1:
+    raise InvalidValueError(f"data.eval_crop_fraction must be in (0, 1], got {crop_fraction}")
+
+
+def check_interpolation(interpolation: str) -> None:
   if interpolation not in EVAL_INTERPOLATIONS:
     raise InvalidValueError(f"data.eval_interpolation must be one of {sorted(EVAL_INTERPOLATIONS)}, "
                             f"got {interpolation!r}")
@@ -258,8 +264,8 @@ class EvalDecodeCrop(grain.MapTransform):
     self.crop_fraction = crop_fraction
     self.interpolation = interpolation
     # Bad values fail here, in the main process, rather than in a Grain worker.
-    eval_crop_geometry(image_size, image_size, image_size, crop_fraction)
-    _check_interpolation(interpolation)
+    check_crop_fraction(crop_fraction)
+    check_interpolation(interpolation)
 
   def map(self, element: dict[str, Any]):
     try:
