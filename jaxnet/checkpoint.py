@@ -247,6 +247,8 @@ class Checkpoints:
     """(state, saved checksums or None) of `step`, unverified; `target=None` gives numpy arrays."""
     items = {STATE: ocp.args.StandardRestore(target)}
     if iterator is not None:
+      checkpoint_fit.check_iterator_processes(os.path.join(self.directory, str(step), DATA_ITER),
+                                              jax.process_count(), self.workdir)
       items[DATA_ITER] = grain.PyGrainCheckpointRestore(iterator)
     has_checksums = os.path.isdir(os.path.join(self.directory, str(step), CHECKSUMS))
     if has_checksums:

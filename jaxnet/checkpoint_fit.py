@@ -1,5 +1,10 @@
 """Whether a checkpoint fits this run: the tree its train state is read into, and a clear
-error naming the arrays that differ when it holds another model or optimizer."""
+error naming the arrays that differ when it holds another model or optimizer, or a data
+position saved by another number of processes."""
+
+import glob
+import os
+import re
 
 import jax
 
@@ -34,3 +39,23 @@ def restore_target(saved_tree, abstract_state, step_dir: str):
       f"the checkpoint in {step_dir} holds a different model or optimizer than this config builds "
       f"({'; '.join(diffs[:3])}{more}). Use the config it was trained with (its config.json), "
       f"or a new --workdir.")
+
+
+def check_iterator_processes(iterator_dir: str, process_count: int, workdir: str) -> None:
+  """Raises CheckpointMismatchError when the data iterator's position in `iterator_dir` was
+  saved by another number of processes than `process_count`.
+
+  Each process saves its own position in its own shard of the data (Grain's
+  process_I-of-N.json), so the position has no meaning for another process count (the
+  device count per process may change: the shards stay the same). Without this check Grain
+  reports a missing file, which would make an intact checkpoint look damaged.
+  """
+  saved = {int(m.group(1)) for f in glob.glob(os.path.join(iterator_dir, "process_*-of-*.json"))
+           if (m := re.search(r"-of-(\d+)\.json$", f))}
+  if saved and process_count not in saved:
+    n = max(saved)
+    raise CheckpointMismatchError(
+        f"the data position in {iterator_dir} was saved by {n} process(es), each in its own shard "
+        f"of the data; this run has {process_count}. Resume with {n} process(es) (any number of "
+        f"devices each), or start a new --workdir from these weights with "
+        f"--config.init.weights={workdir}")

@@ -5,6 +5,7 @@ Training (`jaxnet/train.py`) and evaluation (`jaxnet/evaluation.py`) both start 
 """
 
 import jax
+import jax.numpy as jnp
 
 from jaxnet import checkpoint as ckpt
 from jaxnet import durations, fsdp, mixing, models, optim, parallel, precision, steps
@@ -72,7 +73,7 @@ class Experiment:
     self.batch_sharding = parallel.batch_sharding(self.mesh)
 
     norm = dict(num_classes=self.num_classes, mean=tuple(config.data.mean), std=tuple(config.data.std),
-                param_sharding=self.state_sharding.params if m.fsdp else None)
+                fsdp=self._fsdp_gather(abstract_state) if m.fsdp else None)
     train_step = steps.make_train_step(self.model, self.tx, self.schedule, self.policy,
                                        label_smoothing=config.label_smoothing,
                                        ema_decay=config.ema_decay, mix=mixing.Mix(**config.mix),
@@ -84,6 +85,13 @@ class Experiment:
                               out_shardings=(self.state_sharding, replicated), donate_argnums=0)
     self.eval_step = jax.jit(eval_step, in_shardings=(self.state_sharding, self.batch_sharding),
                              out_shardings=replicated)
+
+  def _fsdp_gather(self, abstract_state) -> fsdp.Gather:
+    dtype = self.policy.compute_dtype
+    stats = {"batch_stats": abstract_state.batch_stats} if abstract_state.batch_stats else {}
+    apply = lambda params: self.model.apply({"params": params, **stats},
+                                            jnp.zeros((1,) + self.image_shape, dtype), train=False)
+    return fsdp.Gather(self.state_sharding.params, fsdp.cast_on_use(apply, abstract_state.params, dtype))
 
   def init_state(self) -> TrainState:
     state = self._init()

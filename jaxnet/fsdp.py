@@ -13,6 +13,15 @@ The rule, per tensor of the params, BN statistics, optimizer state and EMA:
 - else split along its largest axis that `fsdp` divides (ties: the last such axis);
 - no axis divides: replicated, and counted, so a summary can say what was left whole.
 A parameter and its optimizer moments have one shape, so they get one sharding.
+
+In the step (`Gather`), the params are gathered whole where the model uses them, and each
+gradient is constrained back to its param's sharding. A param the model only ever casts to
+the compute dtype (bf16 kernels) is cast before it is gathered: half the all-gather traffic,
+and its gradient is reduce-scattered in that dtype, as data parallelism all-reduces it. (Cast
+after the gather, XLA all-reduces the bf16 gradient and converts it before slicing, a
+pattern its GPU compiler does not turn into a reduce-scatter.) Without these constraints
+XLA's sharding propagation may split the activations along a weight's sharded axis instead
+(model parallelism, with all-to-alls), not FSDP.
 """
 
 import dataclasses
@@ -73,6 +82,40 @@ def state_shardings(abstract_state, mesh: Mesh, enabled: bool, min_size: int):
     else:
       by_field[field.name] = jax.tree.map(lambda _: replicated, value)
   return abstract_state.replace(**by_field)
+
+
+@dataclasses.dataclass(frozen=True)
+class Gather:
+  """FSDP inside the step: `params(p)` whole on every device, `grads(g)` split as the params."""
+  sharding: object                # the params' NamedShardings
+  cast: object                    # per param: the dtype to cast to before gathering, or None
+
+  def params(self, params):
+    def whole(p, s, dtype):
+      p = p if dtype is None else p.astype(dtype)
+      return jax.lax.with_sharding_constraint(p, NamedSharding(s.mesh, P()))
+    return jax.tree.map(whole, params, self.sharding, self.cast)
+
+  def grads(self, grads):
+    return jax.lax.with_sharding_constraint(grads, self.sharding)
+
+
+def cast_on_use(apply_params, abstract_params, compute_dtype):
+  """Per param: `compute_dtype` when `apply_params(params)` (the model) only ever uses it
+  cast to that dtype, else None. Read from the traced program (jaxpr), so it holds for any
+  model: casting such a param earlier changes no value."""
+  leaves, treedef = jax.tree.flatten(abstract_params)
+  if np.dtype(compute_dtype) == np.float32:
+    return jax.tree.unflatten(treedef, [None] * len(leaves))
+  jaxpr = jax.make_jaxpr(lambda *ls: apply_params(jax.tree.unflatten(treedef, ls)))(*leaves).jaxpr
+  uses = {v: [] for v in jaxpr.invars}
+  for eqn in jaxpr.eqns:
+    for v in eqn.invars:
+      if not hasattr(v, "val") and v in uses:  # a Var, not a Literal
+        uses[v].append(eqn)
+  cast = lambda eqns: bool(eqns) and all(
+      e.primitive.name == "convert_element_type" and e.params["new_dtype"] == compute_dtype for e in eqns)
+  return jax.tree.unflatten(treedef, [compute_dtype if cast(uses[v]) else None for v in jaxpr.invars])
 
 
 def summarize(abstract_state, shardings, min_size: int) -> Summary:

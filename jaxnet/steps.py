@@ -44,8 +44,7 @@ WINDOW_REDUCTION = {"data/corrupt_images": "sum", "train/skipped_steps": "last",
 
 def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_classes: int,
                     mean, std, label_smoothing: float = 0.0, ema_decay: float = 0.0,
-                    mix: mixing.Mix | None = None, grad_accum_steps: int = 1,
-                    param_sharding=None):
+                    mix: mixing.Mix | None = None, grad_accum_steps: int = 1, fsdp=None):
   """Returns `train_step(state, batch) -> (state, metrics)`.
 
   `batch` holds `image` (uint8 NHWC), `label`, `mask` and `corrupt`; examples
@@ -60,12 +59,13 @@ def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_cl
   normalises each micro-batch with its own statistics, and its running statistics
   move once per micro-batch.
 
-  `param_sharding` (FSDP, jaxnet/fsdp.py): the params' shardings. The step then
-  gathers the whole params where the model uses them, and gives each device the
+  `fsdp` (a jaxnet.fsdp.Gather, or None): the params are split over the devices. The
+  step then gathers them whole where the model uses them, and gives each device the
   gradient slice of the params it holds (XLA's reduce-scatter, where data
   parallelism all-reduces).
   """
-  gather, scatter = _fsdp_constraints(param_sharding)
+  gather = fsdp.params if fsdp else (lambda params: params)
+  scatter = fsdp.grads if fsdp else (lambda grads: grads)
 
   def loss_fn(params, batch_stats, batch, key, count, loss_scale):
     # The loss is the masked *sum* over this (micro-)batch over the example count of
@@ -162,13 +162,13 @@ def make_train_step(model, tx, schedule, policy: precision_lib.Policy, *, num_cl
 
 
 def make_eval_step(model, policy: precision_lib.Policy, *, num_classes: int, mean, std,
-                   use_ema: bool = False, param_sharding=None):
+                   use_ema: bool = False, fsdp=None):
   """Returns `eval_step(state, batch) -> sums`: metric *sums* and the example count,
   so that batches (including the padded last one) add up exactly.
-  `param_sharding`: as make_train_step's."""
+  `fsdp`: as make_train_step's."""
 
   logits_fn = make_logits_fn(model, policy, mean=mean, std=std)
-  gather, _ = _fsdp_constraints(param_sharding)
+  gather = fsdp.params if fsdp else (lambda params: params)
 
   def eval_step(state: TrainState, batch):
     params = gather(state.ema_params if use_ema else state.params)
@@ -185,20 +185,6 @@ def make_eval_step(model, policy: precision_lib.Policy, *, num_classes: int, mea
     }
 
   return eval_step
-
-
-def _fsdp_constraints(param_sharding):
-  """(gather, scatter): params -> whole on every device; gradients -> sharded as the params.
-
-  Without them XLA's sharding propagation may instead split the activations along the
-  weights' sharded axis (model parallelism with all-to-alls, not FSDP). Identities when
-  the params are not sharded."""
-  if param_sharding is None:
-    return (lambda params: params), (lambda grads: grads)
-  whole = jax.tree.map(lambda s: jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec()),
-                       param_sharding)
-  return (lambda params: jax.lax.with_sharding_constraint(params, whole),
-          lambda grads: jax.lax.with_sharding_constraint(grads, param_sharding))
 
 
 def eval_variables(params, ema_params, batch_stats, use_ema: bool) -> dict:

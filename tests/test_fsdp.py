@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxnet import api, fsdp, parallel
 from jaxnet import checkpoint as ckpt
+from jaxnet import checkpoint_cleanup
 from jaxnet.errors import InvalidValueError
 from jaxnet.experiment import Experiment
 from tests.test_parallel import make_config, rel_diff, run_steps
@@ -110,6 +111,29 @@ def test_fsdp_keeps_batch_norm_statistics_over_the_global_batch():
   assert rel_diff(after_one.batch_stats, init.batch_stats) > 1e-3  # the statistics moved
 
 
+def test_bf16_params_are_cast_before_the_gather_and_train_as_data_parallel_does():
+  """bf16: the kernels the model only uses cast to bf16 are gathered (and their gradients
+  reduce-scattered) in bf16; LayerNorm and the fp32 head stay fp32. One step equals data
+  parallelism's on 8 devices, which casts the same values after its (absent) gather."""
+  bf16 = {**VIT, "precision": "bf16"}
+  sharded = Experiment(make_config(8, **bf16, **FSDP))
+  gather = fsdp.cast_on_use(
+      lambda p: sharded.model.apply({"params": p}, np.zeros((1,) + sharded.image_shape, "bfloat16"),
+                                    train=False),
+      sharded.abstract_state.params, sharded.policy.compute_dtype)
+  assert gather["block0"]["fc1"]["kernel"] == np.dtype("bfloat16")
+  assert gather["patch_embed"]["kernel"] == np.dtype("bfloat16")
+  assert gather["block0"]["norm1"]["scale"] is None and gather["head"]["kernel"] is None
+  replicated = Experiment(make_config(8, **bf16))
+  init = jax.device_get(replicated.init_state())
+  batch = next(iter(replicated.train_loader()))
+  _, (after_dp,), (loss_dp,) = run_steps(replicated, init, [batch])
+  _, (after_fsdp,), (loss_fsdp,) = run_steps(sharded, init, [batch])
+  assert rel_diff(after_fsdp.params, after_dp.params) <= REL_TOL
+  assert loss_fsdp == pytest.approx(loss_dp, rel=REL_TOL)
+  assert rel_diff(after_dp.params, init.params) > 1e-4
+
+
 def _argument_bytes(exp) -> int:
   batch = {"image": jax.ShapeDtypeStruct((16,) + exp.image_shape, np.uint8, sharding=exp.batch_sharding),
            "label": jax.ShapeDtypeStruct((16,), np.int32, sharding=exp.batch_sharding),
@@ -178,3 +202,16 @@ def test_a_checkpoint_restores_exactly_onto_other_meshes_and_resumes_there(tmp_p
     assert other_mesh[s] == pytest.approx(same_mesh[s], rel=REL_TOL)
   # Different batches would move the loss by far more than the bar: the steps see new digits.
   assert abs(same_mesh[5] - same_mesh[6]) > 100 * REL_TOL * same_mesh[5]
+
+
+def test_a_data_position_saved_by_other_processes_is_refused_not_set_aside(tmp_path):
+  """Each process saves its position in its own shard of the data: a resume with another
+  process count is refused in one line, and the (intact) checkpoint stays where it is."""
+  workdir = tmp_path / "run"
+  _train(workdir, 8, 2)
+  iterator_dir = workdir / "checkpoints" / "2" / ckpt.DATA_ITER
+  (iterator_dir / "process_0-of-1.json").rename(iterator_dir / "process_0-of-2.json")  # as 2 would
+  with pytest.raises(ckpt.CheckpointMismatchError,
+                     match=r"saved by 2 process\(es\).*this run has 1\. Resume with 2 process"):
+    _train(workdir, 8, 4)
+  assert (workdir / "checkpoints" / "2").is_dir() and not (workdir / checkpoint_cleanup.DAMAGED_DIR).exists()
