@@ -108,8 +108,10 @@ def _gpu_plan_rows(args):
         continue
       plan = json.loads(proc.stdout)
       found = plan["max_per_gpu_batch"]
+      traffic = {op: c["bytes"] / GIB for op, c in plan["train"]["collectives"].items()}
       rows.append(dict(model=f"vit_{variant}", fsdp=fsdp, max_batch=found["per_gpu_batch"],
                        does_not_fit=found.get("does_not_fit"), memory_at_128=plan["memory"]["total"] / GIB,
+                       state=plan["memory"]["arguments"] / GIB, traffic=traffic,
                        minutes=(time.perf_counter() - start) / 60))
       print(f"  vit_{variant} fsdp={fsdp}: {rows[-1]}", file=sys.stderr, flush=True)
   return rows
@@ -159,13 +161,15 @@ def main():
   if args.gpu_plan:
     rows = _gpu_plan_rows(args)
     print(f"\nlargest batch per GPU on {DEVICES} H100s (jaxnet.gpu_plan --find-max-batch; compiled, not run)")
-    print(f"{'model':<9} {'FSDP':<5} {'max batch/GPU':>13} {'does not fit':>12} {'GiB at 128/GPU':>14}")
+    print(f"{'model':<9} {'FSDP':<5} {'max batch/GPU':>13} {'does not fit':>12} {'GiB at 128/GPU':>14} "
+          f"{'state GiB':>9}  collectives per step (GiB sent in)")
     for r in rows:
       if "error" in r:
         print(f"{r['model']:<9} {str(r['fsdp']):<5} error: {r['error']}")
       else:
+        traffic = ", ".join(f"{op} {gib:.2f}" for op, gib in sorted(r["traffic"].items()))
         print(f"{r['model']:<9} {str(r['fsdp']):<5} {r['max_batch']!s:>13} {r['does_not_fit']!s:>12} "
-              f"{r['memory_at_128']:>14.2f}")
+              f"{r['memory_at_128']:>14.2f} {r['state']:>9.2f}  {traffic}")
 
 
 if __name__ == "__main__":

@@ -89,6 +89,7 @@ def plan(config, *, target: str = "h100", gpus: int = 8, hosts: int = 1, dump: s
       "xla_options": {**train.options, **evaluation.options},
       "transposes": [t for t in analysis.transposes if t["size"] == "activation"],
       "gradient_collectives": analysis.collectives,
+      "fsdp": exp.fsdp_summary.line() if exp.fsdp_summary else "",
   }
   peaks = PEAK_FLOPS.get(name)
   if peaks:
@@ -118,6 +119,8 @@ def table(r: dict) -> str:
            f"  total {m['total'] / GIB:.2f} GiB of {m['device'] / GIB:.1f} GiB "
            f"({m['usable'] / GIB:.1f} GiB usable at jax's memory fraction {mem_fraction():g}): "
            f"{'fits' if m['fits'] else 'DOES NOT FIT'}; eval step {m['eval_total'] / GIB:.2f} GiB"]
+  if r.get("fsdp"):
+    lines.append(f"  {r['fsdp']}")
   if "max_per_gpu_batch" in r:
     mb = r["max_per_gpu_batch"]
     bound = f", {mb['does_not_fit']} does not" if "does_not_fit" in mb else " (search stopped)"

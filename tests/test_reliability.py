@@ -294,11 +294,12 @@ def test_an_invalid_config_json_is_one_line_naming_it(trained, tmp_path):
 def test_a_refused_run_leaves_no_workdir_behind(tmp_path):
   """Values that only the experiment's build can refuse (an unknown model, too few
   devices): a workdir this run created goes again; one that existed stays."""
-  for override, message in [("model.name=nope", "unknown model 'nope'"),
-                            ("mesh.num_devices=64", "asked for 64 devices")]:
+  for overrides, message in [(["model.name=nope"], "unknown model 'nope'"),
+                             (["mesh.num_devices=64"], "asked for 64 devices"),
+                             (["mesh.fsdp=True", "mesh.fsdp_devices=3"], "mesh.fsdp_devices=3 does not divide")]:
     workdir = tmp_path / "new"
     with pytest.raises((errors.UserError, ValueError), match=message):
-      api.train(_digits(override), workdir)
+      api.train(_digits(*overrides), workdir)
     assert not workdir.exists()
   existing = tmp_path / "existing"
   existing.mkdir()
