@@ -92,7 +92,8 @@ class Gather:
 
   def params(self, params):
     def whole(p, s, dtype):
-      p = p if dtype is None else p.astype(dtype)
+      if dtype is not None:  # cast the shard (pinned, or XLA gathers fp32 and casts after)
+        p = jax.lax.with_sharding_constraint(p.astype(dtype), s)
       return jax.lax.with_sharding_constraint(p, NamedSharding(s.mesh, P()))
     return jax.tree.map(whole, params, self.sharding, self.cast)
 

@@ -314,7 +314,8 @@ def _vit_mini_on_8_h100s(**mesh):
   _require_plugin()
   _, text = gpu_compile.target_text("h100")
   config = gpu_compile.plan_config(config_io.load("configs/vit.py:s16", {
-      "model.name": "vit_mini", "image_size": 16, "mesh.fsdp_min_size": 256, **mesh}), 8, 8)
+      "model.name": "vit_mini", "image_size": 16, "data.num_classes": 10, "mesh.fsdp_min_size": 256,
+      **mesh}), 8, 8)
   exp, train, _ = gpu_compile.build(config, gpu_compile.topology_devices(text, 8), eval_step=False)
   return exp, ha.summary(gpu_compile.analyse_step(train, exp.abstract_state, 8))["collectives"]
 
@@ -322,7 +323,8 @@ def _vit_mini_on_8_h100s(**mesh):
 def test_fsdp_reduce_scatters_the_gradients_of_sharded_params_on_8_h100s():
   """Under FSDP the gradients of the split params are reduce-scattered, not all-reduced: the
   all-reduces carry only the replicated (small) params' gradients and scalars; data
-  parallelism all-reduces every gradient. No all-to-all: the activations are not resharded."""
+  parallelism all-reduces every gradient. No all-to-all: the activations are not resharded.
+  The bf16 model's kernels are gathered in bf16 (2 bytes an element), not as fp32 shards."""
   import math
 
   import jax
@@ -339,4 +341,5 @@ def test_fsdp_reduce_scatters_the_gradients_of_sharded_params_on_8_h100s():
   assert collectives["reduce-scatter"]["elements"] >= split
   assert collectives["all-reduce"]["elements"] < params - split + 1000  # small grads and scalars
   assert collectives["all-gather"]["count"] >= 1
+  assert collectives["all-gather"]["bytes"] <= 2.2 * collectives["all-gather"]["elements"]
   assert "all-to-all" not in collectives
