@@ -46,7 +46,7 @@ def main():
   state = jax.jit(init, out_shardings=parallel.replicated(mesh))()
   state = jax.block_until_ready(state)
   megabytes = sum(x.nbytes for x in jax.tree.leaves(state)) / 1e6
-  abstract = ckpt.abstract(state, jax.tree.map(lambda x: x.sharding, state))
+  abstract = parallel.abstract(state, jax.tree.map(lambda x: x.sharding, state))
 
   def timed(fn):
     times = []

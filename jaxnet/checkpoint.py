@@ -19,11 +19,10 @@ checkpoint as the latest. What this module adds to orbax:
 - rotation (keep_checkpoints) deletes only old checkpoints whose save is known to
   have completed, so the newest intact checkpoint is never deleted.
 The checksums and the finite check are jaxnet.integrity; whether a checkpoint fits this
-run, jaxnet.checkpoint_fit; removing a failed save's files and moving damaged checkpoints
+run, jaxnet.checkpoint_fit; reading the saved config as a file, jaxnet.checkpoint_files; removing a failed save's files and moving damaged checkpoints
 aside, jaxnet.checkpoint_cleanup.
 """
 
-import json
 import logging
 import os
 
@@ -34,12 +33,13 @@ import orbax.checkpoint as ocp
 
 from jaxnet import checkpoint_cleanup, checkpoint_fit, integrity
 from jaxnet import state as state_lib
+from jaxnet.checkpoint_files import CHECKPOINTS_DIR, CONFIG
 from jaxnet.checkpoint_fit import CheckpointMismatchError
 from jaxnet.errors import MissingFileError, UserError, describe_os_error, first_line
 from jaxnet.integrity import DamagedCheckpointError  # noqa: F401 (a ckpt.* name)
 from jaxnet.quiet import quiet_logger
 
-STATE, DATA_ITER, CONFIG, CHECKSUMS = "state", "data_iter", "config", "checksums"
+STATE, DATA_ITER, CHECKSUMS = "state", "data_iter", "checksums"
 
 
 class CheckpointSaveError(UserError):
@@ -72,37 +72,6 @@ def _handlers():
           CONFIG: ocp.JsonCheckpointHandler(), CHECKSUMS: ocp.JsonCheckpointHandler()}
 
 
-def has_checkpoints(workdir: str) -> bool:
-  """Whether WORKDIR/checkpoints holds any step directory (intact or not), without opening it."""
-  directory = os.path.join(workdir, "checkpoints")
-  return os.path.isdir(directory) and any(d.isdigit() for d in os.listdir(directory))
-
-
-# The file in which orbax's JsonCheckpointHandler keeps an item (here: config/).
-JSON_ITEM_FILE = "metadata"
-
-
-def newest_saved_config(workdir: str) -> tuple[int, dict] | tuple[None, None]:
-  """(step, config dict) of the newest checkpoint whose saved config reads, or (None, None).
-
-  Every checkpoint carries the config that wrote it, so a workdir whose config.json
-  was deleted still knows what run it holds. Reads the files directly: no orbax
-  manager, no arrays, nothing written.
-  """
-  directory = os.path.join(workdir, "checkpoints")
-  if not os.path.isdir(directory):
-    return None, None
-  for step in sorted((int(d) for d in os.listdir(directory) if d.isdigit()), reverse=True):
-    try:
-      with open(os.path.join(directory, str(step), CONFIG, JSON_ITEM_FILE)) as f:
-        config = json.load(f)
-    except (OSError, ValueError):
-      continue  # an incomplete or damaged checkpoint: an older one may still say
-    if isinstance(config, dict):
-      return step, config
-  return None, None
-
-
 class Checkpoints:
   """WORKDIR/checkpoints: verified saves and restores, failure reporting, rotation.
 
@@ -111,7 +80,7 @@ class Checkpoints:
 
   def __init__(self, workdir: str, keep: int = 0, async_save: bool = True, read_only: bool = False):
     self.workdir = os.path.abspath(workdir)
-    self.directory = os.path.join(self.workdir, "checkpoints")
+    self.directory = os.path.join(self.workdir, CHECKPOINTS_DIR)
     self.keep, self.read_only = keep, read_only
     if read_only and not os.path.isdir(self.directory):
       raise self._no_checkpoint()
@@ -306,11 +275,6 @@ class Checkpoints:
       self.manager.close()
       for step in self._failed:
         checkpoint_cleanup.remove_partials(self.directory, step, settle_sec=0.5)
-
-
-def abstract(tree, shardings):
-  """ShapeDtypeStructs with shardings: a restore target that allocates nothing."""
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 def load_arrays(workdir: str, step: int | None = None):

@@ -7,7 +7,6 @@ Training (`jaxnet/train.py`) and evaluation (`jaxnet/evaluation.py`) both start 
 import jax
 import jax.numpy as jnp
 
-from jaxnet import checkpoint as ckpt
 from jaxnet import durations, fsdp, mixing, models, optim, parallel, precision, steps
 from jaxnet.data import pipeline, sources
 from jaxnet.errors import InvalidValueError
@@ -68,7 +67,7 @@ class Experiment:
     self.state_sharding = fsdp.state_shardings(abstract_state, self.mesh, m.fsdp, m.fsdp_min_size)
     self.fsdp_summary = (fsdp.summarize(abstract_state, self.state_sharding, m.fsdp_min_size)
                          if m.fsdp else None)
-    self.abstract_state = ckpt.abstract(abstract_state, self.state_sharding)
+    self.abstract_state = parallel.abstract(abstract_state, self.state_sharding)
     self._init = jax.jit(init, out_shardings=self.state_sharding)
     self.batch_sharding = parallel.batch_sharding(self.mesh)
 

@@ -86,6 +86,11 @@ def bn_num_groups(bn_group_size: int, mesh: Mesh) -> int:
   return devices // bn_group_size
 
 
+def abstract(tree, shardings):
+  """ShapeDtypeStructs with shardings: e.g. a restore target that allocates nothing."""
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
 def to_global(local_batch: dict, sharding: NamedSharding) -> dict:
   """This process's numpy batch -> global jax.Arrays sharded over the mesh's devices."""
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}

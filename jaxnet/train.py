@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from jaxnet import checkpoint as ckpt
-from jaxnet import config_io, evaluation, integrity, peers, runtime, steps
+from jaxnet import checkpoint_files, config_io, evaluation, integrity, peers, runtime, steps
 from jaxnet import workdir as workdir_lib
 from jaxnet.data.device_batches import DeviceBatches
 from jaxnet.errors import UserError
@@ -91,7 +91,7 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
   config_json = config.to_json_best_effort(indent=2)
   config_dict = json.loads(config_json)
   # Before anything is written: is this the run the checkpoints came from?
-  changes = workdir_lib.check_config(workdir, config_dict, accept) if ckpt.has_checkpoints(workdir) else {}
+  changes = workdir_lib.check_config(workdir, config_dict, accept) if checkpoint_files.has_checkpoints(workdir) else {}
   exp = Experiment(config)
   is_chief = exp.process_index == 0
   if is_chief and exp.data_note:

@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 
+from jaxnet.checkpoint_files import newest_saved_config
 from jaxnet.config_io import flatten
 from jaxnet.errors import UserError
 from jaxnet.metrics import reporting_failed_writes, write_atomically
@@ -170,12 +171,11 @@ def saved_config(workdir: str) -> dict | None:
 
   An unreadable config.json is an error naming it: guessing would defeat the check.
   """
-  from jaxnet import checkpoint as ckpt
   from jaxnet.config_io import read_json
   path = os.path.join(workdir, CONFIG_FILE)
   if os.path.exists(path):
     return read_json(path)
-  step, config = ckpt.newest_saved_config(workdir)
+  step, config = newest_saved_config(workdir)
   if config is None:
     return None
   import jax

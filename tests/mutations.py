@@ -298,7 +298,7 @@ MUTATIONS = [
              (EXPERIMENTS + "test_time_to_accuracy_quick_reaches_both_targets",)),
     # --- reliability, third round (issue 27) --------------------------------------
     Mutation("config_json_restored_from_checkpoints", "jaxnet/workdir.py",
-             "  step, config = ckpt.newest_saved_config(workdir)\n", "  step, config = None, None\n",
+             "  step, config = newest_saved_config(workdir)\n", "  step, config = None, None\n",
              ("tests/test_reliability.py::test_a_deleted_config_json_is_restored_from_the_checkpoints",)),
     Mutation("invalid_config_json_named", "jaxnet/config_io.py",
              "  except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError\n    saved = e\n",

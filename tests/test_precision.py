@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxnet import checkpoint as ckpt
-from jaxnet import models, precision
+from jaxnet import models, parallel, precision
 from jaxnet.data import pipeline
 from jaxnet.data.sources import ArraySource
 from jaxnet.precision import LossScale
@@ -126,7 +126,7 @@ def test_loss_scale_is_saved_in_checkpoints(tmp_path):
   checkpoints.wait()
   fresh = LossScale.create(2.0**15, growth_interval=7)
   target = state.replace(loss_scale=fresh)   # what a restarted run would build from its config
-  abstract = ckpt.abstract(target, jax.tree.map(lambda x: x.sharding, target))
+  abstract = parallel.abstract(target, jax.tree.map(lambda x: x.sharding, target))
   restored, step = checkpoints.restore_newest(abstract)
   checkpoints.close()
   assert step == 3

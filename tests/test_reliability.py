@@ -24,7 +24,7 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from jaxnet import api, checkpoint as ckpt, config_io, errors, integrity, quiet
+from jaxnet import api, checkpoint as ckpt, checkpoint_files, config_io, errors, integrity, quiet
 from jaxnet import workdir as workdir_lib
 from jaxnet.metrics import read_jsonl
 from tests.helpers import REPO, run_main
@@ -272,9 +272,9 @@ def test_a_deleted_config_json_is_restored_from_the_checkpoints(trained, tmp_pat
 
   # Without checkpoint 20's config, the older checkpoint's is used.
   os.remove(workdir / "config.json")
-  os.remove(workdir / "checkpoints" / "20" / "config" / ckpt.JSON_ITEM_FILE)
+  os.remove(workdir / "checkpoints" / "20" / "config" / checkpoint_files.JSON_ITEM_FILE)
   assert workdir_lib.saved_config(str(workdir)) == json.load(
-      open(workdir / "checkpoints" / "10" / "config" / ckpt.JSON_ITEM_FILE))
+      open(workdir / "checkpoints" / "10" / "config" / checkpoint_files.JSON_ITEM_FILE))
 
 
 def test_an_invalid_config_json_is_one_line_naming_it(trained, tmp_path):
