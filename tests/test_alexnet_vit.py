@@ -366,6 +366,9 @@ def test_vit_config_variants_follow_the_big_vision_recipe():
   assert (c.optim.warmup_steps, c.optim.schedule, c.optim.grad_clip_norm) == (10_000, "cosine", 1.0)
   assert (c.data.randaug_num_ops, c.data.randaug_magnitude, c.mix.mixup_alpha) == (2, 10, 0.2)
   assert c.model.vit_flavour == "plain"
+  # Only ViT-H/14 splits its state (FSDP) and its batch (2 micro-batches) to fit 80 GB GPUs.
+  assert [(v, vit.get_config(v).mesh.fsdp, vit.get_config(v).grad_accum_steps) for v in ("l16", "h14")] == [
+      ("l16", False, 1), ("h14", True, 2)]
   with pytest.raises(ValueError, match=r"variant 's32'.*configs/vit.py:s16"):
     vit.get_config("s32")
 
