@@ -4,7 +4,8 @@ The checkpoint holds one copy of the replicated state (orbax writes each array
 once, from the shard with replica_id 0, which lives on process 0), so it cannot
 show whether process 1 ended with the same parameters. This wrapper runs the
 real CLI unchanged and, whenever the loop saves a checkpoint, also writes this
-process's own copy of the state to WORKDIR/replica_<step>_process<i>.npz.
+process's own copy of the replicated arrays of the state to
+WORKDIR/replica_<step>_process<i>.npz (arrays FSDP splits are in the checkpoint).
 
 With JAXNET_TEST_SIGTERM=P:S, process P sends itself SIGTERM once step S is done,
 as a scheduler preempting one host would; the other process gets no signal.
@@ -24,6 +25,8 @@ def _save_with_replica(self, step, state, *args, **kwargs):
   import jax
   flat = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+    if not leaf.sharding.is_fully_replicated:  # FSDP: each device holds its own part
+      continue
     shards = [np.asarray(s.data) for s in leaf.addressable_shards]
     # Every local device must hold the same replica, not just the first one.
     for other in shards[1:]:

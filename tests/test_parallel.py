@@ -461,6 +461,24 @@ def test_two_processes_train_like_one(multihost_run, two_process_reference):
   assert rel_diff(jax.device_get(restored.batch_stats), ref_stats) <= REL_TOL
 
 
+@pytest.mark.slow
+def test_two_processes_train_with_fsdp_like_one(tmp_path, two_process_reference):
+  """FSDP over the 2 processes x 2 devices (each process holds and writes its own shards)
+  trains like one process x 4 devices without FSDP on the same examples (`-m slow`: ~1 min)."""
+  run = _start_two_processes(tmp_path / "run", "fsdp", "--config.mesh.fsdp=True",
+                             "--config.mesh.fsdp_min_size=256")
+  outputs = _wait(run)
+  assert "FSDP over 4 devices" in outputs[0] and "final: step" in outputs[0]
+  ref = two_process_reference
+  checkpoints = ckpt.Checkpoints(str(run["workdir"]), read_only=True)
+  restored, step = checkpoints.restore_newest(ref["exp"].abstract_state)
+  checkpoints.close()
+  assert step == STEPS
+  diff = rel_diff(params_and_stats(jax.device_get(restored)), params_and_stats(ref["states"][STEPS - 1]))
+  print(f"\nFSDP on 2 processes x 2 devices vs 1 process x 4 devices at step {STEPS}: {diff:.2e}")
+  assert diff <= max(REL_TOL, 2 * ref["chaos"][STEPS - 1])
+
+
 # The run above, resumed with total_steps=RESUMED_STEPS: process 1 alone gets SIGTERM
 # after step PREEMPTED_AT, and both processes must stop there.
 RESUMED_STEPS, PREEMPTED_AT = 10, 7
