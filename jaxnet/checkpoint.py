@@ -19,8 +19,8 @@ checkpoint as the latest. What this module adds to orbax:
 - rotation (keep_checkpoints) deletes only old checkpoints whose save is known to
   have completed, so the newest intact checkpoint is never deleted.
 The checksums and the finite check are jaxnet.integrity; whether a checkpoint fits this
-run, jaxnet.checkpoint_fit; reading the saved config as a file, jaxnet.checkpoint_files; removing a failed save's files and moving damaged checkpoints
-aside, jaxnet.checkpoint_cleanup.
+run, jaxnet.checkpoint_fit; reading the saved config as a file, jaxnet.checkpoint_files;
+removing a failed save's files and moving damaged checkpoints aside, jaxnet.checkpoint_cleanup.
 """
 
 import logging
@@ -258,7 +258,8 @@ class Checkpoints:
       self._set_aside(damaged)
       raise DamagedCheckpointError(
           ", ".join(map(str, damaged)), self.directory,
-          f"no checkpoint verifies; they were moved to {os.path.join(self.workdir, checkpoint_cleanup.DAMAGED_DIR)}. "
+          f"no checkpoint verifies; they were moved to "
+          f"{os.path.join(self.workdir, checkpoint_cleanup.DAMAGED_DIR)}. "
           f"Rerun to start from scratch, or use a new --workdir")
     return None, None
 

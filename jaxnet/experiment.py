@@ -71,8 +71,10 @@ class Experiment:
     self._init = jax.jit(init, out_shardings=self.state_sharding)
     self.batch_sharding = parallel.batch_sharding(self.mesh)
 
-    norm = dict(num_classes=self.num_classes, mean=tuple(config.data.mean), std=tuple(config.data.std),
-                fsdp=self._fsdp_gather(abstract_state) if m.fsdp else None)
+    norm = dict(num_classes=self.num_classes, mean=tuple(config.data.mean), std=tuple(config.data.std))
+    # FSDP: how the steps gather the params (None: they are whole on every device already).
+    self.fsdp_gather = self._fsdp_gather(abstract_state, norm) if m.fsdp else None
+    norm["fsdp"] = self.fsdp_gather
     train_step = steps.make_train_step(self.model, self.tx, self.schedule, self.policy,
                                        label_smoothing=config.label_smoothing,
                                        ema_decay=config.ema_decay, mix=mixing.Mix(**config.mix),
@@ -85,12 +87,14 @@ class Experiment:
     self.eval_step = jax.jit(eval_step, in_shardings=(self.state_sharding, self.batch_sharding),
                              out_shardings=replicated)
 
-  def _fsdp_gather(self, abstract_state) -> fsdp.Gather:
-    dtype = self.policy.compute_dtype
-    stats = {"batch_stats": abstract_state.batch_stats} if abstract_state.batch_stats else {}
-    apply = lambda params: self.model.apply({"params": params, **stats},
-                                            jnp.zeros((1,) + self.image_shape, dtype), train=False)
-    return fsdp.Gather(self.state_sharding.params, fsdp.cast_on_use(apply, abstract_state.params, dtype))
+  def _fsdp_gather(self, abstract_state, norm: dict) -> fsdp.Gather:
+    """The steps' gather, with the params the model only uses in the compute dtype cast first."""
+    logits_fn = steps.make_logits_fn(self.model, self.policy, mean=norm["mean"], std=norm["std"])
+    image = jnp.zeros((1,) + self.image_shape, jnp.uint8)
+    apply = lambda params, stats: logits_fn(steps.eval_variables(params, None, stats, False), image)
+    cast = fsdp.cast_on_use(apply, abstract_state.params, self.policy.compute_dtype,
+                            abstract_state.batch_stats)
+    return fsdp.Gather(self.state_sharding.params, cast)
 
   def init_state(self) -> TrainState:
     state = self._init()

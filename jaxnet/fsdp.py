@@ -101,22 +101,25 @@ class Gather:
     return jax.lax.with_sharding_constraint(grads, self.sharding)
 
 
-def cast_on_use(apply_params, abstract_params, compute_dtype):
-  """Per param: `compute_dtype` when `apply_params(params)` (the model) only ever uses it
-  cast to that dtype, else None. Read from the traced program (jaxpr), so it holds for any
-  model: casting such a param earlier changes no value."""
+def cast_on_use(apply, abstract_params, compute_dtype, *other_args):
+  """Per param: `compute_dtype` when `apply(params, *other_args)` (the model) only ever uses
+  it cast to that dtype, else None. Read from the traced program (jaxpr), so it holds for any
+  model: casting such a param earlier changes no value. `other_args` (e.g. BN statistics)
+  are traced too, as abstract values."""
   leaves, treedef = jax.tree.flatten(abstract_params)
   if np.dtype(compute_dtype) == np.float32:
     return jax.tree.unflatten(treedef, [None] * len(leaves))
-  jaxpr = jax.make_jaxpr(lambda *ls: apply_params(jax.tree.unflatten(treedef, ls)))(*leaves).jaxpr
-  uses = {v: [] for v in jaxpr.invars}
+  jaxpr = jax.make_jaxpr(lambda ls, *rest: apply(jax.tree.unflatten(treedef, ls), *rest))(
+      leaves, *other_args).jaxpr
+  param_vars = jaxpr.invars[:len(leaves)]  # the params' leaves come first
+  uses = {v: [] for v in param_vars}
   for eqn in jaxpr.eqns:
     for v in eqn.invars:
       if not hasattr(v, "val") and v in uses:  # a Var, not a Literal
         uses[v].append(eqn)
   cast = lambda eqns: bool(eqns) and all(
       e.primitive.name == "convert_element_type" and e.params["new_dtype"] == compute_dtype for e in eqns)
-  return jax.tree.unflatten(treedef, [compute_dtype if cast(uses[v]) else None for v in jaxpr.invars])
+  return jax.tree.unflatten(treedef, [compute_dtype if cast(uses[v]) else None for v in param_vars])
 
 
 def summarize(abstract_state, shardings, min_size: int) -> Summary:

@@ -171,8 +171,8 @@ def make_eval_step(model, policy: precision_lib.Policy, *, num_classes: int, mea
   gather = fsdp.params if fsdp else (lambda params: params)
 
   def eval_step(state: TrainState, batch):
-    params = gather(state.ema_params if use_ema else state.params)
-    logits = logits_fn(eval_variables(params, params, state.batch_stats, use_ema), batch["image"])
+    variables = eval_variables(state.params, state.ema_params, state.batch_stats, use_ema)
+    logits = logits_fn({**variables, "params": gather(variables["params"])}, batch["image"])
     mask = batch["mask"].astype(jnp.float32)
     loss = cross_entropy(logits, batch["label"], num_classes)
     top5 = jax.lax.top_k(logits, min(5, num_classes))[1]

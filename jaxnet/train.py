@@ -91,7 +91,8 @@ def _train(config, workdir: str, accept: tuple, signals: runtime.StopSignals,
   config_json = config.to_json_best_effort(indent=2)
   config_dict = json.loads(config_json)
   # Before anything is written: is this the run the checkpoints came from?
-  changes = workdir_lib.check_config(workdir, config_dict, accept) if checkpoint_files.has_checkpoints(workdir) else {}
+  changes = (workdir_lib.check_config(workdir, config_dict, accept)
+             if checkpoint_files.has_checkpoints(workdir) else {})
   exp = Experiment(config)
   is_chief = exp.process_index == 0
   if is_chief and exp.data_note:

@@ -29,9 +29,9 @@ ABSENT = object()  # a key one of two configs does not have
 # Keys that may change between a run and its resume: cadence, length, input
 # throughput, checkpoint handling and the device mesh (a checkpoint restores onto any
 # device count and FSDP layout). They change neither what a step computes nor
-# which examples it sees (a mesh only changes the order of float sums). data.workers is not among them: Grain batches inside each
-# worker, so the worker count decides which examples share a batch, and the saved
-# iterator position only fits the same count.
+# which examples it sees (a mesh only changes the order of float sums). data.workers is
+# not among them: Grain batches inside each worker, so the worker count decides which
+# examples share a batch, and the saved iterator position only fits the same count.
 RESUMABLE = (
     "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "eval_every_epochs",
     "checkpoint_every_epochs", "total_steps", "num_epochs",

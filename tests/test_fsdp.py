@@ -111,19 +111,22 @@ def test_fsdp_keeps_batch_norm_statistics_over_the_global_batch():
   assert rel_diff(after_one.batch_stats, init.batch_stats) > 1e-3  # the statistics moved
 
 
-def test_bf16_params_are_cast_before_the_gather_and_train_as_data_parallel_does():
+@pytest.mark.parametrize("model", ["vit_mini", "resnet_tiny"])
+def test_bf16_params_are_cast_before_the_gather_and_train_as_data_parallel_does(model):
   """bf16: the kernels the model only uses cast to bf16 are gathered (and their gradients
-  reduce-scattered) in bf16; LayerNorm and the fp32 head stay fp32. One step equals data
-  parallelism's on 8 devices, which casts the same values after its (absent) gather."""
-  bf16 = {**VIT, "precision": "bf16"}
+  reduce-scattered) in bf16; LayerNorm, BN and the fp32 head stay fp32. One step equals data
+  parallelism's on 8 devices, which casts the same values after its (absent) gather.
+  (ResNet: its BN statistics are an input of the traced model too.)"""
+  bf16 = {**VIT, "model.name": model, "precision": "bf16"}
   sharded = Experiment(make_config(8, **bf16, **FSDP))
-  gather = fsdp.cast_on_use(
-      lambda p: sharded.model.apply({"params": p}, np.zeros((1,) + sharded.image_shape, "bfloat16"),
-                                    train=False),
-      sharded.abstract_state.params, sharded.policy.compute_dtype)
-  assert gather["block0"]["fc1"]["kernel"] == np.dtype("bfloat16")
-  assert gather["patch_embed"]["kernel"] == np.dtype("bfloat16")
-  assert gather["block0"]["norm1"]["scale"] is None and gather["head"]["kernel"] is None
+  cast = sharded.fsdp_gather.cast
+  if model == "vit_mini":
+    assert cast["block0"]["fc1"]["kernel"] == np.dtype("bfloat16")
+    assert cast["patch_embed"]["kernel"] == np.dtype("bfloat16")
+    assert cast["block0"]["norm1"]["scale"] is None and cast["head"]["kernel"] is None
+  else:
+    assert cast["stage1_block1"]["Conv_0"]["kernel"] == np.dtype("bfloat16")
+    assert cast["stage1_block1"]["BatchNorm_0"]["scale"] is None
   replicated = Experiment(make_config(8, **bf16))
   init = jax.device_get(replicated.init_state())
   batch = next(iter(replicated.train_loader()))
