@@ -172,13 +172,16 @@ def _train(workdir, num_devices, total_steps, **mesh) -> dict:
     return {r["step"]: r["train/loss"] for r in map(json.loads, f) if "train/loss" in r}
 
 
-def test_a_checkpoint_restores_exactly_onto_other_meshes_and_resumes_there(tmp_path):
+def test_a_checkpoint_restores_exactly_onto_other_meshes_and_resumes_there(tmp_path, capsys):
   """Saved by FSDP on 8 devices (each shard written by its owner), step 4 restores bit for bit
   onto 8 (FSDP), 4, 1 and a 2x2 FSDP mesh; a run resumed on 4 devices without FSDP continues
   the loss curve of the run resumed with the mesh that wrote it (same batches: the data
   iterator's position means the same on any mesh)."""
   first = tmp_path / "fsdp8"
   _train(first, 8, 4, **FSDP)
+  # The run says what FSDP did, once, after its first line.
+  out = capsys.readouterr().out
+  assert out.count("FSDP over 8 devices: ") == 1 and "tensors sharded" in out, out
   raw = ckpt.Checkpoints(str(first), read_only=True).read(4)[0]  # numpy, as saved
 
   reference = None
