@@ -6,6 +6,6 @@ setup(ext_modules=[
     # JPEG region decoding for the input pipeline (jaxnet/data/_jpeg_region.c).
     # optional: without a compiler or the libjpeg-turbo headers the install
     # still succeeds and the pipeline decodes whole images instead.
-    Extension("jaxnet.data._jpeg_region", ["jaxnet/data/_jpeg_region.c"],
+    Extension("jaxnet.core.data._jpeg_region", ["jaxnet/core/data/_jpeg_region.c"],
               libraries=["jpeg"], extra_compile_args=["-O2"], optional=True),
 ])

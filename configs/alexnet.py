@@ -20,7 +20,7 @@ architecture (its recipe: lr 0.01, batch 256, step decay, wd 1e-4). jaxnet has
 not trained it on ImageNet yet.
 """
 
-from jaxnet.config_base import base_config
+from jaxnet.core.config import base_config
 
 
 def get_config():

@@ -7,7 +7,7 @@ Expect: >= 97% test top-1 (typically ~98-99%) in well under 3 minutes on 2 CPU c
 (1,438 train / 359 test images; 15 epochs of batch 64 = 330 steps).
 """
 
-from jaxnet.config_base import base_config
+from jaxnet.core.config import base_config
 
 
 def get_config():

@@ -24,7 +24,7 @@ with different classes, and it beats the same run from scratch (numbers in
 docs/models.md, "Fine-tuning").
 """
 
-from jaxnet.config_base import base_config
+from jaxnet.core.config import base_config
 
 
 def get_config():

@@ -27,8 +27,8 @@ ResNet-101 ~78.5%, ResNet-152 ~79%. jaxnet has not yet measured any of these on
 ImageNet: see experiments/RESULTS.md.
 """
 
-from jaxnet.config_base import base_config
-from jaxnet.config_io import parse_arg
+from jaxnet.core.config import base_config
+from jaxnet.core.config import parse_arg
 
 
 def get_config(arg: str = ""):
@@ -72,7 +72,7 @@ def get_config(arg: str = ""):
     c.optim.warmup_epochs = 2
     c.optim.schedule = "poly2"
     c.optim.nesterov = False
-    c.model.bn_group_size = 0      # set to e.g. 2 on multi-node runs (BN over GPU pairs)
+    c.bn_group_size = 0            # set to e.g. 2 on multi-node runs (BN over GPU pairs)
     # Train at low resolution early (cheaper steps), full resolution at the end.
     c.progressive_resizing = ((0.0, 160), (0.4, 192), (0.85, 224))
     c.eval_every_steps, c.eval_every_epochs = 0, 4

@@ -10,7 +10,7 @@ results, not yet measured by jaxnet.
 
 import os
 
-from jaxnet.config_io import from_file
+from jaxnet.core.config import from_file
 
 
 def get_config(arg: str = ""):

@@ -5,7 +5,7 @@
   (variants: ti16, s16, b16, l16, h14; s16 is the default)
 
 The recipe of big_vision's configs/vit_s16_i1k.py (Beyer, Zhai, Kolesnikov 2022,
-arXiv:2205.01580): the plain ViT (config.model.vit_flavour=plain: global average
+arXiv:2205.01580): the plain ViT (config.model.flavour=plain: global average
 pooling, fixed 2-D sin-cos position embedding, tanh pre-logits, zero-init head),
 batch 1024, 90 epochs, Adam (b1 0.9, b2 0.999, first moment in bf16) with
 decoupled weight decay 1e-4, learning rate 1e-3 with 10k linear warmup steps and
@@ -24,7 +24,7 @@ Expect: s16 ~76.5% top-1 after 90 epochs (big_vision's published result, 6-7 h o
 TPU v3-8 there). jaxnet has not trained it on ImageNet yet.
 """
 
-from jaxnet.config_base import base_config
+from jaxnet.core.config import base_config
 
 VARIANTS = ("ti16", "s16", "b16", "l16", "h14")
 
@@ -35,7 +35,7 @@ def get_config(variant: str = "s16"):
                      "(e.g. --config=configs/vit.py:s16)")
   c = base_config()
   c.model.name = f"vit_{variant}"
-  c.model.vit_flavour = "plain"
+  c.model.flavour = "plain"
   c.data.source = "tfds"
   c.data.name = "imagenet2012"
   c.data.eval_split = "validation"
@@ -51,8 +51,10 @@ def get_config(variant: str = "s16"):
   c.batch_size = 1024
   c.num_epochs = 90
   c.log_every_steps = 100
-  c.eval_every_steps = 1251 * 5      # every 5 epochs at batch 1024
-  c.checkpoint_every_steps = 1251
+  c.eval_every_steps = 0             # every 5 epochs, whatever the batch size
+  c.eval_every_epochs = 5.0
+  c.checkpoint_every_steps = 0       # every epoch
+  c.checkpoint_every_epochs = 1.0
 
   c.optim.name = "adamw"
   c.optim.learning_rate = 1e-3       # at batch 1024

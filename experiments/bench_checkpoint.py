@@ -32,11 +32,13 @@ def main():
 
   import jax
   import numpy as np
-  from jaxnet import checkpoint as ckpt, integrity
-  from jaxnet import optim, parallel
-  from jaxnet.config_base import base_config
-  from jaxnet.models import create
-  from jaxnet.state import init_state
+  from jaxnet.core import checkpoint as ckpt
+  from jaxnet.core import checkpoint as integrity
+  from jaxnet.core import optim
+  from jaxnet.core import sharding as parallel
+  from jaxnet.core.config import base_config
+  from jaxnet.core.models import create
+  from jaxnet.core.state import init_state
 
   config = base_config()
   model = create(args.model, num_classes=1000)

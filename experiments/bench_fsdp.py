@@ -16,7 +16,7 @@ moment, as the recipe) for 8 devices and reads XLA's memory analysis: the per-de
 arguments (the train state and one batch), temporaries and total. It runs nothing, so it
 works for ViT-H/14 on a laptop; the CPU compiler's temporaries differ from a GPU's.
 
---gpu-plan runs `python -m jaxnet.gpu_plan --find-max-batch` (compiled for 8 H100s on
+--gpu-plan runs `python -m jaxnet.cli.gpu_plan --find-max-batch` (compiled for 8 H100s on
 this CPU) for ViT-L/16 and ViT-H/14, with and without FSDP.
 """
 
@@ -52,7 +52,7 @@ def _config(variant: str, fsdp: bool, per_device_batch: int, image_size: int, pr
 
 def _time_rows(args):
   import jax
-  from jaxnet.experiment import Experiment
+  from jaxnet.core.experiment import Experiment
   rows = []
   for variant in ("s16", "b16"):
     for fsdp in (False, True):
@@ -75,7 +75,7 @@ def _time_rows(args):
 def _memory_rows(args):
   import numpy as np
   import jax
-  from jaxnet.experiment import Experiment
+  from jaxnet.core.experiment import Experiment
   rows = []
   for variant in ("b16", "l16", "h14"):
     for fsdp in (False, True):
@@ -99,7 +99,7 @@ def _gpu_plan_rows(args):
   rows = []
   for variant in ("l16", "h14"):
     for fsdp in (False, True):
-      cmd = [sys.executable, "-m", "jaxnet.gpu_plan", f"--config=configs/vit.py:{variant}",
+      cmd = [sys.executable, "-m", "jaxnet.cli.gpu_plan", f"--config=configs/vit.py:{variant}",
              f"--gpus={DEVICES}", "--find-max-batch", "--json", f"--config.mesh.fsdp={fsdp}"]
       start = time.perf_counter()
       proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)

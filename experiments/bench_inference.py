@@ -29,8 +29,9 @@ import benchlib  # noqa: E402
 def random_predictor(name: str, image_size: int, precision: str):
   import jax
   import jax.numpy as jnp
-  from jaxnet import config_base, models
-  from jaxnet.predictor import Predictor
+  from jaxnet.core import config as config_base
+  from jaxnet.core import models
+  from jaxnet.tools.predictor import Predictor
   config = config_base.base_config()
   config.model.name, config.image_size, config.precision = name, image_size, precision
   model = models.from_config(config, 1000)
@@ -40,8 +41,8 @@ def random_predictor(name: str, image_size: int, precision: str):
 
 
 def with_precision(predictor, precision: str):
-  from jaxnet import models
-  from jaxnet.predictor import Predictor
+  from jaxnet.core import models
+  from jaxnet.tools.predictor import Predictor
   config = predictor.config.copy_and_resolve_references()
   config.precision = precision
   model = models.from_config(config, predictor.num_classes)
@@ -73,7 +74,11 @@ def main():
   import jax
   import numpy as np
   import onnxruntime as ort
-  from jaxnet import api, export, onnx_export, onnx_quantize, qwix_quantize
+  from jaxnet import api
+  from jaxnet.tools import export
+  from jaxnet.tools import export as onnx_export
+  from jaxnet.tools import export as onnx_quantize
+  from jaxnet.tools import export as qwix_quantize
   onnx_export.quiet_converter_logs()
   batches = [int(b) for b in args.batches.split(",")]
 

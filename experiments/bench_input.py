@@ -5,7 +5,7 @@
 
 1. Single-process decoder comparison: decode + random-resized-crop + resize to
    224 + flip with PIL, OpenCV (if installed) and simplejpeg, same crops.
-2. jaxnet.data.pipeline.train_loader (Grain DataLoader: shuffled IndexSampler,
+2. jaxnet.core.data.pipeline.train_loader (Grain DataLoader: shuffled IndexSampler,
    TrainDecodeCrop(224), Batch) for each worker count; 0 runs in-process.
 
 Files are read into memory for (1) and from disk (page cache) for (2). Without
@@ -43,10 +43,10 @@ import simplejpeg  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import benchlib  # noqa: E402  (experiments/benchlib.py, beside this script)
-from jaxnet.data import decode, pipeline  # noqa: E402
-from jaxnet.data.imagefolder import ImageFolderSource  # noqa: E402
-from jaxnet.data.make_imagefolder import make_imagefolder  # noqa: E402
-from jaxnet.data.transforms import TrainDecodeCrop, random_resized_crop_box  # noqa: E402
+from jaxnet.core.data import decode, pipeline  # noqa: E402
+from jaxnet.core.data.imagefolder import ImageFolderSource  # noqa: E402
+from jaxnet.tools.make_imagefolder import make_imagefolder  # noqa: E402
+from jaxnet.core.data.transforms import TrainDecodeCrop, random_resized_crop_box  # noqa: E402
 
 try:
   import cv2
@@ -255,7 +255,7 @@ def grain_rate(root: str, workers: int, batch_size: int, seconds: float, epoch_s
 
 def grain_table(root: str, workers_list: list[int], batch_size: int, seconds: float,
                 pil_cpu_rate: float, epoch_size: int, read_threads: int) -> None:
-  print(f"\n2) jaxnet.data.pipeline.train_loader: Grain DataLoader, shuffled IndexSampler over "
+  print(f"\n2) jaxnet.core.data.pipeline.train_loader: Grain DataLoader, shuffled IndexSampler over "
         f"{epoch_size:,} records per epoch, TrainDecodeCrop({IMAGE_SIZE}), Batch({batch_size}), "
         f"{read_threads} read threads per worker; files read from disk; {os.cpu_count()} cores; "
         f"{benchlib.load_line()}")

@@ -68,13 +68,13 @@ def main():
   args = _parse_args()
   _force_host_devices()
   sys.path.insert(0, REPO)
-  from jaxnet import runtime
-  runtime.set_default_xla_flags()  # the GPU defaults the CLI uses (none on CPU)
+  from jaxnet.cli import process as runtime
+  runtime.apply_xla_flags()  # the flags the command line sets (none but CPU workarounds here)
 
   import jax
   import numpy as np
-  from jaxnet import experiment
-  from jaxnet.config_base import base_config
+  from jaxnet.core import experiment
+  from jaxnet.core.config import base_config
 
   available = jax.device_count()
   counts = [n for n in args.devices if n <= available]

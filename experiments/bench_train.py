@@ -124,8 +124,9 @@ def _analysed_bytes(compiled) -> int | None:
 def bench_cell(args, precision: str, per_device_batch: int, shared: dict) -> dict:
   import jax
   import flax_minimal
-  from jaxnet import experiment, parallel
-  from jaxnet.config_base import base_config
+  from jaxnet.core import experiment
+  from jaxnet.core import sharding as parallel
+  from jaxnet.core.config import base_config
 
   ndev = jax.device_count()
   c = base_config()

@@ -5,7 +5,7 @@
 
 MODEL is resnet50 (default), alexnet or vit_ti16. `export` trains it for 2 steps on
 synthetic 64 px images (so weights and BN statistics are no longer their init),
-exports it with `python -m jaxnet.export --format=torch`, and stores two uint8 test
+exports it with `python -m jaxnet.cli.export --format=torch`, and stores two uint8 test
 images with jaxnet's logits for them. `check` builds the PyTorch model (torchvision's
 resnet50 or alexnet, timm's vit_tiny_patch16_224 at 64 px), loads the file with
 `load_state_dict(strict=True)`, normalises the images with the mean/std recorded in
@@ -36,13 +36,13 @@ def export(workdir: str, model_name: str = "resnet50") -> None:
     overrides.update({"progressive_resizing": (), "model.zero_init_last_bn": False})
   if model_name.startswith("vit"):  # the recipe's plain flavour has no timm counterpart
     # No warmup and a large rate: two steps move the zero-initialised head to logits of order one.
-    overrides.update({"model.vit_flavour": "timm", "optim.warmup_steps": 0,
+    overrides.update({"model.flavour": "timm", "optim.warmup_steps": 0,
                       "optim.learning_rate": 0.5})
   config = api.load_config(os.path.join(REPO, "configs", CONFIGS[model_name]), **overrides)
   run = os.path.join(workdir, "run")
   api.train(config, run)
   out = os.path.join(workdir, "model.safetensors")
-  subprocess.run([sys.executable, "-m", "jaxnet.export", f"--workdir={run}", "--format=torch",
+  subprocess.run([sys.executable, "-m", "jaxnet.cli.export", f"--workdir={run}", "--format=torch",
                   f"--out={out}"], check=True, cwd=REPO)
   model = api.restore(run)
   images = np.random.default_rng(0).integers(0, 256, (2, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)

@@ -4,7 +4,7 @@
         [--model=resnet50] [--precision=bf16] [--batch=2048]
 
 The peer is experiments/peers/flax_minimal.py's step (the same Flax module, everything
-around it written by hand); jaxnet's is the one `python -m jaxnet.gpu_plan` compiles,
+around it written by hand); jaxnet's is the one `python -m jaxnet.cli.gpu_plan` compiles,
 with the config's optimizer replaced by the peer's (SGD, Nesterov momentum, weight decay
 on kernels), so the difference is what jaxnet adds around the model: kernels per step,
 HBM bytes and memory per GPU. Needs the CUDA plugin wheels (see docs/gpu_plan.md).
@@ -28,7 +28,8 @@ def peer_step(model_name, precision, batch, image_size, devices):
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
   import flax_minimal
-  from jaxnet import gpu_compile, models
+  from jaxnet.tools import gpu_plan as gpu_compile
+  from jaxnet.core import models
   model = models.create(model_name, num_classes=1000, dtype=flax_minimal.DTYPES[precision])
   tx = flax_minimal.make_optimizer()
   variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
@@ -49,7 +50,7 @@ def peer_step(model_name, precision, batch, image_size, devices):
 
 
 def row(name, compiled, analysis):
-  from jaxnet import hlo_analysis
+  from jaxnet.tools import hlo as hlo_analysis
   s = hlo_analysis.summary(analysis)
   return {"step": name, "kernels": s["kernels"], "fusions": s["fusions"],
           "hbm_gib": s["hbm_bytes"] / 2**30, "memory_gib": compiled.total / 2**30,
@@ -66,7 +67,9 @@ def main():
   parser.add_argument("--batch", type=int, default=2048, help="global batch")
   parser.add_argument("--image-size", type=int, default=224)
   args = parser.parse_args()
-  from jaxnet import config_io, gpu_compile, hlo_analysis
+  from jaxnet.core import config as config_io
+  from jaxnet.tools import gpu_plan as gpu_compile
+  from jaxnet.tools import hlo as hlo_analysis
   gpu_compile.check_plugin()
   _, text = gpu_compile.target_text(args.target)
   devices = gpu_compile.topology_devices(text, args.gpus)

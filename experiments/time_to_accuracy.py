@@ -18,7 +18,7 @@ Each run's row is printed (and --json rewritten) as soon as the run ends, so a t
 limit that stops this script keeps the rows of the runs before; all rows again at the end.
 Runs:
   digits       configs/digits.py (resnet_tiny, 16px, batch 64), target 0.97
-  imagefolder  a generated 10-class JPEG folder (jaxnet.data.make_imagefolder),
+  imagefolder  a generated 10-class JPEG folder (jaxnet.tools.make_imagefolder),
                configs/resnet50.py recipe with resnet_tiny at 32px; target --folder-target
   imagenet     with --imagenet-dir: configs/resnet50.py:fast (LARS, batch 2048,
                progressive resizing), the MLPerf target 0.759
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
           os.path.join(root, "digits"), args.digits_target, timeout, batch_size=64, warm_cache=args.warm_cache),
           data="digits 16px (1,438 train / 359 test)", model="resnet_tiny", precision=args.precision)
     if "imagefolder" in runs:
-      from jaxnet.data.make_imagefolder import make_imagefolder
+      from jaxnet.tools.make_imagefolder import make_imagefolder
       per_class = args.folder_per_class or (40 if args.quick else 200)
       folder = os.path.join(root, "folder")
       start = time.perf_counter()

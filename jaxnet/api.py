@@ -7,16 +7,18 @@
     model = api.restore("/tmp/digits")
     model.predict(["seven.png"])                             # [[("7", 0.98), ...]]
 
-`python -m jaxnet.main` calls api.train / api.evaluate, so the command line and
-the API share one path: runtime.setup, then train.train_and_evaluate or
-evaluation.evaluate_checkpoint. See docs/api.md.
+`python -m jaxnet.main` calls api.train / api.evaluate, so the command line and the API
+share one path. Unlike the command line, the API leaves the process as it finds it: no
+XLA flags, compilation cache, signal handlers or workdir lock (call
+`jaxnet.cli.process.setup()` first to get the command line's XLA flags and cache). See
+docs/api.md.
 """
 
-from jaxnet import config_io, runtime
-from jaxnet.metrics import read_jsonl as read_metrics  # noqa: F401  (re-exported)
-from jaxnet.predictor import Predictor  # noqa: F401  (re-exported)
+from jaxnet.core import config as config_lib
+from jaxnet.core.metrics import read_jsonl as read_metrics  # noqa: F401  (re-exported)
+from jaxnet.tools.predictor import Predictor  # noqa: F401  (re-exported)
 
-ConfigOverrideError = config_io.ConfigOverrideError
+ConfigOverrideError = config_lib.ConfigOverrideError
 
 
 def load_config(path: str, overrides: dict | None = None, **kwargs):
@@ -26,45 +28,53 @@ def load_config(path: str, overrides: dict | None = None, **kwargs):
   `load_config(path, total_steps=50, **{"optim.learning_rate": 0.1})`. A key the
   config does not have raises ConfigOverrideError naming it, as the CLI does.
   """
-  return config_io.load(path, {**(overrides or {}), **kwargs})
+  return config_lib.load(path, {**(overrides or {}), **kwargs})
 
 
 def with_overrides(config, **overrides):
   """A locked copy of `config` with dotted-key overrides; `config` itself is unchanged."""
   copy = config.copy_and_resolve_references()
   copy.lock()
-  config_io.apply_overrides(copy, overrides)
+  config_lib.apply_overrides(copy, overrides)
   return copy
 
 
-def train(config, workdir: str, steps: int | None = None, accept_config_changes=()) -> dict:
+def train(config, workdir: str, steps: int | None = None, accept_config_changes=(),
+          control=None) -> dict:
   """Trains (resuming from WORKDIR's checkpoints, if any) and returns the final eval metrics.
 
-  `steps` sets config.total_steps, the length of the whole run: training a
-  workdir that stopped at step 100 with steps=200 resumes and runs 100 more.
-  Resuming with a config that differs from the workdir's config.json raises
-  ConfigChangedError unless every changed key may change on resume
-  (jaxnet.workdir.RESUMABLE) or is named in `accept_config_changes` (or "all").
+  `steps` sets config.total_steps, the length of the whole run: training a workdir that
+  stopped at step 100 with steps=200 resumes and runs 100 more. Resuming with a config
+  that differs from the workdir's config.json raises ConfigChangedError unless every
+  changed key may change on resume (jaxnet.core.workdir.RESUMABLE) or is named in
+  `accept_config_changes` (or "all"). With `config.init.weights`, a run that starts fresh
+  takes its params from those weights and the preprocessing they expect (recorded in the
+  workdir). `control`: a jaxnet.core.train.RunControl (the command line's signals).
   """
+  from jaxnet.core import train as train_lib
+  from jaxnet.tools.weights import pretrained
   if steps is not None:
     config = with_overrides(config, total_steps=int(steps))
-  runtime.setup(config.distributed)
-  from jaxnet import train as train_lib
-  return train_lib.train_and_evaluate(config, str(workdir), accept_config_changes)
+  init_params = None
+  if config.init.weights:
+    config = pretrained.fetch_and_record_preprocessing(config, str(workdir))
+    init_params = pretrained.initialiser(config)
+  return train_lib.train_and_evaluate(config, str(workdir), accept_config_changes,
+                                      init_params=init_params, control=control)
 
 
 def evaluate(workdir: str, config=None, step: int | None = None) -> dict:
   """Eval metrics of WORKDIR's latest (or given) checkpoint; the config defaults to its config.json."""
-  config = config or config_io.load(str(workdir))
-  runtime.setup(config.distributed)
-  from jaxnet import evaluation
-  return evaluation.evaluate_checkpoint(config, str(workdir), step)
+  from jaxnet.core import train as train_lib
+  from jaxnet.tools.weights import pretrained
+  config = config or config_lib.load(str(workdir))
+  config = pretrained.with_recorded_preprocessing(config, str(workdir))  # reads no weights
+  return train_lib.evaluate_checkpoint(config, str(workdir), step)
 
 
 def restore(workdir: str, step: int | None = None, config=None) -> Predictor:
   """A Predictor: the eval-mode model function with the checkpoint's variables."""
-  runtime.setup()
-  from jaxnet import predictor
+  from jaxnet.tools import predictor
   return predictor.restore(str(workdir), step, config)
 
 

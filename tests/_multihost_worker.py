@@ -18,7 +18,8 @@ import sys
 
 import numpy as np
 
-from jaxnet import checkpoint, runtime
+from jaxnet.core import checkpoint
+from jaxnet.core import train as train_lib
 
 
 def _save_with_replica(self, step, state, *args, **kwargs):
@@ -43,7 +44,7 @@ def _sigterm_after(process: int, step: int) -> None:
   Checkpoints.restore_newest), so the n-th question follows step start + n.
   """
   import jax
-  original_stop, original_restore = runtime.StopSignals.should_stop, checkpoint.Checkpoints.restore_newest
+  original_stop, original_restore = train_lib._should_stop, checkpoint.Checkpoints.restore_newest
   current = [0]
 
   def restore_newest(self, *args, **kwargs):
@@ -51,14 +52,14 @@ def _sigterm_after(process: int, step: int) -> None:
     current[0] = start or 0
     return state, start
 
-  def should_stop(self, sync):
+  def should_stop(control, sync):
     current[0] += 1
     if current[0] == step and jax.process_index() == process:
       os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the line below
-    return original_stop(self, sync)
+    return original_stop(control, sync)
 
   checkpoint.Checkpoints.restore_newest = restore_newest
-  runtime.StopSignals.should_stop = should_stop
+  train_lib._should_stop = should_stop
 
 
 _original_save = checkpoint.Checkpoints.save

@@ -1,5 +1,5 @@
-"""Test setup: 8 CPU devices (to test 8-way data parallelism), the CLI's XLA workarounds and a
-shared XLA cache.
+"""Test setup: 8 CPU devices (to test 8-way data parallelism), the command line's XLA flags and
+a shared XLA cache.
 
 The environment is set before jax is imported, and it is inherited by the
 `python -m jaxnet.main` subprocesses that the end-to-end tests start.
@@ -26,8 +26,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
-# The XLA workarounds the command line applies (jaxnet/xla_flags.py), for the tests
-# that compute in this process; merged with the device count above, not replaced by it.
-from jaxnet import xla_flags  # noqa: E402  (after the path set-up; imports no jax)
+# The XLA flags the command line sets (jaxnet/cli/process.py), for the tests that compute in
+# this process; merged with the device count above, not replaced by it.
+from jaxnet.cli import process  # noqa: E402  (after the path set-up; imports no jax)
 
-xla_flags.apply()
+process.apply_xla_flags()

@@ -8,8 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxnet import models, precision, steps
-from jaxnet.state import TrainState
+from jaxnet.core import models
+
+from jaxnet.core import state as precision
+
+from jaxnet.core import steps
+from jaxnet.core.state import TrainState
 
 TINY_SHAPE = (16, 16, 1)   # digits-sized input for resnet_tiny
 NUM_CLASSES = 10
@@ -71,7 +75,7 @@ def abstract_batch(batch_size: int, image_shape):
 
 def digits_batches(num: int, batch_size: int, seed: int = 0):
   """`num` train batches of scikit-learn digits at 16x16, in a fixed shuffled order."""
-  from jaxnet.data.sources import digits_source
+  from jaxnet.core.data.sources import digits_source
   src = digits_source("train", TINY_SHAPE[0])
   rng = np.random.default_rng(seed)
   order = np.concatenate([rng.permutation(len(src)) for _ in range(num * batch_size // len(src) + 1)])

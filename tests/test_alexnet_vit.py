@@ -14,14 +14,23 @@ import pytest
 from flax.traverse_util import unflatten_dict
 from safetensors.numpy import save_file
 
-from jaxnet import experiment, models, parallel, precision, steps
-from jaxnet.models import summary
-from jaxnet.models.alexnet import adaptive_avg_pool
-from jaxnet.models.vit import posemb_sincos_2d
-from jaxnet.precision import LossScale
-from jaxnet.state import step_key
-from jaxnet.weights import alexnet_names, pretrained, vit_names
+from jaxnet.core import experiment
+
+from jaxnet.core import models
+
+from jaxnet.core import sharding as parallel
+
+from jaxnet.core import state as precision
+
+from jaxnet.core import steps
+from jaxnet.tools import summary
+from jaxnet.core.models.alexnet import adaptive_avg_pool
+from jaxnet.core.models.vit import posemb_sincos_2d
+from jaxnet.core.state import LossScale
+from jaxnet.core.state import step_key
+from jaxnet.tools.weights import alexnet_names, pretrained, vit_names
 from tests import models_helpers as H
+from tests.helpers import REPO
 from tests import torch_weights as tw
 from tests.test_parallel import make_config, rel_diff, run_steps
 from tests.test_torch_reference import model_shapes
@@ -65,7 +74,7 @@ def test_plain_vit_params_and_learned_pos_embedding_guard():
   # Shapes only (eval_shape): the checks below run at trace time.
   timm_style = models.create("vit_mini", num_classes=3)
   v = _abstract_variables("vit_mini", (16, 16, 1), num_classes=3)
-  with pytest.raises(ValueError, match=r"position embedding is for 16 patches.*vit_flavour=plain"):
+  with pytest.raises(ValueError, match=r"position embedding is for 16 patches.*flavour=plain"):
     jax.eval_shape(lambda v: timm_style.apply(v, jnp.zeros((1, 32, 32, 1)), train=False), v)
   plain_mini = models.create("vit_mini", num_classes=3, flavour="plain")
   pv = _abstract_variables("vit_mini", (16, 16, 1), num_classes=3, flavour="plain")
@@ -175,7 +184,7 @@ def test_export_writes_back_the_reference_state_dict(name, tmp_path):
   """`--format=torch` of the variables loaded from the reference state dict is that state
   dict again, every name, layout and value: torchvision's alexnet and timm's ViT load it
   strictly and compute the reference logits the tests above compare with."""
-  from jaxnet.weights import export
+  from jaxnet.tools.weights import export
   setup = tw.ALEXNET_SETUP if name == "alexnet" else tw.VIT_SETUP
   spec = tw.alexnet_spec() if name == "alexnet" else tw.vit_tiny_spec(setup["image_size"])
   sd = tw.draw(spec, setup["weights_seed"])
@@ -189,13 +198,13 @@ def test_export_writes_back_the_reference_state_dict(name, tmp_path):
 def test_plain_vit_export_is_an_error_naming_the_flavour(tmp_path):
   import types
   from jaxnet import api
-  from jaxnet.weights import export
+  from jaxnet.tools.weights import export
   from tests.helpers import REPO
   config = api.load_config(os.path.join(REPO, "configs", "vit.py:ti16"))
-  assert config.model.vit_flavour == "plain"  # the recipe's flavour
+  assert config.model.flavour == "plain"  # the recipe's flavour
   predictor = types.SimpleNamespace(config=config, variables={}, num_classes=10, class_names=None,
                                     workdir=str(tmp_path), step=1)
-  with pytest.raises(ValueError, match=r"vit_flavour='plain' has no timm counterpart.*--format=jax"):
+  with pytest.raises(ValueError, match=r"flavour='plain' has no timm counterpart.*--format=jax"):
     export.save(predictor, str(tmp_path / "vit.safetensors"))
   assert not os.path.exists(tmp_path / "vit.safetensors")
 
@@ -255,7 +264,7 @@ TRAINED = [("alexnet_mini", 64, 2e-3), ("vit_mini", 16, 3e-3)]
 
 
 def _digits(size, num, batch):
-  from jaxnet.data.sources import digits_source
+  from jaxnet.core.data.sources import digits_source
   src = digits_source("train", size)
   rng = np.random.default_rng(0)
   out = []
@@ -365,7 +374,7 @@ def test_vit_config_variants_follow_the_big_vision_recipe():
   assert c.optim.learning_rate * c.batch_size / c.optim.base_batch_size == pytest.approx(1e-3)
   assert (c.optim.warmup_steps, c.optim.schedule, c.optim.grad_clip_norm) == (10_000, "cosine", 1.0)
   assert (c.data.randaug_num_ops, c.data.randaug_magnitude, c.mix.mixup_alpha) == (2, 10, 0.2)
-  assert c.model.vit_flavour == "plain"
+  assert c.model.flavour == "plain"
   # Only ViT-H/14 splits its state (FSDP) and its batch (2 micro-batches) to fit 80 GB GPUs.
   assert [(v, vit.get_config(v).mesh.fsdp, vit.get_config(v).grad_accum_steps) for v in ("l16", "h14")] == [
       ("l16", False, 1), ("h14", True, 2)]
@@ -373,17 +382,28 @@ def test_vit_config_variants_follow_the_big_vision_recipe():
     vit.get_config("s32")
 
 
-def test_model_options_reach_only_the_models_that_have_them():
+def test_model_options_are_the_models_fields_passed_straight_to_it():
   from configs import digits
-  c = digits.get_config()   # sets model.zero_init_last_bn=False, a ResNet option
-  c.model.name, c.model.vit_flavour = "vit_mini", "plain"
-  assert models.from_config(c, 10).flavour == "plain"
-  c.model.name = "alexnet_mini"
-  with pytest.raises(ValueError, match="vit_flavour='plain' applies to ViTs, not alexnet_mini"):
-    models.from_config(c, 10)
-  c.model.vit_flavour, c.model.bn_group_size = "timm", 2
-  with pytest.raises(ValueError, match="bn_group_size=2, but alexnet_mini has no batch norm"):
-    models.from_config(c, 10)
-  c.model.bn_group_size = 0
-  assert models.from_config(c, 10).dropout_rate == 0.5
+  from jaxnet.core import config as config_lib
+  c = config_lib.load(os.path.join(REPO, "configs", "digits.py"))
+  # digits sets zero_init_last_bn=False, a ResNet option; load fills in the others at ResNet's defaults.
+  assert c.model.zero_init_last_bn is False and c.model.bn_momentum == 0.9
+  assert models.from_config(c.model, 10, jnp.float32).zero_init_last_bn is False
+  # Switching the model keeps only the options the new model has.
+  c = config_lib.load(os.path.join(REPO, "configs", "digits.py"),
+                      {"model.name": "vit_mini", "model.flavour": "plain"})
+  assert "zero_init_last_bn" not in c.model and c.model.flavour == "plain"
+  assert models.from_config(c.model, 10, jnp.float32).flavour == "plain"
+  # A key the model does not have is an error naming it and the model.
+  bad = digits.get_config()
+  bad.model.name, bad.model.flavour = "alexnet_mini", "plain"
+  with pytest.raises(ValueError, match=r"config.model.flavour: model 'alexnet_mini' has no option 'flavour'"):
+    config_lib.with_model_options(bad)
+  with pytest.raises(ValueError, match=r"config.model.flavour: model 'alexnet_mini' has no"):
+    models.from_config(bad.model, 10, jnp.float32)
+  alexnet = config_lib.switch_model(bad, "alexnet_mini").model
+  with pytest.raises(ValueError, match="bn_group_size is set, but alexnet_mini has no batch norm"):
+    models.from_config(alexnet, 10, jnp.float32, bn_num_groups=2)
+  assert models.from_config(alexnet, 10, jnp.float32).dropout_rate == 0.5
   assert "bn_momentum" in models.options("resnet_tiny") and "bn_momentum" not in models.options("vit_s16")
+  assert models.options("resnet_tiny")["width"] == 16  # the registry's keyword is the default

@@ -6,7 +6,11 @@ import os
 import ml_collections
 import pytest
 
-from jaxnet import api, config_io, runlog
+from jaxnet import api
+
+from jaxnet.core import config as config_io
+
+from jaxnet.tools import report as runlog
 from tests.helpers import REPO
 
 DIGITS = "configs/digits.py"
@@ -48,13 +52,13 @@ def test_config_json_round_trip(tmp_path):
   config = api.load_config(DIGITS, **{"data.mean": (0.1, 0.2, 0.3), "data.std": (1.0, 2.0, 3.0),
                                       "num_epochs": 2.5})
   with config.unlocked():
-    config.model.extra = ml_collections.ConfigDict({"sizes": (1, 2)})  # a key base_config lacks
+    config.extra = ml_collections.ConfigDict({"sizes": (1, 2)})  # a key base_config lacks
   (tmp_path / "config.json").write_text(config.to_json_best_effort(indent=2))
   assert isinstance(json.loads((tmp_path / "config.json").read_text())["data"]["mean"], list)
 
   loaded = api.load_config(str(tmp_path))                # a workdir
   assert loaded.data.mean == (0.1, 0.2, 0.3) and isinstance(loaded.data.mean, tuple)
-  assert loaded.model.extra.sizes == (1, 2)
+  assert loaded.extra.sizes == (1, 2)
   assert loaded.to_dict() == config.to_dict()
   assert isinstance(loaded.num_epochs, float) and isinstance(loaded.batch_size, int)
   with pytest.raises(api.ConfigOverrideError):
@@ -114,21 +118,21 @@ def test_command_line_overrides_are_read_as_each_keys_type():
 
 
 def test_durations_in_epochs_follow_the_batch_size():
-  from jaxnet import durations
+  from jaxnet.core.config import duration_in_steps
   for batch, per_epoch in ((1024, 1251), (512, 2502)):  # ImageNet's 1,281,167 images
     config = api.load_config(os.path.join(REPO, "configs/resnet50.py"), batch_size=batch)
     assert config.eval_every_steps == 0 and config.eval_every_epochs == 5
     steps_per_epoch = 1_281_167 // batch
     assert steps_per_epoch == per_epoch
-    assert durations.steps(config, "eval_every", steps_per_epoch) == 5 * per_epoch
-    assert durations.steps(config, "checkpoint_every", steps_per_epoch) == per_epoch
-    assert durations.steps(config, "total", steps_per_epoch) == 90 * per_epoch
-    assert durations.steps(config, "warmup", steps_per_epoch) == 5 * per_epoch
+    assert duration_in_steps(config, "eval_every", steps_per_epoch) == 5 * per_epoch
+    assert duration_in_steps(config, "checkpoint_every", steps_per_epoch) == per_epoch
+    assert duration_in_steps(config, "total", steps_per_epoch) == 90 * per_epoch
+    assert duration_in_steps(config, "warmup", steps_per_epoch) == 5 * per_epoch
   # A number of steps > 0 wins over its epochs twin; both 0 turns a cadence off.
   config = api.load_config(os.path.join(REPO, "configs/resnet50.py"), eval_every_steps=500)
-  assert durations.steps(config, "eval_every", 1251) == 500
+  assert duration_in_steps(config, "eval_every", 1251) == 500
   config = api.load_config(os.path.join(REPO, "configs/resnet50.py"), eval_every_epochs=0.0)
-  assert durations.steps(config, "eval_every", 1251) == 0
+  assert duration_in_steps(config, "eval_every", 1251) == 0
 
 
 def test_one_resnet_recipe_file_takes_depth_recipe_and_runlocal():

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from jaxnet import api
-from jaxnet import checkpoint as ckpt
-from jaxnet.data import pipeline, randaugment
-from jaxnet.data.sources import ArraySource, digits_source
-from jaxnet.mixing import Mix
+from jaxnet.core import checkpoint as ckpt
+from jaxnet.core.data import pipeline, randaugment
+from jaxnet.core.data.sources import ArraySource, digits_source
+from jaxnet.core.steps import Mix
 
 N, H, W, CLASSES = 8, 12, 10, 5
 

@@ -17,11 +17,21 @@ import PIL.Image
 import pytest
 import simplejpeg
 
-from jaxnet import api, config_io, errors, preprocess, predict
-from jaxnet.config_base import base_config
-from jaxnet.data import sources
-from jaxnet.data.imagefolder import ImageFolderError, ImageFolderSource
-from jaxnet.data.transforms import EvalDecodeCrop, TrainDecodeCrop, decode_jpeg
+from jaxnet.cli import process
+from jaxnet import api
+
+from jaxnet.core import config as config_io
+
+from jaxnet.core import errors
+
+from jaxnet.tools import predictor as preprocess
+
+from jaxnet.cli import predict
+from jaxnet.core.config import base_config
+from jaxnet.core.data import sources
+from jaxnet.core.data.imagefolder import ImageFolderError, ImageFolderSource
+from jaxnet.core.adapters import grain as grain_adapter
+from jaxnet.core.data.transforms import EvalDecodeCrop, TrainDecodeCrop, decode_jpeg
 from tests.helpers import run_main
 
 CLASSES = ("a", "b", "c")
@@ -84,7 +94,7 @@ def _one_line_error(tmp_path, root, capsys, split="val") -> str:
   config = config_io.load("configs/resnet.py:runlocal", {  # a short run, should it start
       "data.source": "imagefolder", "data.dir": str(root), "data.eval_split": split,
       "total_steps": 1, "image_size": 16, "batch_size": 8})
-  with pytest.raises(SystemExit) as exit_info, errors.one_line_errors():
+  with pytest.raises(SystemExit) as exit_info, process.one_line_errors():
     api.train(config, str(tmp_path / "workdir"))
   assert exit_info.value.code == 1
   assert not (tmp_path / "workdir").exists()  # refused before anything was written
@@ -259,9 +269,12 @@ def test_runs_with_workers_leave_no_shared_memory_behind(folder_run):
 
 @pytest.mark.parametrize("end", ["preempted", "error"])
 def test_a_stopped_run_frees_its_shared_memory(tmp_path, monkeypatch, end):
-  """In a notebook the process lives on: a run stopped by SIGTERM, or by an error (a
-  diverged loss at step 3), has freed its batches when it returns."""
-  from jaxnet import experiment
+  """In a notebook the process lives on: a run stopped from outside (as the command line's
+  SIGTERM handler asks it to), or by an error (a diverged loss at step 3), has freed its
+  batches when it returns."""
+  from jaxnet.core import experiment
+  from jaxnet.core.train import RunControl
+  stop = []
   root = _make_folder(tmp_path / "data")
   config = config_io.load("configs/resnet.py:runlocal", {
       "image_size": 16, "batch_size": 8, "data.workers": 1, "data.source": "imagefolder",
@@ -275,7 +288,7 @@ def test_a_stopped_run_frees_its_shared_memory(tmp_path, monkeypatch, end):
     def train_step(*args):
       calls.append(1)
       if len(calls) == 3 and end == "preempted":
-        os.kill(os.getpid(), signal.SIGTERM)
+        stop.append(True)
       state, metrics = step(*args)
       if len(calls) == 3 and end == "error":  # seen at the log step after it, step 4
         metrics = {**metrics, "train/loss": float("nan")}
@@ -287,7 +300,8 @@ def test_a_stopped_run_frees_its_shared_memory(tmp_path, monkeypatch, end):
     with pytest.raises(errors.NonFiniteError, match="diverged at step 3"):  # its traceback stays alive
       api.train(config, str(tmp_path / "w"))
   else:
-    assert api.train(config, str(tmp_path / "w"))["preempted_at_step"] in (3, 4)
+    control = RunControl(stop_requested=lambda: bool(stop))
+    assert api.train(config, str(tmp_path / "w"), control=control)["stopped_at_step"] == 3
   assert not _left_after(before, 5), sorted(_segments() - before)
 
 
@@ -296,7 +310,7 @@ def test_closing_a_loader_returns_once_its_segments_are_unlinked(tmp_path, monke
   """grain unlinks freed batches on a background thread: a process ending right after a run
   must not leave the last ones behind, so closing waits for it (slowed down here to show it)."""
   import grain.python as grain
-  from jaxnet.data import pipeline
+  from jaxnet.core.data import pipeline
   unlink = grain.SharedMemoryArray.close_shm_async
 
   def slow_unlink(cls, *args):
@@ -309,5 +323,5 @@ def test_closing_a_loader_returns_once_its_segments_are_unlinked(tmp_path, monke
   taken = [next(batches) for _ in range(3)]
   assert len(_segments() - before) >= 3 * 4  # the batches taken (4 arrays each) and those ready
   del taken
-  pipeline.close_iterator(batches, workers=1)
+  grain_adapter.close_iterator(batches, workers=1)
   assert not _segments() - before, sorted(_segments() - before)

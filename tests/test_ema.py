@@ -3,7 +3,13 @@
 import jax
 import numpy as np
 
-from jaxnet import api, evaluation, experiment, parallel
+from jaxnet import api
+
+from jaxnet.core import train as evaluation
+
+from jaxnet.core import experiment
+
+from jaxnet.core import sharding as parallel
 from tests.helpers import max_abs_diff
 
 
@@ -48,7 +54,7 @@ def test_checkpoints_restore_across_ema_settings(tmp_path):
   """A checkpoint with an EMA (an EMA run, or one jaxnet wrote before it dropped the copy of
   runs without EMA) restores into a run without one, and the other way round (the EMA then
   starts at the params, as a fresh run's does)."""
-  from jaxnet import checkpoint as ckpt
+  from jaxnet.core import checkpoint as ckpt
   with_ema, without = _digits_experiment(ema_decay=0.9), _digits_experiment()
   state = with_ema.init_state()
   state = state.replace(ema_params=jax.tree.map(lambda x: x + 1.0, state.params))

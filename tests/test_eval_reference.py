@@ -14,9 +14,9 @@ import simplejpeg
 import skimage.data
 from PIL import Image
 
-from jaxnet import preprocess
-from jaxnet.config_base import base_config
-from jaxnet.data.transforms import EvalDecodeCrop
+from jaxnet.tools import predictor as preprocess
+from jaxnet.core.config import base_config
+from jaxnet.core.data.transforms import EvalDecodeCrop
 from tests.reference_eval import resize_center_crop
 
 PHOTOS = ("chelsea", "coffee", "astronaut")  # 451x300, 600x400, 512x512

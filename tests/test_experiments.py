@@ -77,7 +77,7 @@ def test_bench_train_tiny_has_every_precision_and_both_peer_ratios(tmp_path):
 _OVERFLOWING_FP16_WORKER = """
 import sys
 sys.path.insert(0, "experiments")
-from jaxnet import config_base
+from jaxnet.core import config as config_base
 base = config_base.base_config
 def overflowing():
   c = base()

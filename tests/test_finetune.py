@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from jaxnet import models
-from jaxnet.config_base import base_config
-from jaxnet.weights import pretrained
-from jaxnet.weights.preprocessing import TORCHVISION, Preprocessing
+from jaxnet.core import models
+from jaxnet.core.config import base_config
+from jaxnet.tools.weights import pretrained
+from jaxnet.tools.weights.preprocessing import TORCHVISION, Preprocessing
 from tests.models_helpers import NUM_CLASSES, TINY_SHAPE, tiny_variables
 
 TIMM_A1 = Preprocessing((0.5, 0.45, 0.4), (0.25, 0.25, 0.25), 0.95, "bicubic")

@@ -15,11 +15,15 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jaxnet import api, fsdp, parallel
-from jaxnet import checkpoint as ckpt
-from jaxnet import checkpoint_cleanup
-from jaxnet.errors import InvalidValueError
-from jaxnet.experiment import Experiment
+from jaxnet import api
+
+from jaxnet.core import sharding as fsdp
+
+from jaxnet.core import sharding as parallel
+from jaxnet.core import checkpoint as ckpt
+from jaxnet.core import checkpoint as checkpoint_cleanup
+from jaxnet.core.errors import InvalidValueError
+from jaxnet.core.experiment import Experiment
 from tests.test_parallel import make_config, rel_diff, run_steps
 
 # ViT: no ReLU kinks or max-pool ties, so float summation order moves a step by ~1e-7
@@ -215,9 +219,11 @@ def test_a_data_position_saved_by_other_processes_is_refused_not_set_aside(tmp_p
   process count is refused in one line, and the (intact) checkpoint stays where it is."""
   workdir = tmp_path / "run"
   _train(workdir, 8, 2)
-  iterator_dir = workdir / "checkpoints" / "2" / ckpt.DATA_ITER
-  (iterator_dir / "process_0-of-1.json").rename(iterator_dir / "process_0-of-2.json")  # as 2 would
+  record = workdir / "checkpoints" / "2" / ckpt.CHECKSUMS / "metadata"  # orbax's JSON item file
+  saved = json.loads(record.read_text())
+  assert saved["process_count"] == 1
+  record.write_text(json.dumps({**saved, "process_count": 2}))  # as 2 processes would
   with pytest.raises(ckpt.CheckpointMismatchError,
                      match=r"saved by 2 process\(es\).*this run has 1\. Resume with 2 process"):
     _train(workdir, 8, 4)
-  assert (workdir / "checkpoints" / "2").is_dir() and not (workdir / checkpoint_cleanup.DAMAGED_DIR).exists()
+  assert (workdir / "checkpoints" / "2").is_dir() and not (workdir / ckpt.DAMAGED_DIR).exists()

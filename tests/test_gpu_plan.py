@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from jaxnet import hlo_analysis as ha
-from jaxnet.errors import UserError
+from jaxnet.tools import hlo as ha
+from jaxnet.core.errors import UserError
 
 # --- hlo_analysis on snippets -------------------------------------------------------
 
@@ -140,7 +140,7 @@ def test_no_entry_is_an_error():
 
 
 def test_missing_or_mismatched_plugin_names_the_fix(monkeypatch):
-  from jaxnet import gpu_compile
+  from jaxnet.tools import gpu_plan as gpu_compile
   jaxlib = importlib.metadata.version("jaxlib")
   real = importlib.metadata.version
 
@@ -164,7 +164,7 @@ def test_missing_or_mismatched_plugin_names_the_fix(monkeypatch):
 # --- gpu_plan: jaxnet's steps compiled for H100s ----------------------------------------
 
 def _plugin_reason():
-  from jaxnet import gpu_compile
+  from jaxnet.tools import gpu_plan as gpu_compile
   try:
     gpu_compile.check_plugin()
   except UserError as e:
@@ -181,7 +181,8 @@ def _require_plugin():
 
 def _resnet50(precision, per_gpu_batch, gpus):
   """ResNet-50's train step (the real one, via Experiment) compiled for `gpus` H100s."""
-  from jaxnet import config_io, gpu_compile
+  from jaxnet.core import config as config_io
+  from jaxnet.tools import gpu_plan as gpu_compile
   _require_plugin()
   _, text = gpu_compile.target_text("h100")
   devices = gpu_compile.topology_devices(text, gpus)
@@ -229,7 +230,8 @@ def test_resnet50_on_h100s(precision, gpus):
 
 @pytest.mark.slow
 def test_vit_b16_attention_lowering_is_named():
-  from jaxnet import config_io, gpu_plan
+  from jaxnet.core import config as config_io
+  from jaxnet.tools import gpu_plan
   _require_plugin()
   config = config_io.load("configs/vit.py:b16", {"batch_size": 256})
   r = gpu_plan.plan(config, target="h100", gpus=1)
@@ -246,7 +248,7 @@ def test_vit_b16_attention_lowering_is_named():
 
 def test_command_line_prints_the_table_or_one_line():
   _require_plugin()
-  cmd = [sys.executable, "-m", "jaxnet.gpu_plan", "--config=configs/resnet50.py", "--gpus=2", "--hosts=2",
+  cmd = [sys.executable, "-m", "jaxnet.cli.gpu_plan", "--config=configs/resnet50.py", "--gpus=2", "--hosts=2",
          "--config.model.name=resnet_tiny", "--config.image_size=32", "--config.batch_size=16",
          "--target=a100"]
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -263,7 +265,7 @@ def test_command_line_prints_the_table_or_one_line():
 
 def test_largest_batch_doubles_then_bisects(monkeypatch):
   """The search, with a fake compile: 1 GiB per image per GPU, 20.5 GiB usable -> 20."""
-  from jaxnet import gpu_compile
+  from jaxnet.tools import gpu_plan as gpu_compile
   compiled = []
 
   def fake_build(config, devices, eval_step=True):
@@ -272,7 +274,7 @@ def test_largest_batch_doubles_then_bisects(monkeypatch):
     return None, gpu_compile.Compiled("", per_gpu * 2**30, 0, 0, 0, 0), None
 
   monkeypatch.setattr(gpu_compile, "build", fake_build)
-  from jaxnet import config_io
+  from jaxnet.core import config as config_io
   config = config_io.load("configs/resnet50.py", {})
   found = gpu_compile.largest_batch(config, devices=[0, 1], usable=20.5 * 2**30, start=4)
   assert (found["per_gpu_batch"], found["does_not_fit"]) == (20, 22)
@@ -290,7 +292,9 @@ def test_fp16_max_pool_gradient_stays_sharded_over_8_h100s():
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from jaxnet import gpu_compile, models
+  from jaxnet.tools import gpu_plan as gpu_compile
+
+  from jaxnet.core import models
   _require_plugin()
   _, text = gpu_compile.target_text("h100")
   mesh = jax.sharding.Mesh(gpu_compile.topology_devices(text, 8), ("data",))
@@ -301,7 +305,7 @@ def test_fp16_max_pool_gradient_stays_sharded_over_8_h100s():
 
 
 def test_a_run_s_xla_flags_are_compile_options_unless_xla_flags_sets_them(monkeypatch):
-  from jaxnet import gpu_compile
+  from jaxnet.tools import gpu_plan as gpu_compile
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
   assert gpu_compile.run_options() == {"xla_gpu_enable_latency_hiding_scheduler": True,
                                     "xla_gpu_all_reduce_combine_threshold_bytes": 134217728}
@@ -310,7 +314,8 @@ def test_a_run_s_xla_flags_are_compile_options_unless_xla_flags_sets_them(monkey
 
 
 def _vit_mini_on_8_h100s(**mesh):
-  from jaxnet import config_io, gpu_compile
+  from jaxnet.core import config as config_io
+  from jaxnet.tools import gpu_plan as gpu_compile
   _require_plugin()
   _, text = gpu_compile.target_text("h100")
   config = gpu_compile.plan_config(config_io.load("configs/vit.py:s16", {

@@ -5,20 +5,21 @@ import numpy as np
 import pytest
 
 from configs import digits
-from jaxnet import experiment
+from jaxnet.core import config as config_lib
+from jaxnet.core import experiment
 from tests.test_parallel import rel_diff
 
 
 def _experiment(model, accum, devices, batch=16):
-  c = digits.get_config()
-  c.model.name, c.grad_accum_steps, c.mesh.num_devices, c.batch_size = model, accum, devices, batch
+  c = config_lib.switch_model(digits.get_config(), model)
+  c.grad_accum_steps, c.mesh.num_devices, c.batch_size = accum, devices, batch
   c.optim.schedule, c.optim.warmup_epochs, c.optim.learning_rate = "constant", 0.0, 0.4
   return experiment.Experiment(c)
 
 
 def _one_step(exp, state_host, batch):
   state = jax.device_put(state_host, exp.state_sharding)
-  from jaxnet import parallel
+  from jaxnet.core import sharding as parallel
   new_state, metrics = exp.train_step(state, parallel.to_global(batch, exp.batch_sharding))
   return jax.device_get(new_state), jax.device_get(metrics)
 
@@ -45,7 +46,7 @@ def test_micro_batches_on_eight_devices_with_batch_norm():
   exp = _experiment("resnet_tiny", 4, 8, batch=32)  # 8 examples per micro-batch, 1 per device
   state = exp.init_state()
   loader = iter(exp.train_loader())
-  from jaxnet import parallel
+  from jaxnet.core import sharding as parallel
   losses = []
   for _ in range(3):
     state, metrics = exp.train_step(state, parallel.to_global(next(loader), exp.batch_sharding))
@@ -56,7 +57,7 @@ def test_micro_batches_on_eight_devices_with_batch_norm():
 
 
 def test_batch_must_split_into_micro_batches():
-  from jaxnet import config_io
+  from jaxnet.core import config as config_io
   c = digits.get_config()
   c.batch_size, c.grad_accum_steps = 30, 4
   with pytest.raises(config_io.InvalidConfigError, match="multiple of grad_accum_steps=4"):

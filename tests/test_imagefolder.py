@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import simplejpeg
 
-from jaxnet.data.imagefolder import ImageFolderSource
-from jaxnet.data.make_imagefolder import main as make_imagefolder_main
-from jaxnet.data.make_imagefolder import make_imagefolder
-from jaxnet.data.transforms import EvalDecodeCrop, TrainDecodeCrop
+from jaxnet.core.data.imagefolder import ImageFolderSource
+from jaxnet.cli.make_imagefolder import main as make_imagefolder_main
+from jaxnet.tools.make_imagefolder import make_imagefolder
+from jaxnet.core.data.transforms import EvalDecodeCrop, TrainDecodeCrop
 
 CLASSES, PER_CLASS, VAL_PER_CLASS = 4, 5, 2
 
@@ -158,7 +158,7 @@ def test_missing_root_names_the_path_and_the_fix(tmp_path):
     ImageFolderSource(missing, "train")
   message = str(err.value)
   assert missing in message
-  assert "python -m jaxnet.data.make_imagefolder" in message
+  assert "python -m jaxnet.cli.make_imagefolder" in message
   assert "<root>/train/<class>/*.jpg" in message
 
 

@@ -7,11 +7,17 @@ import jax
 import numpy as np
 import pytest
 
-from jaxnet import api, experiment, parallel, steps
-from jaxnet.data import pipeline
-from jaxnet.data.imagefolder import ImageFolderSource
-from jaxnet.data.make_imagefolder import make_imagefolder
-from jaxnet.metrics import read_jsonl
+from jaxnet import api
+
+from jaxnet.core import experiment
+
+from jaxnet.core import sharding as parallel
+
+from jaxnet.core import steps
+from jaxnet.core.data import pipeline
+from jaxnet.core.data.imagefolder import ImageFolderSource
+from jaxnet.tools.make_imagefolder import make_imagefolder
+from jaxnet.core.metrics import read_jsonl
 from tests.helpers import run_main
 
 
@@ -36,7 +42,7 @@ FOLDER = ("data.source=imagefolder", "data.eval_split=val")
 _RECORD_TRAIN_BATCHES = """
 import json, os, sys
 import jax
-from jaxnet import experiment
+from jaxnet.core import experiment
 record = []
 build = experiment.Experiment.__init__
 def build_and_record(self, *args, **kwargs):
@@ -52,7 +58,7 @@ def build_and_record(self, *args, **kwargs):
   self.train_step = Recorded()
 experiment.Experiment.__init__ = build_and_record
 sys.argv = ["jaxnet.main"] + sys.argv[1:]
-from jaxnet import main
+from jaxnet.cli import main
 try:
   main.run()
 finally:

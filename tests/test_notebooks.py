@@ -11,7 +11,7 @@ import os
 import nbformat
 import pytest
 
-from jaxnet.metrics import read_jsonl
+from jaxnet.core.metrics import read_jsonl
 from tests.helpers import REPO
 from tests.notebooks import outputs_text, run_notebook
 
@@ -43,8 +43,8 @@ def _run_install_cell(monkeypatch, tmp_path, source, installed):
     if cmd[:2] == ["git", "clone"]:
       os.makedirs(cmd[-1])
   monkeypatch.setattr(subprocess, "check_call", check_call)
-  # The PyPI "jaxnet" (another project) has no jaxnet.workdir: not installed, as far as we care.
-  present = {"jaxnet": installed in ("jaxnet", "other"), "jaxnet.workdir": installed == "jaxnet"}
+  # The PyPI "jaxnet" (another project) has no jaxnet.core.workdir: not installed, as far as we care.
+  present = {"jaxnet": installed in ("jaxnet", "other"), "jaxnet.core.workdir": installed == "jaxnet"}
   monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if present.get(name) else None)
   monkeypatch.chdir(tmp_path)
   code = _install_cell().replace('JAXNET_SOURCE = ""', f"JAXNET_SOURCE = {source!r}", 1)

@@ -1,4 +1,4 @@
-"""`python -m jaxnet.export --format=onnx`: onnxruntime (CPU) against jaxnet's fp32 eval.
+"""`python -m jaxnet.cli.export --format=onnx`: onnxruntime (CPU) against jaxnet's fp32 eval.
 
 Each family (ResNet-18/50, AlexNet, ViTs of both flavours) is exported at a small size
 with random weights (BN statistics, scales and zero-initialized heads drawn too, so no
@@ -17,8 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxnet import onnx_export
-from jaxnet.metrics import replace_atomically
+from jaxnet.cli import export as export_command
+from jaxnet.tools import export as onnx_export
+from jaxnet.core.metrics import replace_atomically
 
 for _name in ("onnx", "onnxruntime", "jax2onnx"):
   pytest.importorskip(_name, reason=f"the onnx extra is not installed: {onnx_export.INSTALL}")
@@ -30,11 +31,12 @@ TOLERANCE = 1e-4
 
 def random_predictor(name: str, size: int, num_classes: int = 10, seed: int = 0, **config_overrides):
   """A Predictor of model `name` with random weights, no zero or identity layer left."""
-  from jaxnet import config_base, models
-  from jaxnet.predictor import Predictor
+  from jaxnet.core import config as config_base
+  from jaxnet.core import models
+  from jaxnet.tools.predictor import Predictor
   config = _with(config_base.base_config(), **{"model.name": name, "image_size": size,
                                                  **config_overrides})
-  model = models.from_config(config, num_classes)
+  model = _model(config, num_classes)
   # Shapes from the model, values drawn here (far faster than running init op by op).
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)),
                                              train=False))
@@ -56,12 +58,19 @@ def random_predictor(name: str, size: int, num_classes: int = 10, seed: int = 0,
   # Random deep nets' logits reach the thousands; a trained net's are ~10. The head is
   # linear, so scaling it gives logits of a trained net's size (std 4) and an absolute
   # tolerance its usual meaning.
-  fp32 = models.from_config(_with(config, precision="fp32"), num_classes)
+  fp32 = _model(_with(config, precision="fp32"), num_classes)
   logits = Predictor(config, fp32, variables, num_classes=num_classes).logits(eval_split(size))
   factor = 4.0 / float(logits.std())
   head = variables["params"]["head"]
   variables["params"]["head"] = {k: v * factor for k, v in head.items()}
   return Predictor(config, model, variables, num_classes=num_classes, step=0, workdir="random")
+
+
+def _model(config, num_classes: int):
+  """The model `config` describes, in its precision's compute dtype (as training builds it)."""
+  from jaxnet.core import models
+  from jaxnet.core.state import get_policy
+  return models.from_config(config.model, num_classes, get_policy(config.precision).compute_dtype)
 
 
 def _with(config, **values):
@@ -78,10 +87,10 @@ def _with(config, **values):
 
 def fp32_reference(predictor):
   """The same weights evaluated in fp32, what the ONNX graph must reproduce."""
-  from jaxnet import models
-  from jaxnet.predictor import Predictor
+  from jaxnet.core import models
+  from jaxnet.tools.predictor import Predictor
   config = _with(predictor.config, precision="fp32")
-  return Predictor(config, models.from_config(config, predictor.num_classes), predictor.variables,
+  return Predictor(config, _model(config, predictor.num_classes), predictor.variables,
                    num_classes=predictor.num_classes)
 
 
@@ -92,7 +101,7 @@ def photographs(predictor) -> np.ndarray:
 
 
 def eval_split(size: int, n: int = 8) -> np.ndarray:
-  from jaxnet.data.sources import SyntheticSource
+  from jaxnet.core.data.sources import SyntheticSource
   source = SyntheticSource(n, size, seed=1)
   return np.stack([source[i]["image"] for i in range(n)])
 
@@ -105,7 +114,7 @@ FAMILIES = [  # (model, image size, config overrides)
     ("resnet18", 32, {}),
     ("resnet50", 32, {}),
     ("alexnet", 64, {}),
-    ("vit_mini", 32, {"model.vit_flavour": "plain"}),
+    ("vit_mini", 32, {"model.flavour": "plain"}),
     ("vit_ti16", 32, {}),
     ("resnet18", 32, {"precision": "bf16"}),  # a bf16 run exports fp32
 ]
@@ -164,14 +173,14 @@ def digits_workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def digits_test_set():
-  from jaxnet.data import sources
+  from jaxnet.core.data import sources
   source = sources.digits_source("test", 16)
   return source.images, source.labels
 
 
 def _export(workdir, out, *flags):
-  from jaxnet import export
-  assert export.main([f"--workdir={workdir}", "--format=onnx", f"--out={out}", *flags]) == 0
+  from jaxnet.tools import export
+  assert export_command.main([f"--workdir={workdir}", "--format=onnx", f"--out={out}", *flags]) == 0
   return onnx.load_model(str(out))
 
 
@@ -231,9 +240,10 @@ def test_jax_int8_export_computes_in_int8_within_one_point_of_fp32(digits_workdi
   """`--format=jax --int8`: qwix PTQ, served by jax alone."""
   pytest.importorskip("qwix", reason=f"qwix is not installed: {onnx_export.INSTALL}")
   import json
-  from jaxnet import api, export
+  from jaxnet import api
+  from jaxnet.tools import export
   out = tmp_path / "digits-int8.jax"
-  assert export.main([f"--workdir={digits_workdir}", f"--out={out}", "--int8"]) == 0
+  assert export_command.main([f"--workdir={digits_workdir}", f"--out={out}", "--int8"]) == 0
   model = export.load(str(out))
   assert "int8" in json.loads(open(str(out) + ".json").read())["quantization"]
   assert "xi8>" in model.exported.mlir_module()  # int8 tensors in the serialized function
@@ -245,9 +255,9 @@ def test_jax_int8_export_computes_in_int8_within_one_point_of_fp32(digits_workdi
 
 
 def _fails_with_one_line(argv, capsys, expected: str, code: int = 1):
-  from jaxnet import export
+  from jaxnet.tools import export
   with pytest.raises(SystemExit) as stopped:
-    export.main(argv)
+    export_command.main(argv)
   assert stopped.value.code == code
   lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")
            or "error:" in l]
@@ -311,7 +321,7 @@ def test_damaged_checkpoint_is_one_line_and_writes_nothing(digits_workdir, tmp_p
   shutil.copytree(digits_workdir, damaged)
   _flip_bytes_of_largest_file(damaged / "checkpoints" / "120" / "state")
   out = tmp_path / "d.onnx"
-  proc = subprocess.run([sys.executable, "-m", "jaxnet.export", f"--workdir={damaged}", "--format=onnx",
+  proc = subprocess.run([sys.executable, "-m", "jaxnet.cli.export", f"--workdir={damaged}", "--format=onnx",
                          f"--out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
   errors_printed = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
@@ -336,16 +346,17 @@ def test_a_failed_write_leaves_nothing_at_out(tmp_path):
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-  from jaxnet.data.make_imagefolder import make_imagefolder
+  from jaxnet.tools.make_imagefolder import make_imagefolder
   root = str(tmp_path_factory.mktemp("folder"))
   make_imagefolder(root, classes=3, per_class=4, val_per_class=2, seed=0, verbose=False)
   return root
 
 
 def test_calibration_images_are_train_jpegs_preprocessed_as_eval(folder):
-  from jaxnet import errors, onnx_quantize
-  from jaxnet.data.imagefolder import ImageFolderSource
-  from jaxnet.data.transforms import EvalDecodeCrop
+  from jaxnet.core import errors
+  from jaxnet.tools import export as onnx_quantize
+  from jaxnet.core.data.imagefolder import ImageFolderSource
+  from jaxnet.core.data.transforms import EvalDecodeCrop
   predictor = random_predictor("resnet_tiny", 24, num_classes=3, **{
       "data.source": "imagefolder", "data.dir": folder, "data.eval_split": "val",
       "data.eval_crop_fraction": 0.8})
@@ -364,9 +375,9 @@ def test_calibration_images_are_train_jpegs_preprocessed_as_eval(folder):
 @pytest.mark.slow
 def test_int8_on_a_generated_imagefolder_model(tmp_path):
   """A model trained on generated JPEGs (5 classes, 100 val images): int8 within 1 point."""
-  from jaxnet.data.imagefolder import ImageFolderSource
-  from jaxnet.data import pipeline
-  from jaxnet.data.make_imagefolder import make_imagefolder
+  from jaxnet.core.data.imagefolder import ImageFolderSource
+  from jaxnet.core.data import pipeline
+  from jaxnet.tools.make_imagefolder import make_imagefolder
   from tests.helpers import run_main
   from tests.notebooks import kernel_env
   root = make_imagefolder(str(tmp_path / "folder"), classes=5, per_class=40, val_per_class=20,

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxnet import optim
-from jaxnet.config_base import base_config
+from jaxnet.core import optim
+from jaxnet.core.config import base_config, duration_in_steps
 
 
 def _optim_config(**kw):
@@ -15,9 +15,17 @@ def _optim_config(**kw):
   return c
 
 
+def _config(optim_config):
+  """A whole config with this optim section (the warmup is a duration: steps or epochs)."""
+  c = base_config()
+  c.optim = optim_config
+  return c
+
+
 def test_warmup_then_cosine_scaled_by_batch():
   c = _optim_config(learning_rate=0.1, base_batch_size=256, warmup_epochs=2, schedule="cosine")
-  lr = optim.learning_rate_schedule(c, batch_size=1024, total_steps=100, steps_per_epoch=10)
+  lr = optim.learning_rate_schedule(c, batch_size=1024, total_steps=100,
+                                   warmup_steps=duration_in_steps(_config(c), "warmup", 10))
   peak = 0.4
   assert float(lr(0)) == 0.0
   assert float(lr(10)) == pytest.approx(peak / 2)      # halfway through the 20 warmup steps
@@ -30,7 +38,8 @@ def test_warmup_then_cosine_scaled_by_batch():
 def test_warmup_steps_override_epochs_and_poly2():
   c = _optim_config(learning_rate=2.0, base_batch_size=512, warmup_steps=5, warmup_epochs=50,
                     schedule="poly2")
-  lr = optim.learning_rate_schedule(c, batch_size=512, total_steps=25, steps_per_epoch=1)
+  lr = optim.learning_rate_schedule(c, batch_size=512, total_steps=25,
+                                   warmup_steps=duration_in_steps(_config(c), "warmup", 1))
   assert float(lr(5)) == pytest.approx(2.0)
   assert float(lr(15)) == pytest.approx(2.0 * 0.5**2)   # (1 - 10/20)^2
 
@@ -44,7 +53,7 @@ def test_weight_decay_skips_bn_and_biases(name):
   # With a zero LR nothing moves; with LR 1 and zero gradients only decay acts.
   c.learning_rate = 1.0
   c.base_batch_size = 1
-  tx = optim.make_optimizer(c, optim.learning_rate_schedule(c, 1, 10, 1))
+  tx = optim.make_optimizer(c, optim.learning_rate_schedule(c, 1, 10, warmup_steps=0))
   zeros = jax.tree.map(jnp.zeros_like, params)
   updates, _ = tx.update(zeros, tx.init(params), params)
   assert np.all(np.asarray(updates["bn"]["scale"]) == 0)
@@ -56,7 +65,7 @@ def test_lars_trust_ratio_scales_kernels_only():
   """LARS scales a kernel's step by trust_coefficient * |w| / |g|; BN params and biases take the plain step."""
   c = _optim_config(name="lars", learning_rate=1.0, base_batch_size=1, weight_decay=0.0,
                     warmup_epochs=0, schedule="constant", momentum=0.0, nesterov=False)
-  tx = optim.make_optimizer(c, optim.learning_rate_schedule(c, 1, 10, 1))
+  tx = optim.make_optimizer(c, optim.learning_rate_schedule(c, 1, 10, warmup_steps=0))
   params = {"conv": {"kernel": 2 * jnp.ones((3, 3, 2, 2))}, "bn": {"scale": jnp.ones((2,)),
                                                                   "bias": jnp.ones((2,))}}
   grads = jax.tree.map(lambda p: jnp.full_like(p, 0.1), params)
@@ -81,7 +90,7 @@ def test_weight_decay_skips_vit_embeddings_and_layernorm():
             "patch_embed": {"kernel": jnp.ones((2, 2, 3, 4)), "bias": jnp.ones((4,))},
             "norm": {"scale": jnp.ones((4,)), "bias": jnp.ones((4,))},
             "head": {"kernel": jnp.ones((4, 3)), "bias": jnp.ones((3,))}}
-  tx = optim.make_optimizer(c, optim.learning_rate_schedule(c, 1, 10, 1))
+  tx = optim.make_optimizer(c, optim.learning_rate_schedule(c, 1, 10, warmup_steps=0))
   updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
   decayed = jax.tree.map(lambda u: bool(np.all(np.asarray(u) < 0)), updates)
   untouched = jax.tree.map(lambda u: bool(np.all(np.asarray(u) == 0)), updates)

@@ -5,7 +5,7 @@ import threading
 import numpy as np
 import pytest
 
-from jaxnet.data import pipeline, sources
+from jaxnet.core.data import pipeline, sources
 
 
 @pytest.fixture(scope="module")

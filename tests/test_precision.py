@@ -7,11 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxnet import checkpoint as ckpt
-from jaxnet import models, parallel, precision
-from jaxnet.data import pipeline
-from jaxnet.data.sources import ArraySource
-from jaxnet.precision import LossScale
+from jaxnet.core import checkpoint as ckpt
+from jaxnet.core import models
+from jaxnet.core import sharding as parallel
+from jaxnet.core import state as precision
+from jaxnet.core.data import pipeline
+from jaxnet.core.data.sources import ArraySource
+from jaxnet.core.state import LossScale
 
 from tests import models_helpers as H
 
@@ -213,8 +215,8 @@ def test_eval_in_every_precision_matches_fp32():
   On jaxlib 0.11.2-0.12.0.1 the bf16 eval is NaN on the CPU unless XLA's YNNPACK
   fusion is off (jaxnet/xla_flags.py, applied by conftest.py as by the CLI).
   """
-  from jaxnet import steps
-  from jaxnet.data.sources import digits_source
+  from jaxnet.core import steps
+  from jaxnet.core.data.sources import digits_source
   state, _ = _curve("fp32")
   test = digits_source("test", H.TINY_SHAPE[0])
   n = len(test)

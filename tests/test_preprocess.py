@@ -5,11 +5,11 @@ import io
 import numpy as np
 from PIL import Image
 
-from jaxnet import preprocess
-from jaxnet.config_base import base_config
-from jaxnet.data import pipeline
-from jaxnet.data.imagefolder import ImageFolderSource
-from jaxnet.data.transforms import EvalDecodeCrop
+from jaxnet.tools import predictor as preprocess
+from jaxnet.core.config import base_config
+from jaxnet.core.data import pipeline
+from jaxnet.core.data.imagefolder import ImageFolderSource
+from jaxnet.core.data.transforms import EvalDecodeCrop
 
 
 def test_jpeg_file_is_preprocessed_like_the_eval_pipeline(tmp_path):

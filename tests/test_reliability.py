@@ -24,9 +24,26 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from jaxnet import api, checkpoint as ckpt, checkpoint_files, config_io, errors, integrity, quiet
-from jaxnet import workdir as workdir_lib
-from jaxnet.metrics import read_jsonl
+from jaxnet.cli import report as report_command
+from jaxnet.cli import export as export_command
+from jaxnet.cli import process
+from jaxnet import api
+
+from jaxnet.core import checkpoint as ckpt
+
+from jaxnet.core import checkpoint as checkpoint_files
+
+from jaxnet.core import config as config_io
+
+from jaxnet.core import errors
+
+from jaxnet.core import checkpoint as integrity
+
+from jaxnet.cli import process as quiet
+from jaxnet.core import train as train_lib
+from jaxnet.core import workdir as workdir_lib
+from jaxnet.core.adapters import orbax as orbax_adapter
+from jaxnet.core.metrics import read_jsonl
 from tests.helpers import REPO, run_main
 
 ARGS = ("total_steps=20", "log_every_steps=5", "checkpoint_every_steps=10", "eval_every_steps=0",
@@ -188,12 +205,12 @@ def test_fp16_stops_on_a_non_finite_loss_not_on_a_skipped_step():
   newest = "The newest intact checkpoint is step 5."
   skipped = {"train/loss": jnp.float32(2.3), "train/grad_norm": jnp.float32(jnp.inf)}
   finite = {"train/loss": jnp.float32(2.2), "train/grad_norm": jnp.float32(1.0)}
-  integrity.check_finite_metrics([finite, skipped, finite], 8, newest, fp16=True)
+  train_lib.check_finite_metrics([finite, skipped, finite], 8, newest, fp16=True)
   with pytest.raises(errors.NonFiniteError, match=r"diverged at step 7,.*intact checkpoint is step 5"):
-    integrity.check_finite_metrics([finite, skipped, finite], 8, newest, fp16=False)
+    train_lib.check_finite_metrics([finite, skipped, finite], 8, newest, fp16=False)
   nan_loss = {"train/loss": jnp.float32(jnp.nan), "train/grad_norm": jnp.float32(jnp.nan)}
   with pytest.raises(errors.NonFiniteError, match=r"diverged at step 8,"):
-    integrity.check_finite_metrics([finite, skipped, nan_loss], 8, newest, fp16=True)
+    train_lib.check_finite_metrics([finite, skipped, nan_loss], 8, newest, fp16=True)
 
 
 # 4 -------------------------------------------------------------------------
@@ -272,9 +289,9 @@ def test_a_deleted_config_json_is_restored_from_the_checkpoints(trained, tmp_pat
 
   # Without checkpoint 20's config, the older checkpoint's is used.
   os.remove(workdir / "config.json")
-  os.remove(workdir / "checkpoints" / "20" / "config" / checkpoint_files.JSON_ITEM_FILE)
+  os.remove(workdir / "checkpoints" / "20" / "config" / orbax_adapter.JSON_ITEM_FILE)
   assert workdir_lib.saved_config(str(workdir)) == json.load(
-      open(workdir / "checkpoints" / "10" / "config" / checkpoint_files.JSON_ITEM_FILE))
+      open(workdir / "checkpoints" / "10" / "config" / orbax_adapter.JSON_ITEM_FILE))
 
 
 def test_an_invalid_config_json_is_one_line_naming_it(trained, tmp_path):
@@ -354,7 +371,7 @@ def test_full_disk_stops_cleanly_and_keeps_the_newest_checkpoint(tmp_path):
 def test_a_failed_save_is_the_error_reported_when_closing_fails_too(tmp_path, monkeypatch):
   """A full disk fails the checkpoint first; the TensorBoard events buffered since the
   last flush then fail at close too (seen in CI). The run reports the checkpoint."""
-  from jaxnet import metrics
+  from jaxnet.core import metrics
   def full_disk(self, step, *args):
     raise self._save_failed(step, OSError(errno.ENOSPC, "No space left on device"))
   def flush_fails(self):
@@ -396,22 +413,6 @@ def test_read_only_workdir_still_evaluates(trained, tmp_path):
     assert "could not record the eval metrics" in proc.stderr
 
 
-def describe(error):
-  return errors.describe_os_error(error)
-
-
-def test_save_errors_name_their_cause():
-  assert describe(OSError(errno.ENOSPC, "x")) == "no space left on device"
-  assert describe(ValueError("RESOURCE_EXHAUSTED: Failed writing")) == "no space left on device"
-  assert describe(OSError(errno.EACCES, "x")) == "permission denied"
-  wrapped = RuntimeError("save failed")
-  wrapped.__cause__ = OSError(errno.EROFS, "x")
-  assert describe(wrapped) == "read-only file system"
-  assert "already exists" in describe(ValueError("Destination /w/checkpoints/8 already exists"))
-
-
-# 6 -------------------------------------------------------------------------
-
 def test_ctrl_c_saves_then_exits(tmp_path):
   proc = _popen(tmp_path / "once", "total_steps=100000", "log_every_steps=1",
                 "checkpoint_every_steps=0", "batch_size=32")
@@ -447,13 +448,13 @@ def test_sigterm_stops_at_the_latest_at_the_next_log_step(tmp_path):
 
 
 def test_a_second_ctrl_c_exits_at_once(monkeypatch, capsys):
-  from jaxnet import runtime
+  from jaxnet.cli import process as runtime
   exits = []
   monkeypatch.setattr(os, "_exit", exits.append)
   with runtime.StopSignals() as signals:
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.1)  # Python runs the handler between bytecodes
-    assert signals.received == "SIGINT" and signals.should_stop(sync=False) and not exits
+    assert signals.received == "SIGINT" and signals.requested() and not exits
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.1)
   assert exits == [130]
@@ -485,7 +486,7 @@ def test_bad_input_on_the_command_line_is_one_line(tmp_path):
   assert not (tmp_path / "w").exists()
 
   bad_config = tmp_path / "bad.py"
-  bad_config.write_text("from jaxnet.config_base import base_config\n\ndef get_config(:\n  pass\n")
+  bad_config.write_text("from jaxnet.core.config import base_config\n\ndef get_config(:\n  pass\n")
   proc = run_main(tmp_path / "w", config=str(bad_config), check=False)
   assert f"{bad_config}:3: SyntaxError" in _assert_one_clear_line(proc)
 
@@ -501,7 +502,8 @@ def test_bad_input_on_the_command_line_is_one_line(tmp_path):
 
 
 def test_predict_and_export_errors_are_one_line(trained, tmp_path, capsys):
-  from jaxnet import export, predict
+  from jaxnet.tools import export
+  from jaxnet.cli import predict
   not_an_image = tmp_path / "notes.png"
   not_an_image.write_text("hello")
   empty = tmp_path / "empty"
@@ -510,7 +512,7 @@ def test_predict_and_export_errors_are_one_line(trained, tmp_path, capsys):
       (predict.main, [f"--workdir={trained}", str(tmp_path / "nope.png")], "nope.png not found"),
       (predict.main, [f"--workdir={trained}", str(not_an_image)], "not an image"),
       (predict.main, [f"--workdir={empty}", str(not_an_image)], "config.json not found"),
-      (export.main, [f"--workdir={empty}", f"--out={tmp_path / 'm.jax'}"], "config.json not found"),
+      (export_command.main, [f"--workdir={empty}", f"--out={tmp_path / 'm.jax'}"], "config.json not found"),
   ]
   for entry, argv, expected in cases:
     with pytest.raises(SystemExit) as stopped:
@@ -520,7 +522,7 @@ def test_predict_and_export_errors_are_one_line(trained, tmp_path, capsys):
     assert err.startswith("error:") and expected in err, err
   shutil.copy(trained / "config.json", empty / "config.json")
   with pytest.raises(SystemExit):
-    export.main([f"--workdir={empty}", f"--out={tmp_path / 'm.jax'}"])
+    export_command.main([f"--workdir={empty}", f"--out={tmp_path / 'm.jax'}"])
   assert "no checkpoint" in capsys.readouterr().err
 
   # A damaged newest checkpoint: predict and export stop with one line, as --mode=eval does,
@@ -529,8 +531,8 @@ def test_predict_and_export_errors_are_one_line(trained, tmp_path, capsys):
   _flip_bytes_of_largest_file(damaged / "checkpoints" / "20" / "state")
   image = tmp_path / "seven.png"
   PIL.Image.fromarray(np.full((8, 8), 200, np.uint8)).save(image)
-  for command in (["jaxnet.predict", f"--workdir={damaged}", str(image)],
-                  ["jaxnet.export", f"--workdir={damaged}", f"--out={tmp_path / 'd.jax'}"]):
+  for command in (["jaxnet.cli.predict", f"--workdir={damaged}", str(image)],
+                  ["jaxnet.cli.export", f"--workdir={damaged}", f"--out={tmp_path / 'd.jax'}"]):
     proc = subprocess.run([sys.executable, "-m", *command], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -539,26 +541,6 @@ def test_predict_and_export_errors_are_one_line(trained, tmp_path, capsys):
     assert len(proc.stderr.splitlines()) <= 3, proc.stderr[-3000:]
   assert not (tmp_path / "d.jax").exists()
 
-
-def test_reported_failures_leave_no_orbax_tracebacks_behind():
-  """What the filters drop: the leftovers of a failure jaxnet has already reported in one line
-  (the other arrays' reads of a damaged checkpoint, writes after a failed save). Whether they
-  appear at all depends on when Python collects them, so the CLI test above cannot always
-  see them; the filters are checked here directly."""
-  import logging
-  read_error = Exception("Encountered error while reading array index: (slice(0, 16, 1),). "
-                         "See full TensorStore details: ...")
-  assert quiet._is_reported_noise(type(read_error), read_error)
-  assert quiet._is_reported_noise(RuntimeError, RuntimeError("Event loop is closed"))
-  assert not quiet._is_reported_noise(ValueError, ValueError("a bug of ours"))
-  record = lambda name, message: logging.LogRecord(name, logging.ERROR, __file__, 1, message, (), None)
-  drop = quiet._DropSaveFailureNoise()
-  assert not drop.filter(record("asyncio", f"_GatheringFuture exception was never retrieved\n"
-                                           f"future: <... exception=Exception({str(read_error)!r})>"))
-  assert drop.filter(record("asyncio", "Task exception was never retrieved: KeyError('x')"))
-
-
-# 8 -------------------------------------------------------------------------
 
 def test_metrics_have_one_line_per_step_after_a_resume(trained, tmp_path):
   workdir = _copy(trained, tmp_path)
@@ -579,14 +561,15 @@ def test_metrics_have_one_line_per_step_after_a_resume(trained, tmp_path):
 def test_a_torn_last_metrics_line_is_skipped_and_never_joined(trained, tmp_path, capsys):
   """A kill during a write leaves the last line of metrics.jsonl cut short: readers skip
   and count it; `--mode=eval` writes its record on a line of its own, which a resume keeps."""
-  from jaxnet import metrics, report
+  from jaxnet.core import metrics
+  from jaxnet.tools import report
   workdir = _copy(trained, tmp_path)
   path = workdir / "metrics.jsonl"
   whole = read_jsonl(workdir)
   path.write_text(path.read_text() + '{"step": 25, "train/loss": 0.3')  # torn mid-record
   assert metrics.read_jsonl_counted(workdir) == (whole, 1)
 
-  assert report.main([str(workdir), "--out", str(tmp_path / "report")]) == 0
+  assert report_command.main([str(workdir), "--out", str(tmp_path / "report")]) == 0
   out = capsys.readouterr().out
   assert f"note: skipped 1 unreadable line of {path} (a write cut short" in out
   assert json.load(open(tmp_path / "report" / "summary.json"))["w"]["final_step"] == 20
@@ -615,7 +598,7 @@ def spend():
 
 if target == "metrics.jsonl":
   import builtins
-  from jaxnet import metrics
+  from jaxnet.core import metrics
 
   class Full:
     def __init__(self, f):
@@ -638,7 +621,7 @@ else:
     return write(self, data)
   record_writer.RecordWriter.write = write_
 sys.argv = ["jaxnet.main"] + sys.argv[1:]
-from jaxnet import main
+from jaxnet.cli import main
 main.run()
 """
 
@@ -690,7 +673,7 @@ def test_a_full_disk_under_metrics_or_tensorboard_is_one_line(tmp_path, target, 
 @pytest.mark.parametrize("name", ["config.json", "environment.json"])
 def test_a_full_disk_under_config_or_run_info_is_one_line(trained, tmp_path, monkeypatch, name):
   import builtins
-  from jaxnet import metrics
+  from jaxnet.core import metrics
   workdir = _copy(trained, tmp_path)
   before = (workdir / name).read_bytes()
 
@@ -711,7 +694,7 @@ def test_a_full_disk_under_config_or_run_info_is_one_line(trained, tmp_path, mon
 
 def test_a_second_sigterm_exits_at_once(monkeypatch, capsys):
   """However the loop is held up (a long save, a blocked write), a second SIGTERM ends the process."""
-  from jaxnet import runtime
+  from jaxnet.cli import process as runtime
   exits = []
   monkeypatch.setattr(os, "_exit", exits.append)
   with runtime.StopSignals() as signals:
@@ -747,8 +730,9 @@ def test_the_library_leaves_the_process_hooks_loggers_and_warnings_alone(tmp_pat
 _SHAPE_BUG_CONFIG = '''
 import importlib.util
 import flax.linen as nn
+import ml_collections
 import jax.numpy as jnp
-from jaxnet import models
+from jaxnet.core import models
 
 class ShapeBug(nn.Module):
   """A user's model with a shape bug, which jax reports as a ValueError."""
@@ -767,7 +751,7 @@ def get_config():
   digits = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(digits)
   config = digits.get_config()
-  config.model.name = "shape_bug"
+  config.model = ml_collections.ConfigDict({"name": "shape_bug"})  # its options are its fields
   return config
 '''
 
@@ -776,7 +760,7 @@ def test_only_jaxnet_errors_become_one_line(tmp_path, capsys):
   """jaxnet's own explanations are one line; a bug in a user's model (here a shape error,
   a ValueError from jax, inside training) keeps its traceback, which its author needs."""
   with pytest.raises(SystemExit) as exited:
-    with errors.one_line_errors():
+    with process.one_line_errors():
       raise errors.InvalidValueError("config.optim.name='x': use sgd, lars or adamw")
   assert exited.value.code == 1
   assert capsys.readouterr().err.startswith("error: config.optim.name='x': use sgd, lars or adamw\n")
@@ -789,3 +773,29 @@ def test_only_jaxnet_errors_become_one_line(tmp_path, capsys):
   assert proc.returncode != 0
   assert "Traceback" in proc.stderr and "ValueError: array split does not result" in proc.stderr, proc.stderr[-3000:]
   assert not any(l.startswith("error:") for l in proc.stderr.splitlines()), proc.stderr[-3000:]
+
+
+# --- checkpoints written before the redesign --------------------------------------------
+
+def test_a_workdir_written_by_jaxnet_before_the_redesign_restores_and_resumes(tmp_path):
+  """tests/data/workdir_ab264ba: a digits run of main ab264ba (the layout before jaxnet.core),
+  stopped after its checkpoint at step 3 of 6. Rerunning its command resumes it, and the
+  resumed steps 4-6 are the ones that run made (its metrics.jsonl, before the resume drops
+  them): the checkpoint, its data position and its config.json all still read."""
+  workdir = tmp_path / "w"
+  shutil.copytree(os.path.join(REPO, "tests", "data", "workdir_ab264ba"), workdir)
+  original = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  assert [r["step"] for r in original] == [3, 6]
+  # Its config.json still loads, and its checkpoint evaluates and predicts.
+  config = api.load_config(str(workdir))
+  assert (config.model.name, config.model.zero_init_last_bn, config.bn_group_size) == ("resnet_tiny", False, 0)
+  assert "flavour" not in config.model and "bn_group_size" not in config.model
+  assert api.restore(workdir).step == 3
+  assert api.evaluate(workdir)["eval/examples"] == 359
+  result = api.train(_digits("batch_size=64", "total_steps=6", "checkpoint_every_steps=3", "log_every_steps=3",
+                             "eval_every_steps=0"), workdir)
+  resumed = [r for r in read_jsonl(str(workdir)) if "train/loss" in r]  # not the eval's own line
+  assert [r["step"] for r in resumed] == [3, 6]
+  np.testing.assert_allclose(resumed[-1]["train/loss"], original[-1]["train/loss"], rtol=1e-5)
+  np.testing.assert_allclose(result["eval/top1"], original[-1]["eval/top1"], atol=1e-6)
+  assert ckpt.load_arrays(workdir)[1] == 6

@@ -19,8 +19,8 @@ import simplejpeg
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
-from jaxnet.data.tfds_source import TfdsSource  # noqa: E402
-from jaxnet.data.transforms import decode_jpeg  # noqa: E402
+from jaxnet.core.data.tfds_source import TfdsSource  # noqa: E402
+from jaxnet.core.data.transforms import decode_jpeg  # noqa: E402
 
 NAME = "tiny_jpeg_for_test"  # tfds derives it from the class name
 CLASS_NAMES = ["cat", "dog", "bird"]

@@ -11,10 +11,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from jaxnet import api, export, report, runlog
-from jaxnet import checkpoint as ckpt
-from jaxnet.data import sources
-from jaxnet.metrics import read_jsonl
+from jaxnet.cli import report as report_command
+from jaxnet.cli import export as export_command
+from jaxnet import api
+
+from jaxnet.tools import export
+
+from jaxnet.tools import report
+
+from jaxnet.tools import report as runlog
+from jaxnet.core import checkpoint as ckpt
+from jaxnet.core.data import sources
+from jaxnet.core.metrics import read_jsonl
 from tests.helpers import REPO, max_abs_diff, run_main
 from tests.notebooks import kernel_env
 
@@ -58,7 +66,7 @@ def test_report_writes_plots_and_summary(workdir, tmp_path, capsys):
       f.write(json.dumps({k: (v * 0.5 if isinstance(v, float) and k != "time" else v)
                           for k, v in r.items()}) + "\n")
   out = tmp_path / "report"
-  assert report.main([str(workdir), str(other), "--out", str(out)]) == 0
+  assert report_command.main([str(workdir), str(other), "--out", str(out)]) == 0
 
   for name in ("loss", "accuracy", "learning_rate", "throughput"):
     with Image.open(out / f"{name}.png") as png:
@@ -83,7 +91,7 @@ def test_report_writes_plots_and_summary(workdir, tmp_path, capsys):
 
 
 def test_report_command_line(workdir, tmp_path):
-  proc = subprocess.run([sys.executable, "-m", "jaxnet.report", str(workdir), "--out", str(tmp_path)],
+  proc = subprocess.run([sys.executable, "-m", "jaxnet.cli.report", str(workdir), "--out", str(tmp_path)],
                         cwd=REPO, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr
   assert sorted(p for p in os.listdir(tmp_path) if p.endswith(".png")) == [
@@ -162,7 +170,7 @@ def test_predict_command_on_a_png(workdir, test_set, tmp_path):
     paths.append(str(tmp_path / f"digit{i}.png"))
     Image.fromarray(images[i][..., 0]).save(paths[-1])
 
-  proc = subprocess.run([sys.executable, "-m", "jaxnet.predict", f"--workdir={workdir}", "--step=20",
+  proc = subprocess.run([sys.executable, "-m", "jaxnet.cli.predict", f"--workdir={workdir}", "--step=20",
                          "--top=3", *paths], cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.splitlines()
@@ -184,7 +192,7 @@ def test_export_round_trips_logits(workdir, test_set, tmp_path):
   """`export --step=20 --platforms=cpu,cuda`: the step-20 model (its EMA params), lowered for both."""
   images, _ = test_set
   out = tmp_path / "digits.jaxexport"
-  assert export.main([f"--workdir={workdir}", f"--out={out}", "--step=20", "--platforms=cpu,cuda"]) == 0
+  assert export_command.main([f"--workdir={workdir}", f"--out={out}", "--step=20", "--platforms=cpu,cuda"]) == 0
   loaded = export.load(str(out))
   assert loaded.image_shape == (16, 16, 1)
   assert str(loaded.exported.in_avals[0].shape[0]) == "b"   # batch-polymorphic
@@ -211,13 +219,13 @@ def test_export_round_trips_logits(workdir, test_set, tmp_path):
 def test_workdir_as_init_weights_and_torchvision_export(workdir, tmp_path):
   """A workdir is an `init.weights` source, directly or through its torchvision export."""
   from flax.traverse_util import flatten_dict
-  from jaxnet.weights import pretrained
-  from jaxnet.weights.preprocessing import Preprocessing
+  from jaxnet.tools.weights import pretrained
+  from jaxnet.tools.weights.preprocessing import Preprocessing
   restored = flatten_dict(api.restore(str(workdir)).variables)
   shapes = {p: tuple(x.shape) for p, x in restored.items()}
   assert pretrained.preprocessing_of(str(workdir))[0] == Preprocessing((0.2,), (0.35,), 0.875, "bilinear")
   out = str(tmp_path / "digits.safetensors")
-  assert export.main([f"--workdir={workdir}", "--format=torchvision", f"--out={out}"]) == 0
+  assert export_command.main([f"--workdir={workdir}", "--format=torch", f"--out={out}"]) == 0
   for source in (str(workdir), out):
     values, reason = pretrained.fill(shapes, pretrained.load(source, shapes), keep_head=True)
     assert reason is None and set(values) == set(shapes)
@@ -226,4 +234,4 @@ def test_workdir_as_init_weights_and_torchvision_export(workdir, tmp_path):
   # The export carries the run's preprocessing: one grey channel, digits' mean/std.
   assert pretrained.preprocessing_of(out)[0] == Preprocessing((0.2,), (0.35,), 0.875, "bilinear")
   with pytest.raises(SystemExit):  # argparse: the torchvision format is a .safetensors file
-    export.main([f"--workdir={workdir}", "--format=torchvision", f"--out={tmp_path / 'x.pt'}"])
+    export_command.main([f"--workdir={workdir}", "--format=torch", f"--out={tmp_path / 'x.pt'}"])

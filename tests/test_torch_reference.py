@@ -4,7 +4,7 @@ tests/data/torchvision_resnet_logits.npz holds torchvision's fp32 eval-mode
 logits for seeded weights (experiments/make_reference_logits.py, run once where
 torch is installed). Here the same tensors are drawn with numpy
 (tests/reference_weights.py), written to a .safetensors file and loaded through
-`init.weights`'s own path (jaxnet.weights.pretrained), without torch.
+`init.weights`'s own path (jaxnet.tools.weights.pretrained), without torch.
 """
 
 import os
@@ -17,10 +17,10 @@ import pytest
 from flax.traverse_util import flatten_dict, unflatten_dict
 from safetensors.numpy import save_file
 
-from jaxnet import models
-from jaxnet.models import resnet
-from jaxnet.weights import pretrained
-from jaxnet.weights.resnet_names import FAMILY as RESNET
+from jaxnet.core import models
+from jaxnet.core.models import resnet
+from jaxnet.tools.weights import pretrained
+from jaxnet.tools.weights.resnet_names import FAMILY as RESNET
 from tests import reference_weights
 
 LOGITS = os.path.join(os.path.dirname(__file__), "data", "torchvision_resnet_logits.npz")

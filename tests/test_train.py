@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from jaxnet import checkpoint as ckpt
-from jaxnet.metrics import read_jsonl
+from jaxnet.core import checkpoint as ckpt
+from jaxnet.core.metrics import read_jsonl
 from tests.helpers import REPO, max_abs_diff, run_main
 
 
@@ -73,7 +73,9 @@ def test_eval_mode_reproduces_final_eval(quick_start):
 def test_non_finite_eval_is_an_error_naming_precision_and_backend(tmp_path):
   """evaluation.evaluate on NaN weights raises instead of returning NaN metrics."""
   import jax
-  from jaxnet import api, evaluation, experiment
+  from jaxnet import api
+  from jaxnet.core import train as evaluation
+  from jaxnet.core import experiment
   config = api.load_config(os.path.join(REPO, "configs", "digits.py"), precision="fp16",
                            **{"mesh.num_devices": 1})
   exp = experiment.Experiment(config, need_train_data=False)
@@ -88,7 +90,8 @@ def test_non_finite_eval_is_an_error_naming_precision_and_backend(tmp_path):
 def test_model_num_classes_is_the_head_width_and_never_narrower_than_the_data():
   """model.num_classes 0 takes the dataset's count; a wider head is allowed, a narrower one
   (labels past the last logit would get all-zero targets) is an error naming both counts."""
-  from jaxnet import api, experiment
+  from jaxnet import api
+  from jaxnet.core import experiment
   digits = os.path.join(REPO, "configs", "digits.py")
   build = lambda n: experiment.Experiment(
       api.load_config(digits, **{"mesh.num_devices": 1, "model.num_classes": n}), need_train_data=False)
@@ -101,7 +104,7 @@ def test_model_num_classes_is_the_head_width_and_never_narrower_than_the_data():
 
 def test_nan_bf16_eval_from_the_command_line_is_one_error_line(quick_start):
   """The real case: XLA's YNNPACK fusion forced back on (the user's flag wins) makes bf16 eval NaN."""
-  from jaxnet import xla_flags
+  from jaxnet.core.adapters import xla as xla_flags
   if not xla_flags.has_ynn_bug(xla_flags.jaxlib_version()):
     pytest.skip(f"jaxlib {xla_flags.jaxlib_version()} computes bf16 evals right with YNNPACK fusion")
   workdir, _ = quick_start
@@ -117,7 +120,7 @@ def test_nan_bf16_eval_from_the_command_line_is_one_error_line(quick_start):
 
 
 def test_periodic_actions_run_every_n_steps_and_at_the_last_step_only_when_asked():
-  from jaxnet.train import itstime
+  from jaxnet.core.train import itstime
   steps = range(1, 11)
   # Logging asks for the last step; eval and saving leave it to the loop's end (once).
   assert [s for s in steps if itstime(s, 4, 10, last=True)] == [4, 8, 10]
@@ -194,7 +197,7 @@ def save_then_die(self, directory, *a, **k):
     os.kill(os.getpid(), signal.SIGKILL)
 grain.PyGrainCheckpointHandler.save = save_then_die
 sys.argv = ["jaxnet.main"] + sys.argv[1:]
-from jaxnet import main
+from jaxnet.cli import main
 main.run()
 """
 
@@ -238,7 +241,7 @@ def test_every_config_documents_its_command():
 
 def test_the_step_runs_under_a_transfer_guard():
   import jax
-  from jaxnet import train
+  from jaxnet.core import train
   assert train._TRANSFER_GUARD == "disallow"  # set by tests/conftest.py for every run
   add_one = jax.jit(lambda x: x + 1)
   with jax.transfer_guard(train._TRANSFER_GUARD):

@@ -8,8 +8,8 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from jaxnet.data import decode, transforms
-from jaxnet.data.transforms import (CorruptImageError, EvalDecodeCrop, TrainDecodeCrop,
+from jaxnet.core.data import decode, transforms
+from jaxnet.core.data.transforms import (CorruptImageError, EvalDecodeCrop, TrainDecodeCrop,
                                     decode_jpeg, eval_crop_geometry, random_resized_crop_box)
 
 AREA, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
@@ -159,14 +159,14 @@ def test_train_crops_differ_across_rngs():
 
 needs_region_decoder = pytest.mark.skipif(
     decode._jpeg_region is None,
-    reason="jaxnet.data._jpeg_region not built (no C compiler or libjpeg-turbo headers)")
+    reason="jaxnet.core.data._jpeg_region not built (no C compiler or libjpeg-turbo headers)")
 
 
 @pytest.fixture(params=["region", "full"])
 def decode_path(request, monkeypatch):
   """Runs a test through the C region decoder and through the full-decode fallback."""
   if request.param == "region" and decode._jpeg_region is None:
-    pytest.skip("jaxnet.data._jpeg_region not built")
+    pytest.skip("jaxnet.core.data._jpeg_region not built")
   if request.param == "full":
     monkeypatch.setattr(decode, "_jpeg_region", None)
   return request.param

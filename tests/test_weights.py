@@ -12,9 +12,9 @@ import pytest
 from flax.traverse_util import unflatten_dict
 from safetensors.numpy import load_file, save_file
 
-from jaxnet import models
-from jaxnet.weights import export, hub, pretrained, tensor_files
-from jaxnet.weights.preprocessing import Preprocessing
+from jaxnet.core import models
+from jaxnet.tools.weights import export, hub, pretrained, tensor_files
+from jaxnet.tools.weights.preprocessing import Preprocessing
 from tests import reference_weights
 from tests.helpers import REPO
 from tests.test_torch_reference import model_shapes, torchvision_shapes

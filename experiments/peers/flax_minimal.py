@@ -2,7 +2,7 @@
 
     python experiments/peers/flax_minimal.py --precision bf16 --batch 64 --image-size 224
 
-Decision: the *model* is jaxnet's Flax module (passed in, `jaxnet.models.create`),
+Decision: the *model* is jaxnet's Flax module (passed in, `jaxnet.core.models.create`),
 everything around it is written here without jaxnet: state as a plain dict,
 uint8 -> normalised input on the device, fp32 cross-entropy, SGD with Nesterov
 momentum and weight decay on kernels (jaxnet's default optimizer), the same
@@ -112,7 +112,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
   import time
-  from jaxnet import models  # the model only; see the module docstring
+  from jaxnet.core import models  # the model only; see the module docstring
   model = models.create(args.model, num_classes=1000, dtype=DTYPES[args.precision])
   step, state, images, labels = build(model, args.precision, args.batch, args.image_size, 1000)
   state, loss = step(state, images, labels)

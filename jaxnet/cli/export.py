@@ -1,0 +1,88 @@
+"""A trained model out of jaxnet (jaxnet/tools/export.py; docs/deploy.md):
+
+  python -m jaxnet.cli.export --workdir=DIR --out=FILE [--step=N] [--platforms=cpu,cuda] [--int8]
+  python -m jaxnet.cli.export --workdir=DIR --format=torch --out=FILE.safetensors
+  python -m jaxnet.cli.export --workdir=DIR --format=onnx --out=FILE.onnx [--int8 [--calibration-images=N]]
+
+--format=jax (the default) serializes the inference function with jax.export, --int8 with
+its convolutions and dense layers in int8 (qwix); --format=torch writes the weights under
+PyTorch's names (torchvision's for ResNets and AlexNet, timm's for ViTs); --format=onnx an
+ONNX graph, --int8 quantized by onnxruntime.
+"""
+
+import argparse
+import logging
+import sys
+
+from jaxnet.cli import process
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m jaxnet.cli.export", description=__doc__.split("\n\n")[0])
+  parser.add_argument("--workdir", required=True, help="a training workdir with checkpoints")
+  parser.add_argument("--out", required=True, help="file to write the serialized function to")
+  parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+  parser.add_argument("--format", choices=("jax", "torch", "onnx"), default="jax",
+                      help="jax: the serialized inference function; torch: the weights as a "
+                           ".safetensors file with PyTorch names (torchvision's for ResNets and "
+                           "AlexNet, timm's for ViTs); onnx: an ONNX graph, uint8 NHWC images in, "
+                           "fp32 logits out (docs/deploy.md)")
+  parser.add_argument("--int8", action="store_true",
+                      help="with --format=onnx: static int8 quantization (onnxruntime, QDQ, "
+                           "per-channel weights); with --format=jax: int8 convolutions and dense "
+                           "layers (qwix, dynamic activation ranges)")
+  parser.add_argument("--calibration-images", type=int, default=None,
+                      help="with --int8: train images that calibrate the activation ranges "
+                           "(default 256)")
+  parser.add_argument("--platforms", default=None,
+                      help="comma-separated backends to lower for, e.g. cpu,cuda (default: this one)")
+  args = parser.parse_args(argv)
+  if args.format == "torch" and not args.out.endswith(".safetensors"):
+    parser.error(f"--format=torch writes a .safetensors file; got --out={args.out}")
+  if args.format == "onnx" and not args.out.endswith(".onnx"):
+    parser.error(f"--format=onnx writes a .onnx file; got --out={args.out}")
+  if args.int8 and args.format not in ("onnx", "jax"):
+    parser.error(f"--int8 quantizes an ONNX or a jax export, not --format={args.format}")
+  if args.calibration_images is not None and not (args.int8 and args.format == "onnx"):
+    parser.error("--calibration-images calibrates the ONNX --int8: add --int8 --format=onnx")
+  if args.platforms and args.format != "jax":
+    parser.error(f"--platforms applies to --format=jax; --format={args.format} runs anywhere")
+
+  with process.one_line_errors():
+    process.setup()
+    from jaxnet import api
+    from jaxnet.tools import export
+    predictor = api.restore(args.workdir, step=args.step)
+    shape = f"(batch, {', '.join(map(str, predictor.image_shape))})"
+    if args.format == "torch":
+      from jaxnet.tools.weights import export as weights_export, pretrained
+      tensors = weights_export.save(predictor, args.out)
+      names = pretrained.names_of(predictor.config.model.name).NAMES
+      what = f"{len(tensors)} tensors, {names} names"
+    elif args.format == "onnx":
+      # jax2onnx imports every plugin it ships and logs a warning with a traceback for each
+      # one whose package (equinox, dm-pix: never used for jaxnet models) is absent.
+      logging.getLogger("jax2onnx").setLevel(logging.ERROR)
+      if args.int8:
+        n = (export.DEFAULT_CALIBRATION_IMAGES if args.calibration_images is None
+             else args.calibration_images)  # 0 is an error (calibration_images), not the default
+        export.save_onnx_int8(predictor, args.out, n)
+        kind = f"int8, calibrated on {n} train images"
+      else:
+        export.save_onnx(predictor, args.out)
+        kind = "fp32"
+      what = f"ONNX {kind}; input uint8 {shape} named images, output logits"
+    else:
+      platforms = args.platforms.split(",") if args.platforms else None
+      quantization = None
+      if args.int8:
+        predictor = export.qwix_quantize(predictor)
+        quantization = export.QWIX_DESCRIPTION
+      export.save(predictor, args.out, platforms, quantization)
+      what = f"input uint8 {shape}{'; ' + quantization if quantization else ''}"
+  print(f"exported step {predictor.step} of {args.workdir} to {args.out} ({what})")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

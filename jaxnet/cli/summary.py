@@ -1,0 +1,31 @@
+"""Model cost report (jaxnet/tools/summary.py): parameters, FLOPs, activation memory.
+
+  python -m jaxnet.cli.summary resnet50 [--image-size 224] [--batch-size 32] \
+      [--num-classes 1000] [--precision fp32] [--channels 3] [--no-train-step]
+"""
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+  from jaxnet.core import models
+  from jaxnet.tools.summary import format_table, summarize
+  p = argparse.ArgumentParser(prog="python -m jaxnet.cli.summary", description=__doc__.split("\n")[0])
+  p.add_argument("model", help=f"one of: {', '.join(models.names())}")
+  p.add_argument("--image-size", type=int, default=224)
+  p.add_argument("--batch-size", type=int, default=32)
+  p.add_argument("--num-classes", type=int, default=1000)
+  p.add_argument("--channels", type=int, default=3)
+  p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+  p.add_argument("--no-train-step", action="store_true",
+                 help="skip compiling the train step (its temp memory and FLOPs)")
+  a = p.parse_args(argv)
+  s = summarize(a.model, image_size=a.image_size, batch_size=a.batch_size, num_classes=a.num_classes,
+                channels=a.channels, precision_name=a.precision, train_step=not a.no_train_step)
+  print(format_table(s))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

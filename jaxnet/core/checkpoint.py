@@ -1,0 +1,470 @@
+"""Orbax checkpoints of the train state, the data iterator's position and the config, verified.
+
+One orbax CheckpointManager with four composite items per saved step, under
+WORKDIR/checkpoints/<step>/:
+  state/      the TrainState pytree (params, BN stats, optimizer, loss scale, EMA, RNG, step)
+  data_iter/  the Grain iterator state, one JSON file per process (Grain's orbax handler)
+  config/     the resolved config as JSON, so a checkpoint says how it was made
+  checksums/  a checksum of every array in state/, computed on the device at save time, and
+              the number of processes that saved the data position
+
+Saves are asynchronous: the step's arrays are copied off the device, then written in a
+background thread while training goes on. Orbax writes into a temporary directory and
+renames it when complete, so a crash mid-save leaves the previous checkpoint as the latest.
+What jaxnet adds to orbax:
+- a state with any non-finite value is never written (NonFiniteError);
+- every restore recomputes the checksums and compares them with the saved ones; a
+  checkpoint that does not match, cannot be read or is incomplete is reported by step and
+  reason, moved to WORKDIR/checkpoints_damaged/, and training falls back to the newest one
+  that verifies;
+- a checkpoint whose state verifies is never called damaged: a state of another model or
+  optimizer, or a data position that does not fit this run's input pipeline (another data
+  config, another process count), is a CheckpointMismatchError, and the checkpoint stays;
+- a failed save (a full disk, a permission error) is one clear error naming the step, the
+  path, the cause and the newest intact checkpoint, and its partial files are removed;
+- rotation (keep_checkpoints) deletes only old checkpoints whose save is known to have
+  completed, so the newest intact checkpoint is never deleted.
+"""
+
+import logging
+import os
+import shutil
+import time
+
+import grain.python as grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from jaxnet.core import state as state_lib
+from jaxnet.core.adapters import orbax as orbax_adapter
+from jaxnet.core.errors import DIVERGED_HINT, MissingFileError, NonFiniteError, UserError
+
+CHECKPOINTS_DIR, DAMAGED_DIR = "checkpoints", "checkpoints_damaged"
+STATE, DATA_ITER, CONFIG, CHECKSUMS = "state", "data_iter", "config", "checksums"
+CHECKSUM_ALGORITHM = "jaxnet-fmix32-sum-v1"
+
+
+class CheckpointSaveError(UserError):
+  """A save failed (full disk, permissions, ...); the previous checkpoint is intact."""
+
+  # orbax's writer threads report the same failure again (tracebacks) as they wind down.
+  noisy_teardown = True
+
+
+class DamagedCheckpointError(UserError):
+  """A checkpoint failed verification, could not be read, or is incomplete."""
+
+  def __init__(self, step, directory, reason):
+    self.step, self.reason = step, reason
+    super().__init__(f"checkpoint {step} in {directory} is damaged: {reason}")
+
+
+class CheckpointMismatchError(UserError):
+  """A checkpoint is intact but does not fit this run: another model or optimizer, or a data
+  position saved for another input pipeline or process count."""
+
+
+class IteratorPosition:
+  """A frozen Grain iterator state, in the shape Grain's orbax handler saves.
+
+  The loop prefetches batches ahead of the step that consumes them, so the live iterator
+  is ahead of the model. We save the state recorded right after the last *consumed* batch
+  was read instead.
+  """
+
+  def __init__(self, state: bytes):
+    self._state = state
+
+  def get_state(self) -> bytes:
+    return self._state
+
+
+def _handlers():
+  return {STATE: ocp.StandardCheckpointHandler(), DATA_ITER: grain.PyGrainCheckpointHandler(),
+          CONFIG: ocp.JsonCheckpointHandler(), CHECKSUMS: ocp.JsonCheckpointHandler()}
+
+
+class Checkpoints:
+  """WORKDIR/checkpoints: verified saves and restores, failure reporting, rotation.
+
+  `read_only` (eval, predict, export) never creates, moves or deletes anything.
+  """
+
+  def __init__(self, workdir: str, keep: int = 0, async_save: bool = True, read_only: bool = False):
+    self.workdir = os.path.abspath(workdir)
+    self.directory = os.path.join(self.workdir, CHECKPOINTS_DIR)
+    self.keep, self.read_only = keep, read_only
+    if read_only and not os.path.isdir(self.directory):
+      raise self._no_checkpoint()
+    # A reader's manager is not told read_only: orbax warns on every such manager, and this
+    # object never asks a reader's manager to write, delete or clean up.
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=None,  # rotation is ours: see _rotate
+        create=not read_only, enable_async_checkpointing=async_save,
+        cleanup_tmp_directories=not read_only)
+    self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                         item_names=(STATE, DATA_ITER, CONFIG, CHECKSUMS),
+                                         item_handlers=_handlers())
+    self._pending = None           # step of a save that may still be in flight
+    self._failed = set()           # steps whose partial directories close() removes again
+    self._saved = set()            # steps whose save this object started
+    self.newest_intact = None      # newest step known to be complete and verified
+
+  def steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def resolve_step(self, step: int | None = None) -> int:
+    """`step` (default: the newest); MissingFileError, naming the fix, where there is none."""
+    steps = self.steps()
+    if not steps:
+      raise self._no_checkpoint()
+    if step is None:
+      return steps[-1]
+    if step not in steps:
+      raise MissingFileError(f"no checkpoint of step {step} in {self.directory}; it has steps {steps}")
+    return step
+
+  def _no_checkpoint(self) -> MissingFileError:
+    return MissingFileError(f"no checkpoint in {self.directory}: train first "
+                            f"(python -m jaxnet.main --config=... --workdir={self.workdir})")
+
+  # -- saving ---------------------------------------------------------------
+
+  def save(self, step: int, state, iterator_state: bytes, config_dict: dict) -> None:
+    """Checks that `state` is finite, then starts an async save of `step`.
+
+    Raises NonFiniteError (nothing is written) or CheckpointSaveError (this save
+    or the previous one in flight failed; older checkpoints are intact).
+    """
+    self.wait()
+    finite, checksums, bad = inspect(state)
+    if not finite:
+      raise NonFiniteError(
+          f"training diverged: the train state at step {step} has non-finite values "
+          f"({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); it was not saved. "
+          f"{self.intact_sentence()} {DIVERGED_HINT}")
+    try:
+      self.manager.save(step, args=ocp.args.Composite(**{
+          STATE: ocp.args.StandardSave(state),
+          DATA_ITER: grain.PyGrainCheckpointSave(IteratorPosition(iterator_state)),
+          CONFIG: ocp.args.JsonSave(config_dict),
+          CHECKSUMS: ocp.args.JsonSave({"algorithm": CHECKSUM_ALGORITHM, "leaves": checksums,
+                                        "process_count": jax.process_count()}),
+      }))
+    except Exception as e:  # orbax raises many types; each becomes one clear message
+      raise self._save_failed(step, e) from e
+    self._pending = step
+    self._saved.add(step)
+
+  def wait(self) -> None:
+    """Waits for a save in flight; raises CheckpointSaveError if it failed. Then rotates."""
+    if self._pending is None:
+      return
+    step, self._pending = self._pending, None
+    try:
+      self.manager.wait_until_finished()
+      self.manager.check_for_errors()
+    except Exception as e:
+      raise self._save_failed(step, e) from e
+    if step not in self.manager.all_steps():  # orbax swallowed the failure
+      raise self._save_failed(step, RuntimeError("the checkpoint directory was not finalized"))
+    self.newest_intact = step
+    self._rotate()
+
+  def complete_sentence(self) -> str:
+    """intact_sentence, counting also the saves of this run that have completed on disk but
+    were not yet waited for (a run stopped from another thread: the heartbeat's)."""
+    try:
+      on_disk = {int(d) for d in os.listdir(self.directory) if d.isdigit()}
+    except OSError:
+      on_disk = set()
+    newest = max(on_disk & self._saved | {self.newest_intact} - {None}, default=None)
+    if newest is None:
+      return self.intact_sentence()
+    return f"The newest intact checkpoint is step {newest}."
+
+  def intact_sentence(self) -> str:
+    if self.newest_intact is None:
+      return "There is no intact checkpoint in this workdir yet."
+    return f"The newest intact checkpoint is step {self.newest_intact}."
+
+  def _save_failed(self, step: int, error: BaseException) -> CheckpointSaveError:
+    path = os.path.join(self.directory, str(step))
+    self._failed.add(step)
+    remove_partials(self.directory, step)  # give the space back
+    cause = orbax_adapter.save_failure_cause(error)
+    fix = "Free space there, then" if cause == "no space left on device" else "Fix that, then"
+    return CheckpointSaveError(f"checkpoint at step {step} FAILED ({cause}) writing {path}. "
+                               f"{self.intact_sentence()} {fix} rerun the same command to resume.")
+
+  def _rotate(self) -> None:
+    if not self.keep:
+      return
+    # Called only once a save has completed, so the newest checkpoint kept is that
+    # (intact) one: a save that fails later never costs the last good checkpoint.
+    for step in self.steps()[:-self.keep]:
+      self.manager.delete(step)
+
+  # -- restoring ------------------------------------------------------------
+
+  def restore(self, step: int, abstract_state, iterator=None):
+    """The verified state of `step` (and `iterator` set to its data position).
+
+    Raises DamagedCheckpointError when the checkpoint is damaged, CheckpointMismatchError
+    when it is intact but holds a different model or optimizer than `abstract_state`, or a
+    data position `iterator`'s pipeline cannot take.
+    """
+    step_dir = os.path.join(self.directory, str(step))
+    try:
+      saved_tree = self.manager.item_metadata(step)[STATE]
+    except Exception as e:
+      raise DamagedCheckpointError(step, self.directory,
+                                   f"its metadata cannot be read ({orbax_adapter.first_line(e)})")
+    if saved_tree is None:
+      raise DamagedCheckpointError(step, self.directory, "it holds no train state (empty or incomplete)")
+    target = _restore_target(saved_tree, abstract_state, step_dir)
+    state, saved = self.read(step, target)
+    verify(state, saved, step, self.directory)
+    if iterator is not None:
+      self._restore_position(step, iterator, saved.get("process_count"))
+    return state_lib.with_ema_as_kept(state, abstract_state.ema_params is not None)
+
+  def read(self, step: int, target=None):
+    """(state, the saved checksums) of `step`, unverified; `target=None` gives numpy arrays."""
+    try:
+      restored = self.manager.restore(step, args=ocp.args.Composite(**{
+          STATE: ocp.args.StandardRestore(target), CHECKSUMS: ocp.args.JsonRestore()}))
+    except Exception as e:
+      raise DamagedCheckpointError(
+          step, self.directory, f"it cannot be read ({orbax_adapter.first_line(e)})") from e
+    if restored[STATE] is None or restored[CHECKSUMS] is None:
+      raise DamagedCheckpointError(step, self.directory, "it holds no train state or no checksums")
+    return restored[STATE], restored[CHECKSUMS]
+
+  def _restore_position(self, step: int, iterator, saved_processes) -> None:
+    """Sets `iterator` to the data position saved with `step`, whose state has verified: a
+    position that does not fit is a mismatch of this run, never damage."""
+    where = os.path.join(self.directory, str(step), DATA_ITER)
+    if saved_processes not in (None, jax.process_count()):
+      raise CheckpointMismatchError(
+          f"the data position in {where} was saved by {saved_processes} process(es), each in its "
+          f"own shard of the data; this run has {jax.process_count()}. Resume with "
+          f"{saved_processes} process(es) (any number of devices each), or start a new --workdir "
+          f"from these weights with --config.init.weights={self.workdir}")
+    try:
+      self.manager.restore(step, args=ocp.args.Composite(**{
+          DATA_ITER: grain.PyGrainCheckpointRestore(iterator)}))
+    except Exception as e:
+      raise CheckpointMismatchError(
+          f"the data position saved at step {step} in {where} does not fit this run's input "
+          f"pipeline ({orbax_adapter.first_line(e)}). Resume with the same data.source, data.dir, "
+          f"data.workers, batch_size and seed as the run that wrote it, or use a new workdir.") from e
+
+  def restore_newest(self, abstract_state, iterator=None):
+    """The newest checkpoint that verifies: (state, step), or (None, None) if there is none.
+
+    Damaged checkpoints are reported and moved to WORKDIR/checkpoints_damaged/ (so a
+    resumed run can save those steps again); the run goes on from the newest one that
+    verifies. Raises if checkpoints exist but none verifies.
+    """
+    damaged = []
+    for step in reversed(self.steps()):
+      try:
+        state = self.restore(step, abstract_state, iterator)
+      except DamagedCheckpointError as e:
+        print(f"warning: {e}; trying the previous checkpoint", flush=True)
+        damaged.append(step)
+        continue
+      self._set_aside(damaged)
+      self.newest_intact = step
+      return state, step
+    if damaged:
+      self._set_aside(damaged)
+      raise DamagedCheckpointError(
+          ", ".join(map(str, damaged)), self.directory,
+          f"no checkpoint verifies; they were moved to {os.path.join(self.workdir, DAMAGED_DIR)}. "
+          f"Rerun to start from scratch, or use a new --workdir")
+    return None, None
+
+  def _set_aside(self, steps) -> None:
+    """Moves the checkpoints `steps` to WORKDIR/checkpoints_damaged/STEP-TIME, saying where."""
+    if not steps or self.read_only or jax.process_index() != 0:
+      return
+    target = os.path.join(self.workdir, DAMAGED_DIR)
+    os.makedirs(target, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for step in steps:
+      destination = os.path.join(target, f"{step}-{stamp}")
+      os.replace(os.path.join(self.directory, str(step)), destination)
+      print(f"moved damaged checkpoint {step} to {destination}", flush=True)
+    self.manager.reload()
+
+  def close(self) -> None:
+    try:
+      self.wait()
+    finally:
+      self.manager.close()
+      # The first failed write ends orbax's save, but tensorstore's writes of the other
+      # arrays may still land afterwards and recreate the partial directory.
+      for step in self._failed:
+        remove_partials(self.directory, step, settle_sec=0.5)
+
+
+def remove_partials(directory: str, step: int, settle_sec: float = 0.0) -> None:
+  """Removes a failed save's temporary directories of `step` in `directory`. With
+  `settle_sec`, keeps removing until they have stayed absent that long (at most 20 times
+  as long)."""
+  deadline, absent_since = time.monotonic() + 20 * settle_sec, None
+  while True:
+    partials = orbax_adapter.partial_saves(directory, step)
+    for partial in partials:
+      shutil.rmtree(partial, ignore_errors=True)
+    now = time.monotonic()
+    if partials or absent_since is None:
+      absent_since = now
+    if now - absent_since >= settle_sec or now > deadline:
+      return
+    time.sleep(settle_sec / 5)
+
+
+def load_arrays(workdir: str, step: int | None = None):
+  """The saved train state of WORKDIR as a tree of host numpy arrays, verified (no model
+  needed): for predict/export, notebooks and tests. Returns (tree, step). Raises
+  MissingFileError without checkpoints, DamagedCheckpointError when it does not verify.
+  """
+  checkpoints = Checkpoints(workdir, read_only=True)
+  try:
+    step = checkpoints.resolve_step(step)
+    tree, checksums = checkpoints.read(step)
+    tree = jax.tree.map(np.asarray, tree)
+    verify(tree, checksums, step, checkpoints.directory)
+    return tree, step
+  finally:
+    checkpoints.close()
+
+
+# --- a workdir's checkpoints as plain files ----------------------------------------
+
+def has_checkpoints(workdir: str) -> bool:
+  """Whether WORKDIR/checkpoints holds any step directory (intact or not), without opening it."""
+  directory = os.path.join(workdir, CHECKPOINTS_DIR)
+  return os.path.isdir(directory) and any(d.isdigit() for d in os.listdir(directory))
+
+
+def newest_saved_config(workdir: str) -> tuple[int, dict] | tuple[None, None]:
+  """(step, config dict) of the newest checkpoint whose saved config reads, or (None, None):
+  every checkpoint carries the config that wrote it, so a workdir whose config.json was
+  deleted still knows what run it holds. No orbax manager, no arrays, nothing written."""
+  directory = os.path.join(workdir, CHECKPOINTS_DIR)
+  if not os.path.isdir(directory):
+    return None, None
+  for step in sorted((int(d) for d in os.listdir(directory) if d.isdigit()), reverse=True):
+    try:
+      config = orbax_adapter.read_json_item(os.path.join(directory, str(step)), CONFIG)
+    except (OSError, ValueError):
+      continue  # an incomplete or damaged checkpoint: an older one may still say
+    if isinstance(config, dict):
+      return step, config
+  return None, None
+
+
+# --- does a checkpoint fit this run ------------------------------------------------
+
+def _shapes(tree) -> dict:
+  return {leaf_name(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _restore_target(saved_tree, abstract_state, step_dir: str):
+  """The abstract state to read a checkpoint whose saved tree (orbax's metadata) is
+  `saved_tree` into: this run's, with the EMA field as the checkpoint has it.
+  CheckpointMismatchError names the arrays whose names or shapes differ."""
+  saved_has_ema = any(n.startswith("ema_params/") for n in _shapes(saved_tree))
+  target = state_lib.restore_target(abstract_state, saved_has_ema)
+  saved, wanted = _shapes(saved_tree), _shapes(target)
+  if saved == wanted:
+    return target
+  diffs = [f"{k}: {saved.get(k, 'absent')} in the checkpoint, {wanted.get(k, 'absent')} in this run"
+           for k in sorted(set(saved) | set(wanted)) if saved.get(k) != wanted.get(k)]
+  more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
+  raise CheckpointMismatchError(
+      f"the checkpoint in {step_dir} holds a different model or optimizer than this config builds "
+      f"({'; '.join(diffs[:3])}{more}). Use the config it was trained with (its config.json), "
+      f"or a new --workdir.")
+
+
+# --- checksums and the finite check --------------------------------------------------
+# A checkpoint carries a checksum of each array, computed on the device at save time in the
+# same jitted pass that checks the state is finite; a restore recomputes them.
+
+def leaf_name(path) -> str:
+  """'params/stem_conv/kernel' for a pytree path, whether the node is a dict or a dataclass."""
+  parts = []
+  for key in path:
+    for attr in ("key", "name", "idx"):
+      if hasattr(key, attr):
+        parts.append(str(getattr(key, attr)))
+        break
+    else:
+      parts.append(str(key))
+  return "/".join(parts)
+def _words(x):
+  """The array's bits as uint32 words (16- and 8-bit types widened), flattened."""
+  x = jnp.asarray(x)
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32).ravel()
+  bits = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+  return jax.lax.bitcast_convert_type(x, bits).astype(jnp.uint32).ravel()
+
+
+def _fmix32(h):
+  # MurmurHash3's finalizer: every input bit affects every output bit.
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def _checksum(x):
+  # A sum (mod 2**32) of position-salted hashes: any changed word changes the
+  # sum except with probability 2**-32, and the sum is order-free, so XLA can
+  # compute it as one parallel reduction.
+  words = _words(x)
+  salt = jnp.arange(words.size, dtype=jnp.uint32) * jnp.uint32(0x9E3779B9)
+  return jnp.sum(_fmix32(words ^ salt), dtype=jnp.uint32)
+
+
+@jax.jit
+def _inspect(tree):
+  leaves = jax.tree.leaves(tree)
+  finite = [jnp.all(jnp.isfinite(x)) for x in leaves if jnp.issubdtype(x.dtype, jnp.inexact)]
+  all_finite = jnp.all(jnp.stack(finite)) if finite else jnp.bool_(True)
+  return all_finite, jnp.stack([_checksum(x) for x in leaves])
+
+
+def inspect(tree) -> tuple[bool, dict, list[str]]:
+  """(all floats finite, {leaf name: checksum}, names of non-finite leaves) of a pytree."""
+  paths = [leaf_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  all_finite, sums = jax.device_get(_inspect(tree))
+  checksums = {name: f"{int(s):08x}" for name, s in zip(paths, sums)}
+  bad = []
+  if not all_finite:  # rare: worth a second pass to say where
+    bad = [leaf_name(p) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+           if jnp.issubdtype(x.dtype, jnp.inexact) and not bool(jnp.all(jnp.isfinite(x)))]
+  return bool(all_finite), checksums, bad
+
+
+def verify(tree, saved: dict, step, directory) -> None:
+  """Raises DamagedCheckpointError unless `tree`'s checksums equal those saved with it."""
+  if saved.get("algorithm") != CHECKSUM_ALGORITHM:
+    raise DamagedCheckpointError(step, directory, f"unknown checksum algorithm {saved.get('algorithm')!r}")
+  _, actual, _ = inspect(tree)
+  expected = saved["leaves"]
+  wrong = sorted(k for k in set(actual) | set(expected) if actual.get(k) != expected.get(k))
+  if wrong:
+    more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+    raise DamagedCheckpointError(step, directory, f"checksum mismatch in {', '.join(wrong[:3])}{more}")
+
+

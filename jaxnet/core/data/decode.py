@@ -1,0 +1,133 @@
+"""Image bytes -> uint8 RGB pixels, for the input pipeline's transforms (transforms.py).
+
+JPEGs are decoded by libjpeg-turbo through simplejpeg, optionally at 1/2, 1/4 or 1/8
+scale in the DCT; the optional C extension `_jpeg_region` decodes only a crop's rows and
+block columns (as TF's decode_and_crop_jpeg does). Why these: docs/data.md ("Decoder
+choice") and experiments/RESULTS.md (experiments/bench_input.py).
+
+PIL stays as the fallback for anything libjpeg-turbo rejects (PNGs saved as
+.jpg, JPEGs with recoverable libjpeg warnings that the strict decoders
+refuse). Data neither can decode raises `CorruptImageError`; the Grain
+transforms turn that into a masked zero image instead of killing the run.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import simplejpeg
+from PIL import Image
+
+from jaxnet.core.data.bit_depth import to_8bit
+
+try:  # optional C extension (setup.py): decodes only the crop
+  from jaxnet.core.data import _jpeg_region
+except ImportError:
+  _jpeg_region = None
+
+# Headers claiming more pixels than this are rejected before decoding: a
+# forged or broken header could otherwise make one worker allocate gigabytes.
+# Same limit at which PIL raises DecompressionBombError.
+MAX_PIXELS = 2 * Image.MAX_IMAGE_PIXELS
+
+
+class CorruptImageError(ValueError):
+  """The bytes are not a decodable image (truncated, garbage, unknown format)."""
+
+
+def decode_jpeg(data: bytes, min_height: int | None = None,
+                min_width: int | None = None, fast_dct: bool = False) -> np.ndarray:
+  """Decode JPEG bytes to a uint8 HxWx3 RGB array.
+
+  With `min_height`/`min_width` the image may come back downscaled by 1/2,
+  1/4 or 1/8 in the DCT (cheaper than a full decode), but never below those
+  sizes. Other M/8 scales are avoided on purpose: libjpeg-turbo decodes 7/8
+  or 6/8 slower than full size. `fast_dct` uses libjpeg-turbo's fast integer
+  IDCT (TF's ImageNet input pipelines use the same, `INTEGER_FAST`): ~19%
+  faster decodes for a difference of a few intensity levels, fine under
+  augmentation; eval keeps the accurate IDCT.
+  """
+  scaled = {}
+  if min_height or min_width:
+    try:
+      height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+      height = width = 0  # not a JPEG simplejpeg reads: PIL path below
+    factor = dct_factor(height, width, min_height or 1, min_width or 1)
+    if factor > 1:
+      # simplejpeg picks the smallest M/8 scale meeting these minimums,
+      # which is exactly 1/factor.
+      scaled = {"min_height": -(-height // factor),
+                "min_width": -(-width // factor)}
+  try:
+    return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fast_dct, **scaled)
+  except (ValueError, TypeError) as err:
+    turbo_error = err
+  return _decode_with_pil(data, min_height, min_width, turbo_error)
+
+
+def dct_factor(height: int, width: int, min_height: int, min_width: int) -> int:
+  """Largest of 8, 4, 2 that keeps the decoded image >= the minimums, else 1."""
+  for factor in (8, 4, 2):
+    if height // factor >= min_height and width // factor >= min_width:
+      return factor
+  return 1
+
+
+def _decode_with_pil(data, min_height, min_width, turbo_error) -> np.ndarray:
+  try:
+    with Image.open(io.BytesIO(data)) as image:
+      if min_height or min_width:
+        # draft() picks the largest JPEG scale keeping size >= request;
+        # it is a no-op for non-JPEG formats.
+        image.draft("RGB", (min_width or 1, min_height or 1))
+      # convert() forces the full decode, which is where truncation shows;
+      # 16-bit grayscale is scaled to 8 bits first (convert would clip it).
+      array = np.asarray(to_8bit(image).convert("RGB"))
+  except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+    raise CorruptImageError(
+        f"cannot decode {len(data)} bytes as an image "
+        f"(simplejpeg: {turbo_error}; PIL: {err})") from err
+  return array
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+  """(height, width) from a JPEG header; None for other data (PNG, garbage).
+
+  Headers claiming more than MAX_PIXELS are refused before anything is decoded.
+  """
+  try:
+    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+  except ValueError:
+    return None
+  if height * width > MAX_PIXELS:
+    raise CorruptImageError(f"JPEG header claims {width}x{height} pixels")
+  return height, width
+
+
+def decode_full(data: bytes) -> np.ndarray:
+  """Whole-image accurate decode (decode_jpeg's PIL path takes non-JPEG data)."""
+  jpeg_size(data)
+  return decode_jpeg(data)
+
+
+def decode_region(data: bytes, height: int, width: int, box, factor: int, fast_dct: bool,
+                  scale_box) -> np.ndarray | None:
+  """Only the crop, decoded at 1/factor scale by libjpeg-turbo; None if it refuses.
+  `scale_box` maps `box` into the reduced image, as the crop's other decode path does.
+
+  A JPEG without its end-of-image marker is truncated: it takes the full
+  decode path, which reports it corrupt, even when the crop lies in the
+  intact part (so a broken file is counted whichever crop is drawn).
+  """
+  if not data.rstrip(b"\0").endswith(b"\xff\xd9"):
+    return None
+  # libjpeg's scaled size is the ceiling of size / factor.
+  shape = (-(-height // factor), -(-width // factor))
+  top, left, h, w = scale_box(box, height, width, shape)
+  try:
+    rows = _jpeg_region.decode_region(data, top, left, h, w, factor, fast_dct)
+  except ValueError:
+    return None  # CMYK, corrupt data, ...: the full decode decides
+  return np.frombuffer(rows, np.uint8).reshape(h, w, 3)

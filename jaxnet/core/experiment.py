@@ -1,0 +1,157 @@
+"""Everything built from a config before the first step: mesh, data sources, model,
+optimizer, and the jitted train and eval steps with their shardings.
+
+Training and evaluation (jaxnet/core/train.py) both start here, and so does the GPU plan
+(jaxnet/tools/gpu_plan.py), which builds it over the devices of a GPU it compiles for.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from jaxnet.core import models, optim, sharding, steps
+from jaxnet.core.config import duration_in_steps, with_model_options
+from jaxnet.core.data import pipeline, sources
+from jaxnet.core.errors import InvalidValueError
+from jaxnet.core.state import TrainState, get_policy, init_state
+
+
+class Experiment:
+  """Everything built from a config before the first step: data, model, optimizer, jitted steps."""
+
+  def __init__(self, config, *, need_train_data: bool = True, devices=None):
+    """`devices`: the devices to build the mesh over (default: jax.devices())."""
+    self.config = config = with_model_options(config)  # the options the model is built with
+    m = config.mesh
+    self.mesh = sharding.make_mesh(m.num_devices, devices, fsdp=m.fsdp, fsdp_devices=m.fsdp_devices)
+    # The eval batch is checked now, not after training when the first eval runs.
+    sharding.check_batch_sizes(self.mesh, config.batch_size, config.grad_accum_steps,
+                               config.data.eval_batch_size)
+    self.policy = get_policy(config.precision)
+    self.process_index, self.process_count = jax.process_index(), jax.process_count()
+
+    self.train_source = sources.make_source(config.data, "train", config.image_size) if need_train_data else None
+    self.eval_source = sources.make_source(config.data, "eval", config.image_size)
+    ref = self.train_source or self.eval_source
+    # What the data sources skipped (hidden folders, Thumbs.db, ...), for the caller to show.
+    self.data_note = sources.ignored_note([self.train_source, self.eval_source])
+    self.num_classes = _head_size(config.model.num_classes, ref.num_classes, config.data.source)
+    self.class_names = getattr(ref, "class_names", None)
+    example = ref[0]["image"] if not ref.encoded else None
+    channels = example.shape[-1] if example is not None else 3
+    self.image_shape = (config.image_size, config.image_size, channels)
+    if len(config.data.mean) != channels or len(config.data.std) != channels:
+      raise InvalidValueError(f"config.data.mean/std have {len(config.data.mean)} values but images have "
+                              f"{channels} channels")
+
+    if config.progressive_resizing and not ref.encoded:
+      raise InvalidValueError("config.progressive_resizing needs a JPEG source (imagefolder or tfds): "
+                              f"{config.data.source} images have one fixed size")
+    train_len = len(self.train_source) if self.train_source is not None else config.batch_size
+    self.steps_per_epoch = max(train_len // config.batch_size, 1)
+    self.total_steps = duration_in_steps(config, "total", self.steps_per_epoch)
+    self.eval_every = duration_in_steps(config, "eval_every", self.steps_per_epoch)
+    self.checkpoint_every = duration_in_steps(config, "checkpoint_every", self.steps_per_epoch)
+
+    self.model = models.from_config(config.model, self.num_classes, self.policy.compute_dtype,
+                                    sharding.bn_num_groups(config.bn_group_size, self.mesh)
+                                    if config.bn_group_size else None)
+    self.schedule = optim.learning_rate_schedule(
+        config.optim, config.batch_size, self.total_steps,
+        warmup_steps=duration_in_steps(config, "warmup", self.steps_per_epoch))
+    self.tx = optim.make_optimizer(config.optim, self.schedule)
+
+    init = lambda: init_state(self.model, self.tx, self.image_shape, config.seed, config.loss_scale,
+                              keep_ema=config.ema_decay > 0)
+    abstract_state = jax.eval_shape(init)  # shapes only: nothing is allocated twice
+    replicated = sharding.replicated(self.mesh)
+    self.state_sharding = sharding.state_shardings(abstract_state, self.mesh, m.fsdp, m.fsdp_min_size)
+    self.fsdp_summary = (sharding.summarize(abstract_state, self.state_sharding, m.fsdp_min_size)
+                         if m.fsdp else None)
+    self.abstract_state = sharding.abstract(abstract_state, self.state_sharding)
+    self._init = jax.jit(init, out_shardings=self.state_sharding)
+    self.batch_sharding = sharding.batch_sharding(self.mesh)
+
+    norm = dict(num_classes=self.num_classes, mean=tuple(config.data.mean), std=tuple(config.data.std))
+    # FSDP: how the steps gather the params (None: they are whole on every device already).
+    self.fsdp_gather = self._fsdp_gather(abstract_state, norm) if m.fsdp else None
+    norm["fsdp"] = self.fsdp_gather
+    train_step = steps.make_train_step(self.model, self.tx, self.schedule, self.policy,
+                                       label_smoothing=config.label_smoothing,
+                                       ema_decay=config.ema_decay, mix=steps.Mix(**config.mix),
+                                       grad_accum_steps=config.grad_accum_steps, **norm)
+    eval_step = steps.make_eval_step(self.model, self.policy, use_ema=config.ema_decay > 0, **norm)
+    # Jitted once, with explicit shardings; the old state's buffers are donated
+    # so params and optimizer state are updated in place.
+    self.train_step = jax.jit(train_step, in_shardings=(self.state_sharding, self.batch_sharding),
+                              out_shardings=(self.state_sharding, replicated), donate_argnums=0)
+    self.eval_step = jax.jit(eval_step, in_shardings=(self.state_sharding, self.batch_sharding),
+                             out_shardings=replicated)
+
+  def _fsdp_gather(self, abstract_state, norm: dict) -> sharding.Gather:
+    """The steps' gather, with the params the model only uses in the compute dtype cast first."""
+    logits_fn = steps.make_logits_fn(self.model, self.policy, mean=norm["mean"], std=norm["std"])
+    image = jnp.zeros((1,) + self.image_shape, jnp.uint8)
+    apply = lambda params, stats: logits_fn(steps.eval_variables(params, None, stats, False), image)
+    cast = sharding.cast_on_use(apply, abstract_state.params, self.policy.compute_dtype,
+                            abstract_state.batch_stats)
+    return sharding.Gather(self.state_sharding.params, cast)
+
+  def init_state(self, init_params=None) -> TrainState:
+    """A fresh state. `init_params(variables) -> variables` replaces the initialised params
+    and BN statistics ({"params", "batch_stats"}: sharded arrays, whose shapes, dtypes and
+    shardings it keeps), e.g. with pretrained weights (jaxnet/tools/weights)."""
+    state = self._init()
+    if init_params is None:
+      return state
+    new = init_params({"params": state.params, "batch_stats": state.batch_stats})
+    # The EMA starts at the initial params, in buffers of its own: the train step donates
+    # the state, and one buffer cannot be donated twice.
+    ema = jax.tree.map(jnp.copy, new["params"]) if state.ema_params is not None else None
+    return state.replace(params=new["params"], batch_stats=new["batch_stats"], ema_params=ema)
+
+  def train_image_size(self, step: int) -> int:
+    """The training resolution at `step` under config.progressive_resizing."""
+    size = self.config.image_size
+    for fraction, stage_size in self.config.progressive_resizing:
+      if step >= fraction * self.total_steps:
+        size = stage_size
+    return size
+
+  def train_loader(self, image_size: int | None = None):
+    c = self.config
+    return pipeline.train_loader(
+        self.train_source, global_batch_size=c.batch_size, image_size=image_size or c.image_size,
+        seed=c.seed, workers=c.data.workers, read_threads=c.data.read_threads,
+        process_index=self.process_index, process_count=self.process_count,
+        randaug=(c.data.randaug_num_ops, c.data.randaug_magnitude))
+
+  def device_batches(self) -> pipeline.DeviceBatches:
+    """The train batches on the devices, `data.prefetch` ahead of the step (a context manager)."""
+    c = self.config
+    return pipeline.DeviceBatches(self.train_loader, self.batch_sharding, self.train_image_size(0),
+                                  c.data.prefetch, c.data.workers)
+
+  def eval_batches(self):
+    """The eval set once, in order, as global batches on the mesh (the last one padded, masked)."""
+    c = self.config
+    for local in pipeline.eval_batches(
+        self.eval_source, global_batch_size=c.data.eval_batch_size or c.batch_size,
+        image_size=c.image_size, workers=c.data.workers, process_index=self.process_index,
+        process_count=self.process_count, crop_fraction=c.data.eval_crop_fraction,
+        interpolation=c.data.eval_interpolation):
+      yield sharding.to_global(local, self.batch_sharding)
+
+
+def _head_size(model_num_classes: int, data_num_classes: int, source: str) -> int:
+  """The classifier's width: config.model.num_classes, or the dataset's class count when 0.
+
+  A head narrower than the dataset would silently train on wrong targets (a label
+  past the last logit has an all-zero one-hot target), so that is an error.
+  """
+  if not model_num_classes:
+    return data_num_classes
+  if model_num_classes < data_num_classes:
+    raise InvalidValueError(f"config.model.num_classes={model_num_classes}, but the {source} data has "
+                            f"{data_num_classes} classes: labels past the head would train on all-zero "
+                            f"targets. Set it to 0 (the dataset's count) or at least {data_num_classes}")
+  return model_num_classes

@@ -1,0 +1,132 @@
+"""Model registry: `config.model.name` -> a Flax module, built with `config.model`'s other
+keys as its keyword arguments (big_vision's `Model(**config.model)`).
+
+Every model is a `flax.linen` module taking NHWC images already normalized and
+cast to the compute dtype, with a `train: bool` argument, returning float32
+logits. Models with batch norm keep its running statistics in the
+`batch_stats` collection; the others have none (an empty collection in the
+train state). Models with dropout draw from the `dropout` RNG stream, which the
+train step feeds with a key derived from the seed and the step. Add a model by
+decorating its factory with `@register("name")`: its module's fields are its options
+(config.model keys), documented where the module defines them.
+"""
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+from typing import Callable
+
+import flax.linen as nn
+import jax
+
+from jaxnet.core.errors import InvalidValueError
+
+_REGISTRY: dict[str, Callable[..., nn.Module]] = {}
+# The platform models are traced for, where it is not jax's default backend: the GPU plan
+# compiles for a GPU from a CPU process, and must see the kernels a GPU run would choose.
+_TARGET_PLATFORM = contextvars.ContextVar("jaxnet_target_platform", default=None)
+
+
+def max_pool(x, window_shape, strides, padding):
+  """nn.max_pool, in fp32 for fp16 inputs (the result and its gradient are the same values).
+
+  Why: compiled for several GPUs, the fp16 gradient of a batch-sharded max pool (XLA's
+  select-and-scatter) is partitioned by all-gathering the whole global batch onto every GPU
+  (ResNet-50 fp16 on 8 H100s: two all-gathers of up to 3.4 GB, 19.1 GiB per GPU against bf16's
+  10.1; `python -m jaxnet.cli.gpu_plan`, experiments/RESULTS.md). In fp32 (and bf16) it stays sharded.
+  """
+  import jax.numpy as jnp
+  if x.dtype == jnp.float16:
+    return nn.max_pool(x.astype(jnp.float32), window_shape, strides=strides, padding=padding).astype(x.dtype)
+  return nn.max_pool(x, window_shape, strides=strides, padding=padding)
+
+
+def target_platform() -> str:
+  """'gpu', 'cpu' or 'tpu': what the model is being traced for (jax's default backend
+  unless inside `tracing_for`)."""
+  return _TARGET_PLATFORM.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def tracing_for(platform: str):
+  """Models traced inside this block choose their kernels as on `platform` (e.g. "gpu")."""
+  token = _TARGET_PLATFORM.set(platform)
+  try:
+    yield
+  finally:
+    _TARGET_PLATFORM.reset(token)
+
+
+def register(name: str):
+  def wrap(factory):
+    if name in _REGISTRY:
+      raise ValueError(f"model {name!r} is registered twice")
+    _REGISTRY[name] = factory
+    return factory
+  return wrap
+
+
+def names() -> list[str]:
+  return sorted(_REGISTRY)
+
+
+def create(name: str, **kwargs) -> nn.Module:
+  """Builds the registered model `name` with keyword options (num_classes, dtype, ...)."""
+  if name not in _REGISTRY:
+    raise InvalidValueError(
+        f"unknown model {name!r}; set config.model.name to one of: {', '.join(names())}")
+  return _REGISTRY[name](**kwargs)
+
+
+# Fields a run sets itself, not config.model: the compute dtype comes from config.precision,
+# the BN groups from config.bn_group_size and the mesh.
+RUN_FIELDS = ("dtype", "bn_num_groups")
+
+
+def options(name: str) -> dict:
+  """{option: default} of model `name`: its module's fields that config.model may set (those
+  the registry's factory binds by keyword are options too, at the factory's values)."""
+  if name not in _REGISTRY:
+    raise InvalidValueError(
+        f"unknown model {name!r}; set config.model.name to one of: {', '.join(names())}")
+  factory = _REGISTRY[name]
+  cls, bound = factory, 0
+  if isinstance(factory, functools.partial):  # positional arguments are the architecture
+    cls, bound = factory.func, len(factory.args)
+  fields = [f for f in dataclasses.fields(cls) if f.init and f.name not in ("parent", "name")]
+  defaults = getattr(factory, "keywords", None) or {}
+  out = {}
+  for f in fields[bound:]:
+    if f.name in RUN_FIELDS:
+      continue
+    value = defaults.get(f.name, f.default)
+    out[f.name] = tuple(value) if isinstance(value, list) else value
+  return out
+
+
+def from_config(model_config, num_classes: int, dtype, bn_num_groups: int | None = None) -> nn.Module:
+  """The model `config.model` describes: `name`, and the rest as keyword arguments.
+
+  `num_classes` replaces config.model.num_classes (whose 0 means the dataset's count).
+  `bn_num_groups` (config.bn_group_size set) only changes how training computes BN
+  statistics, not the variables, so inference rebuilds the model without it.
+  """
+  kwargs = {k: v for k, v in model_config.items() if k not in ("name", "num_classes")}
+  accepts = options(model_config.name)
+  unknown = sorted(set(kwargs) - set(accepts))
+  if unknown:
+    raise InvalidValueError(f"config.model.{unknown[0]}: model {model_config.name!r} has no option "
+                            f"{unknown[0]!r}; its options are {', '.join(sorted(accepts))}")
+  if bn_num_groups is not None:
+    factory = _REGISTRY[model_config.name]
+    fields = dataclasses.fields(factory.func if isinstance(factory, functools.partial) else factory)
+    if "bn_num_groups" not in {f.name for f in fields}:
+      raise InvalidValueError(f"config.bn_group_size is set, but {model_config.name} has no batch "
+                              "norm; leave it at 0")
+    kwargs["bn_num_groups"] = bn_num_groups
+  return create(model_config.name, num_classes=num_classes, dtype=dtype, **kwargs)
+
+
+# Importing the model files fills the registry.
+from jaxnet.core.models import alexnet, resnet, vit  # noqa: E402,F401

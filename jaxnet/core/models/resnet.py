@@ -1,0 +1,132 @@
+"""ResNet v1.5 (stride on the 3x3 conv of bottlenecks) in NHWC.
+
+Padding is symmetric, k // 2 on every side of a k x k window, as in
+torchvision: a stride-2 3x3 conv or max-pool on an even-sized input pads one
+pixel before and one after, where "SAME" would pad 0 before and 1 after. With
+it, `resnetN` computes what torchvision's `resnetN` does for the same weights
+(tests/test_torch_reference.py).
+
+Two stems: `imagenet` (7x7/2 conv + 3x3/2 max-pool, for 224px inputs) and
+`small` (one 3x3/1 conv, no pool, for 32x32 and smaller inputs such as CIFAR
+or the 16x16 digits quick start).
+"""
+
+import functools
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from jaxnet.core.models import max_pool, register
+from jaxnet.core.models.batchnorm import BatchNorm
+from jaxnet.core.errors import InvalidValueError
+
+# He-normal fan-out init, as in the reference ResNet implementations.
+conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+
+
+def _conv(features, kernel_size, strides=(1, 1), **kwargs):
+  """nn.Conv padded k // 2 on each side (torchvision's padding), not "SAME"."""
+  pad = [(k // 2, k // 2) for k in kernel_size]
+  return nn.Conv(features, kernel_size, strides, padding=pad, **kwargs)
+
+
+def _last_bn_init(zero_init_last: bool):
+  # Zero-init of each block's last BN scale makes every residual block start as
+  # the identity, which lets large-batch runs use high learning rates early.
+  return nn.initializers.zeros if zero_init_last else nn.initializers.ones
+
+
+class BasicBlock(nn.Module):
+  filters: int
+  strides: int
+  conv: Callable[..., Any]
+  norm: Callable[..., Any]
+  zero_init_last: bool = True
+
+  @nn.compact
+  def __call__(self, x, train):
+    s = (self.strides, self.strides)
+    y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), s)(x), train))
+    y = self.conv(self.filters, (3, 3))(y)
+    y = self.norm(scale_init=_last_bn_init(self.zero_init_last))(y, train)
+    if x.shape != y.shape:
+      x = self.norm(name="proj_bn")(self.conv(self.filters, (1, 1), s, name="proj_conv")(x), train)
+    return nn.relu(y + x)
+
+
+class BottleneckBlock(nn.Module):
+  filters: int
+  strides: int
+  conv: Callable[..., Any]
+  norm: Callable[..., Any]
+  zero_init_last: bool = True
+
+  @nn.compact
+  def __call__(self, x, train):
+    s = (self.strides, self.strides)
+    y = nn.relu(self.norm()(self.conv(self.filters, (1, 1))(x), train))
+    y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), s)(y), train))
+    y = self.conv(self.filters * 4, (1, 1))(y)
+    y = self.norm(scale_init=_last_bn_init(self.zero_init_last))(y, train)
+    if x.shape != y.shape:
+      x = self.norm(name="proj_bn")(self.conv(self.filters * 4, (1, 1), s, name="proj_conv")(x), train)
+    return nn.relu(y + x)
+
+
+class ResNet(nn.Module):
+  stage_sizes: Sequence[int]
+  block: type
+  num_classes: int = 1000
+  width: int = 64
+  stem: str = "imagenet"
+  dtype: Any = jnp.float32            # compute dtype of convolutions and activations
+  bn_momentum: float = 0.9
+  bn_epsilon: float = 1e-5
+  bn_num_groups: int = 1
+  zero_init_last_bn: bool = True
+  freeze_bn_stats: bool = False       # BN normalises with its running statistics in training too
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    conv = functools.partial(_conv, use_bias=False, dtype=self.dtype, param_dtype=jnp.float32,
+                             kernel_init=conv_init)
+    norm = functools.partial(BatchNorm, momentum=self.bn_momentum, epsilon=self.bn_epsilon,
+                             dtype=self.dtype, num_groups=self.bn_num_groups, frozen=self.freeze_bn_stats)
+    x = x.astype(self.dtype)
+    if self.stem == "imagenet":
+      x = conv(self.width, (7, 7), (2, 2), name="stem_conv")(x)
+      x = nn.relu(norm(name="stem_bn")(x, train))
+      x = max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))  # pads with -inf
+    elif self.stem == "small":
+      x = conv(self.width, (3, 3), name="stem_conv")(x)
+      x = nn.relu(norm(name="stem_bn")(x, train))
+    else:
+      raise InvalidValueError(f"unknown stem {self.stem!r}; use 'imagenet' or 'small'")
+
+    for stage, num_blocks in enumerate(self.stage_sizes):
+      for b in range(num_blocks):
+        strides = 2 if stage > 0 and b == 0 else 1
+        x = self.block(self.width * 2**stage, strides, conv, norm, self.zero_init_last_bn,
+                       name=f"stage{stage + 1}_block{b + 1}")(x, train)
+    x = jnp.mean(x, axis=(1, 2), dtype=jnp.float32)
+    # The classifier runs in fp32: it is tiny and its logits feed an fp32 loss.
+    return nn.Dense(self.num_classes, dtype=jnp.float32, param_dtype=jnp.float32, name="head")(x)
+
+
+_IMAGENET_DEPTHS = {
+    18: ([2, 2, 2, 2], BasicBlock),
+    34: ([3, 4, 6, 3], BasicBlock),
+    50: ([3, 4, 6, 3], BottleneckBlock),
+    101: ([3, 4, 23, 3], BottleneckBlock),
+    152: ([3, 8, 36, 3], BottleneckBlock),
+    200: ([3, 24, 36, 3], BottleneckBlock),
+}
+
+for _depth, (_stages, _block) in _IMAGENET_DEPTHS.items():
+  # `resnetN` has the ImageNet stem; `resnetN_small` the 3x3 stem for <=32px inputs.
+  register(f"resnet{_depth}")(functools.partial(ResNet, _stages, _block, stem="imagenet"))
+  register(f"resnet{_depth}_small")(functools.partial(ResNet, _stages, _block, stem="small"))
+
+# A few-hundred-thousand-parameter ResNet for tests and the digits quick start.
+register("resnet_tiny")(functools.partial(ResNet, [1, 1, 1], BasicBlock, width=16, stem="small"))

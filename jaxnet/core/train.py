@@ -1,0 +1,371 @@
+"""The training loop and evaluation: restore -> for each step: batch -> train_step -> log ->
+eval -> checkpoint -> stop when asked; then the final checkpoint and the final eval.
+
+This file only orders things in time. What it orders is built elsewhere: the experiment
+(data, model, optimizer, jitted steps) in experiment.py, the loss and gradients in
+steps.py, shardings in sharding.py, batches in data/, checkpoints in checkpoint.py, the
+config check on resume in workdir.py, metrics in metrics.py. The process around it (the
+command line: signals, the workdir lock, the multi-process heartbeat) talks to the loop
+through a RunControl.
+
+Evaluation sums the eval step's metric sums (not means) over the whole eval set, so the
+padded last batch and its masked examples count exactly once: eval/top1 is exact.
+"""
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import sys
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxnet.core import checkpoint as ckpt
+from jaxnet.core import config as config_lib
+from jaxnet.core import sharding, steps
+from jaxnet.core import workdir as workdir_lib
+from jaxnet.core.adapters import xla
+from jaxnet.core.errors import DIVERGED_HINT, NonFiniteError, UserError
+from jaxnet.core.experiment import Experiment
+from jaxnet.core.metrics import (MetricWriter, Progress, RunWriteError, drop_records_after,
+                                 write_run_info)
+from jaxnet.core.state import TrainState
+
+# The train step runs under jax.transfer_guard at this level. Tests set
+# JAXNET_TRANSFER_GUARD=disallow, so an implicit host<->device copy in the hot
+# loop (a Python scalar or numpy array passed to the step) fails them.
+_TRANSFER_GUARD = os.environ.get("JAXNET_TRANSFER_GUARD", "allow")
+
+
+@dataclasses.dataclass
+class RunControl:
+  """What the process around a run shares with the loop: it asks the loop to stop (a signal
+  arrived; checked between steps, and on log steps only when several processes must agree),
+  and the loop says where it is (for a heartbeat's message)."""
+  stop_requested: Callable[[], bool] = lambda: False
+  step: int | None = None            # the last step the loop finished
+  checkpoint_sentence: Callable[[], str] = lambda: "There is no intact checkpoint in this workdir yet."
+
+
+class NonFiniteEvalError(NonFiniteError):
+  """An evaluation whose loss is inf/NaN: its numbers are wrong, so it is an error, never a metric."""
+
+
+def itstime(step: int, every: int, total: int, *, last: bool) -> bool:
+  """Whether a periodic action runs after `step`: every `every` steps (0: never), and at the
+  final step `total` exactly when `last` (as big_vision's utils.itstime).
+
+  Logging asks for the final step; eval and saving do not, as the loop's end does those once.
+  """
+  if step == total:
+    return last
+  return bool(every) and step % every == 0
+
+
+def train_and_evaluate(config, workdir: str, accept_config_changes=(), *, init_params=None,
+                       control: RunControl | None = None) -> dict:
+  """Trains (resuming from WORKDIR/checkpoints if present) and returns the final eval metrics,
+  or {"stopped_at_step": N} when `control` asked the loop to stop (after saving step N).
+
+  `accept_config_changes`: config keys (or "all") that may differ from the workdir's
+  config.json on resume, beyond those that always may (workdir.RESUMABLE).
+  `init_params(variables) -> variables`: the initial params and BN statistics of a run that
+  starts fresh (fine-tuning: jaxnet/tools/weights); never used on resume.
+  """
+  config = config_lib.with_model_options(config)
+  config_lib.validate(config)
+  workdir_lib.check_path(workdir)
+  control = control or RunControl()
+  created = not os.path.exists(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  try:
+    with contextlib.ExitStack() as stack:
+      try:
+        return _train(config, workdir, tuple(accept_config_changes), init_params, control, stack)
+      except RunWriteError as e:  # a full disk under metrics, TensorBoard, config or run info
+        raise e.stopped_at(control.step, control.checkpoint_sentence()) from None
+  except BaseException:
+    if created:  # refused before writing anything (a bad model name, too few devices, ...)
+      workdir_lib.remove_if_unused(workdir)
+    raise
+
+
+def _train(config, workdir: str, accept: tuple, init_params, control: RunControl,
+           cleanup: contextlib.ExitStack) -> dict:
+  config_json = config.to_json_best_effort(indent=2)
+  config_dict = json.loads(config_json)
+  # Before anything is written: is this the run the checkpoints came from?
+  changes = (workdir_lib.check_config(workdir, config_dict, accept)
+             if ckpt.has_checkpoints(workdir) else {})
+  exp = Experiment(config)
+  is_chief = exp.process_index == 0
+  if is_chief and exp.data_note:
+    print(exp.data_note, flush=True)
+  checkpoints = ckpt.Checkpoints(workdir, config.keep_checkpoints, config.async_checkpointing)
+  control.checkpoint_sentence = checkpoints.complete_sentence
+
+  # However the run ends (done, stopped, an error), the loader's workers stop and
+  # their ready batches leave /dev/shm.
+  batches = cleanup.enter_context(exp.device_batches())
+  state, start_step = checkpoints.restore_newest(exp.abstract_state, batches.iterator)
+  if state is None:
+    state, start_step = exp.init_state(init_params), 0
+    logging.info("no checkpoint in %s: starting from scratch", workdir)
+  else:
+    print(f"resumed from checkpoint at step {start_step} in {workdir}/checkpoints", flush=True)
+  batches.restored()
+  if is_chief:
+    workdir_lib.record_config(workdir, config_json, changes, start_step)
+    write_run_info(workdir, total_steps=exp.total_steps, steps_per_epoch=exp.steps_per_epoch,
+                   num_classes=exp.num_classes, class_names=exp.class_names)
+    # Records past the restored step describe a model that no longer exists.
+    drop_records_after(workdir, start_step)
+  writer = MetricWriter(workdir, enabled=is_chief)
+  writer.write_config(config_json)
+
+  total = exp.total_steps
+  print(f"training {config.model.name} on {config.data.source}: {total} steps "
+        f"({exp.steps_per_epoch} per epoch), global batch {config.batch_size} on "
+        f"{exp.mesh.devices.size} {jax.default_backend()} device(s), precision {config.precision}",
+        flush=True)
+  if exp.fsdp_summary and is_chief:
+    print(exp.fsdp_summary.line(), flush=True)
+  progress = Progress(total, config.batch_size, start_step, enabled=is_chief)
+  history, checked = [], 0  # the log window's per-step metrics; how many were checked finite
+  fp16 = exp.policy.uses_loss_scale
+  profiler = StepProfiler(config.profile_steps, os.path.join(workdir, "tensorboard"), enabled=is_chief)
+
+  def check_finite(step):  # each step's loss and gradient norm once, at a log step or a save
+    nonlocal checked
+    check_finite_metrics(history[checked:], step, checkpoints.intact_sentence(), fp16)
+    checked = len(history)
+
+  def save(step):
+    check_finite(step)
+    checkpoints.save(step, state, batches.position, config_dict)
+
+  record = {}
+  try:
+    step = start_step
+    if step < total:
+      sharding.compile_then_sync(exp.train_step, (state, batches.peek()), "train_step compiled")
+    while step < total:
+      image_size = exp.train_image_size(step)
+      if image_size != batches.image_size and is_chief:  # progressive resizing (recompiles once)
+        print(f"step {step}: training resolution is now {image_size}px", flush=True)
+      batch = batches.next(image_size)
+      with profiler.step(step + 1) as traced, jax.transfer_guard(_TRANSFER_GUARD):
+        state, metrics = exp.train_step(state, batch)
+        traced.append(state)
+      history.append(metrics)
+      step += 1
+      control.step = step
+
+      record = {}
+      log_now = itstime(step, config.log_every_steps, total, last=True)
+      if log_now:
+        check_finite(step)
+        record = _summarize_window(history)
+        record["train/window_steps"] = len(history)  # fewer than log_every_steps after a resume
+        history, checked = [], 0
+        record["train/images_per_sec"] = progress.rate(step)
+        record["train/epoch"] = step / exp.steps_per_epoch
+        record["time"] = progress.elapsed()  # seconds since this process started training
+        progress.report(step, record, record["train/images_per_sec"], config.log_every_steps)
+
+      if itstime(step, exp.eval_every, total, last=False):  # the final eval comes after the loop
+        eval_metrics = evaluate(exp, state)
+        record.update(eval_metrics, time=progress.elapsed())
+        if is_chief:
+          print(f"eval at step {step}: top1 {eval_metrics['eval/top1']:.4f}  "
+                f"loss {eval_metrics['eval/loss']:.4f}", flush=True)
+      # One line per step, appended once (readers tail the file): a step's train and eval
+      # metrics together; the final step's line waits for the final eval.
+      if record and step != total:
+        writer.write(step, record)
+
+      if itstime(step, exp.checkpoint_every, total, last=False):  # so does the final save
+        save(step)
+
+      if step < total and _should_stop(control, sync=log_now):  # at total the run ends anyway
+        save(step)
+        checkpoints.wait()
+        return {"stopped_at_step": step}
+
+    if step > start_step or checkpoints.newest_intact != step:
+      save(step)
+    eval_metrics = evaluate(exp, state)
+    elapsed = progress.elapsed()
+    checkpoints.wait()
+    # With the final step's train metrics; a rerun of a finished run has none, and
+    # MetricWriter then merges the eval into that step's existing line.
+    writer.write(step, {**record, **eval_metrics, "train/elapsed_sec": elapsed, "time": elapsed})
+    if is_chief:
+      print(f"final: step {step}  test top-1 {eval_metrics['eval/top1']:.4f}  "
+            f"top-5 {eval_metrics['eval/top5']:.4f}  loss {eval_metrics['eval/loss']:.4f}  "
+            f"({elapsed:.1f}s)", flush=True)
+    return eval_metrics
+  finally:
+    # Batches from data.workers sit in /dev/shm while anything refers to them, and an
+    # exception's traceback keeps this frame alive: drop the last one taken. `batches`
+    # (closed by the caller's exit stack) drops those read ahead.
+    batch = None
+    profiler.stop()
+    # The checkpoints first: closing them removes a failed save's partial files, giving
+    # the disk space back before the writer flushes its buffered TensorBoard events.
+    _close_all((checkpoints.close, writer.close), failing=sys.exc_info()[0] is not None)
+
+
+def _should_stop(control: RunControl, sync: bool) -> bool:
+  """Whether to stop now. With several processes, only on `sync` steps, where all of them
+  ask: every process must stop at the same step, or the collective save would hang."""
+  if jax.process_count() == 1:
+    return control.stop_requested()
+  return sync and sharding.any_process(control.stop_requested())
+
+
+def _summarize_window(history: list[dict]) -> dict:
+  """One record for a log window's per-step metrics (steps.WINDOW_REDUCTION says how)."""
+  stacked = jax.device_get(history)
+  reduce = {"mean": lambda v: float(np.mean(v)), "sum": lambda v: np.sum(v).item(),
+            "last": lambda v: v[-1].item()}
+  return {k: reduce[steps.WINDOW_REDUCTION.get(k, "mean")]([m[k] for m in stacked])
+          for k in stacked[-1]}
+
+
+def check_finite_metrics(history: list[dict], last_step: int, intact_sentence: str, fp16: bool) -> None:
+  """Stops the run at the first step of `history` whose loss or gradient norm is not finite.
+
+  The values stay on the device until here (a log step or a save), so the check costs no
+  host sync per step. fp16 runs skip steps with non-finite gradients by design (loss
+  scaling), so only their loss is checked.
+  """
+  if not history:
+    return
+  values = jax.device_get([(m["train/loss"], m["train/grad_norm"]) for m in history])
+  for i, (loss, grad_norm) in enumerate(values):
+    if np.isfinite(loss) and (fp16 or np.isfinite(grad_norm)):
+      continue
+    step = last_step - len(history) + 1 + i
+    raise NonFiniteError(
+        f"training diverged at step {step}, the first step with a non-finite loss or gradient "
+        f"(train/loss {float(loss)}, grad_norm {float(grad_norm)}); training stopped and nothing "
+        f"from step {step} on was saved. {intact_sentence} {DIVERGED_HINT}")
+
+
+def _close_all(closers, failing: bool) -> None:
+  """Calls every closer. A run that is already failing reports that first failure: a
+  close that fails for the same cause (a full disk) must not replace it; otherwise the
+  first close's UserError is raised once all have run."""
+  first = None
+  for close in closers:
+    try:
+      close()
+    except UserError as e:
+      first = first or e
+  if first is not None and not failing:
+    raise first
+
+
+# --- evaluation ---------------------------------------------------------------------
+
+def evaluate(exp: Experiment, state: TrainState) -> dict:
+  """eval/loss, eval/top1, eval/top5 (means over the eval set) and eval/examples."""
+  sums = None
+  for batch in exp.eval_batches():
+    if sums is None:
+      sharding.compile_then_sync(exp.eval_step, (state, batch), "eval_step compiled")
+    out = exp.eval_step(state, batch)
+    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+  sums = jax.device_get(sums)
+  count = max(float(sums["count"]), 1.0)
+  metrics = {"eval/loss": float(sums["loss"]) / count, "eval/top1": float(sums["top1"]) / count,
+             "eval/top5": float(sums["top5"]) / count, "eval/examples": int(sums["count"])}
+  if not math.isfinite(metrics["eval/loss"]):
+    precision, platform = exp.config.precision, exp.mesh.devices.flat[0].platform
+    raise NonFiniteEvalError(
+        f"eval/loss is {metrics['eval/loss']} (precision {precision}, backend {platform}, "
+        f"{metrics['eval/examples']} examples): the evaluation is wrong and was not recorded. "
+        f"{xla.ynn_hint(precision, platform)}Weights that are inf/NaN do this too, and so "
+        f"do fp16 activations beyond 65504: compare with config.precision=fp32.")
+  return metrics
+
+
+def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
+  """`--mode=eval`: evaluates the latest (or given) checkpoint of WORKDIR and records eval metrics.
+
+  Reads the workdir only, apart from appending to metrics.jsonl (skipped with a
+  warning where the workdir is read-only). A damaged checkpoint is an error.
+  """
+  config = config_lib.with_model_options(config)
+  config_lib.validate(config)
+  checkpoints = ckpt.Checkpoints(workdir, read_only=True)
+  try:
+    step = checkpoints.resolve_step(step)
+    exp = Experiment(config, need_train_data=False)
+    if exp.process_index == 0 and exp.data_note:
+      print(exp.data_note, flush=True)
+    state = checkpoints.restore(step, exp.abstract_state)
+  finally:
+    checkpoints.close()
+  metrics = evaluate(exp, state)
+  if exp.process_index == 0:
+    print(f"eval of checkpoint {step}: top-1 {metrics['eval/top1']:.4f}  top-5 "
+          f"{metrics['eval/top5']:.4f}  loss {metrics['eval/loss']:.4f}  "
+          f"({metrics['eval/examples']} examples)", flush=True)
+    writer = None
+    try:
+      writer = MetricWriter(workdir)
+      writer.write(step, metrics)
+      writer.close()
+    except RunWriteError as e:  # a read-only workdir, a full disk: the numbers are printed above
+      if writer is not None:
+        writer.close()  # quietly: the failure is reported here
+      print(f"warning: could not record the eval metrics in {workdir}/metrics.jsonl "
+            f"({e.cause})", file=sys.stderr, flush=True)
+  return metrics
+
+
+# --- profiling ------------------------------------------------------------------------
+
+class StepProfiler:
+  """`config.profile_steps = (first, last)`: a jax.profiler trace of steps first..last
+  (1-based, inclusive) into WORKDIR/tensorboard/plugins/profile/, each step annotated with
+  `jax.profiler.StepTraceAnnotation`, for TensorBoard's profile plugin (the `tensorboard`
+  extra installs it). Steps before `first` are left out, so compilation and warm-up do not
+  fill the trace."""
+
+  def __init__(self, steps, logdir: str, enabled: bool = True):
+    self.first, self.last = (tuple(steps) + (0, 0))[:2] if steps else (0, 0)
+    self.logdir, self.enabled = logdir, enabled and bool(steps)
+    self._tracing = False
+
+  @contextlib.contextmanager
+  def step(self, step: int):
+    """Wraps the call that runs `step` (1-based); yields a list to put the new state in."""
+    if not self.enabled or not self.first <= step <= self.last:
+      yield []
+      return
+    if not self._tracing:
+      os.makedirs(self.logdir, exist_ok=True)
+      jax.profiler.start_trace(self.logdir)
+      self._tracing = True
+    out = []
+    with jax.profiler.StepTraceAnnotation("train", step_num=step):
+      yield out
+      jax.block_until_ready(out)  # the step's device work belongs inside its annotation
+    if step == self.last:
+      self.stop()
+      print(f"profile of steps {self.first}-{self.last} written to {self.logdir}/plugins/profile "
+            f"(tensorboard --logdir {self.logdir}, Profile tab: pip install -e '.[tensorboard]')",
+            flush=True)
+
+  def stop(self) -> None:
+    if self._tracing:
+      jax.profiler.stop_trace()
+      self._tracing = False

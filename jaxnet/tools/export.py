@@ -1,0 +1,391 @@
+"""A trained model out of jaxnet: the serialized jax function, its int8 version, and ONNX.
+
+The exported function is `logits = f(images)`:
+  images  uint8 (batch, H, W, C), the preprocessed images (jaxnet/tools/predictor.py:
+          resize, center crop); batch is symbolic, so any batch size runs the same file
+  logits  float32 (batch, num_classes)
+Normalization and the model in eval mode (BN running statistics, EMA params when the run
+kept an EMA) are inside: it is `steps.make_logits_fn`, the function the eval step runs.
+
+- jax (`save`): jax.export's serialization, params baked in as constants, so the file alone
+  is the model; no jaxnet, Flax or checkpoint is needed to run it, only jax:
+      exported = jax.export.deserialize(bytearray(open(FILE, "rb").read()))
+      logits = exported.call(images)
+  FILE.json beside it records the input shape and the class names. `platforms` lists the
+  backends to lower for (default: the one exporting).
+- jax int8 (`qwix_quantize`): qwix post-training quantization; every convolution and dense
+  layer computes in int8: weights quantized once, one scale per output channel; activations
+  on the fly, one scale per image from its own range (dynamic: no calibration set).
+- ONNX (`save_onnx`), for onnxruntime, TensorRT, OpenVINO or Triton: the same function in
+  fp32 whatever precision the run trained in, input "images", output "logits"; the model's
+  metadata_props record how to make the input (image size, channels, mean/std, the eval
+  crop and interpolation) and the class names (METADATA_KEYS). The converter is jax2onnx
+  (docs/deploy.md says why it is installed with --no-deps), handed the model as a jaxpr of
+  lax primitives rather than as Flax modules, so its Flax-level rewrites are never
+  involved. Its output is then adjusted: NHWC max pools onnxruntime can run
+  (_repair_max_pools), BN and ReLU in the forms onnxruntime fuses into convolutions
+  (_make_fusable), no scalar Gemm biases, which onnxruntime's quantizer rejects
+  (_drop_zero_scalar_gemm_biases).
+- ONNX int8 (`save_onnx_int8`): onnxruntime's quantize_static in the QDQ format: int8
+  weights with one scale per output channel, uint8 activations (onnxruntime's recommended
+  pair on x86 CPUs) whose ranges come from running the fp32 model on N images of the
+  workdir's train split, preprocessed as eval preprocesses (no augmentation). Before
+  quantizing, onnxruntime's pre-processing folds the graph (BN into the convolutions,
+  constants, shapes), so fewer tensors need quantizing.
+Every file is written under a temporary name beside its target and renamed when complete.
+"""
+
+import importlib
+import json
+import os
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxnet.core import steps
+from jaxnet.core.errors import UserError
+from jaxnet.core.metrics import replace_atomically
+from jaxnet.core.state import get_policy
+
+# The optional packages: the onnx extra holds qwix too. jax2onnx is installed apart because
+# it pins orbax-checkpoint<0.11.37, which jaxnet's orbax-checkpoint>=0.12.8 rules out; it
+# never imports orbax.
+INSTALL = "pip install -e '.[onnx]'"
+ONNX_INSTALL = "pip install -e '.[onnx]' && pip install --no-deps 'jax2onnx==0.17.1'"
+
+
+def export(predictor, platforms=None) -> "jax.export.Exported":
+  """The Predictor's eval-mode function with its variables baked in, batch-polymorphic."""
+  variables = predictor.variables
+  logits_fn = predictor.logits_fn
+
+  def infer(images):
+    return logits_fn(variables, images)
+
+  batch = jax.export.symbolic_shape("b")[0]
+  spec = jax.ShapeDtypeStruct((batch, *predictor.image_shape), jnp.uint8)
+  return jax.export.export(jax.jit(infer), platforms=platforms)(spec)
+
+
+def save(predictor, path: str, platforms=None, quantization: str | None = None) -> None:
+  exported = export(predictor, platforms)
+  data = exported.serialize()
+
+  def write(tmp):
+    with open(tmp, "wb") as f:
+      f.write(data)
+  replace_atomically(path, write)
+  metadata = {"image_shape": list(predictor.image_shape), "dtype": "uint8",
+              "class_names": predictor.class_names, "platforms": list(exported.platforms),
+              "workdir": str(predictor.workdir), "step": predictor.step}
+  if quantization:
+    metadata["quantization"] = quantization
+  with open(path + ".json", "w") as f:
+    json.dump(metadata, f, indent=2)
+
+
+class ExportedModel:
+  """A loaded export: call it on a uint8 (batch, H, W, C) array to get float32 logits."""
+
+  def __init__(self, exported, metadata: dict | None = None):
+    self.exported = exported
+    self.metadata = metadata or {}
+    self.class_names = self.metadata.get("class_names")
+    self.image_shape = tuple(exported.in_avals[0].shape[1:])
+
+  def __call__(self, images) -> jax.Array:
+    images = np.asarray(images)
+    if images.dtype != np.uint8:  # a cast would silently wrap or truncate pixel values
+      raise TypeError(f"images must be uint8 (batch, {', '.join(map(str, self.image_shape))}), "
+                      f"got {images.dtype}")
+    return self.exported.call(images)
+
+
+def load(path: str) -> ExportedModel:
+  with open(path, "rb") as f:
+    exported = jax.export.deserialize(bytearray(f.read()))
+  try:
+    with open(path + ".json") as f:
+      metadata = json.load(f)
+  except FileNotFoundError:  # the metadata is a convenience; the function stands alone
+    metadata = None
+  return ExportedModel(exported, metadata)
+
+
+# --- int8 served by jax: qwix ------------------------------------------------------------
+
+QWIX_DESCRIPTION = ("int8 (qwix PTQ): weights one scale per output channel, activations one scale "
+               "per image, dynamic")
+
+
+def qwix_quantize(predictor):
+  """The predictor with int8 weights and activations in every conv and dense layer."""
+  try:
+    import qwix
+  except ImportError:
+    raise UserError(f"--format=jax --int8 needs the package qwix, which is not installed: "
+                           f"{INSTALL}") from None
+  from jaxnet.tools.predictor import Predictor
+  rule = qwix.QtRule(module_path=".*", weight_qtype="int8", act_qtype="int8")
+  model = qwix.quantize_model(predictor.model, qwix.PtqProvider([rule]))
+  shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
+                                             jnp.zeros((1, *predictor.image_shape)), train=False))
+  variables = dict(predictor.variables)
+  variables["params"] = qwix.quantize_params(predictor.variables["params"], shapes["params"])
+  return Predictor(predictor.config, model, variables, num_classes=predictor.num_classes,
+                   class_names=predictor.class_names, step=predictor.step, workdir=predictor.workdir)
+
+
+# --- ONNX ------------------------------------------------------------------------------
+
+OPSET = 21  # onnxruntime >= 1.20 runs it; quantize_static's QDQ needs >= 13
+METADATA_KEYS = ("jaxnet.input", "jaxnet.image_size", "jaxnet.channels", "jaxnet.mean", "jaxnet.std",
+                 "jaxnet.eval_crop_fraction", "jaxnet.eval_interpolation", "jaxnet.class_names",
+                 "jaxnet.model", "jaxnet.step", "jaxnet.ema", "jaxnet.workdir")
+
+
+def require(*modules: str):
+  """Imports the optional ONNX packages, or a UserError with the install line."""
+  loaded = []
+  for name in modules:
+    try:
+      loaded.append(importlib.import_module(name))
+    except ImportError as e:
+      raise UserError(f"--format=onnx needs the package {e.name or name}, which is not "
+                      f"installed: {ONNX_INSTALL}") from None
+  return loaded
+
+
+def fp32_logits_fn(predictor):
+  """`images -> logits` in fp32 with the predictor's variables closed over."""
+  model = predictor.model.clone(dtype=jnp.float32) if hasattr(predictor.model, "dtype") else predictor.model
+  logits_fn = steps.make_logits_fn(model, get_policy("fp32"),
+                                   mean=tuple(predictor.config.data.mean),
+                                   std=tuple(predictor.config.data.std))
+  variables = predictor.variables
+  return lambda images: logits_fn(variables, images)
+
+
+def metadata(predictor) -> dict:
+  c = predictor.config
+  return {
+      "jaxnet.input": "images: uint8 NHWC (batch, image_size, image_size, channels), "
+                      "resized and center-cropped as in jaxnet/tools/predictor.py; normalization is inside",
+      "jaxnet.image_size": str(c.image_size),
+      "jaxnet.channels": str(predictor.channels),
+      "jaxnet.mean": json.dumps(list(c.data.mean)),
+      "jaxnet.std": json.dumps(list(c.data.std)),
+      "jaxnet.eval_crop_fraction": str(c.data.eval_crop_fraction),
+      "jaxnet.eval_interpolation": str(c.data.eval_interpolation),
+      "jaxnet.class_names": json.dumps(predictor.class_names),
+      "jaxnet.model": c.model.name,
+      "jaxnet.step": str(predictor.step),
+      "jaxnet.ema": str(c.ema_decay > 0).lower(),
+      "jaxnet.workdir": str(predictor.workdir),
+  }
+
+
+def to_onnx(predictor):
+  """The predictor's eval-mode fp32 function as an onnx.ModelProto with a dynamic batch."""
+  import jax.extend
+  (jax2onnx, onnx) = require("jax2onnx", "onnx")
+  fn = fp32_logits_fn(predictor)
+  spec = jax.ShapeDtypeStruct(jax.export.symbolic_shape("batch")
+                              + tuple(predictor.image_shape), jnp.uint8)
+  # Traced to lax primitives first: jax2onnx then converts primitives only.
+  with jax.disable_jit():  # inlines nested jits: jax2onnx 0.17's jit lowering fails on jax 0.12
+    closed = jax.make_jaxpr(fn)(spec)
+  as_fun = jax.extend.core.jaxpr_as_fun(closed)
+  try:
+    model = jax2onnx.to_onnx(lambda images: as_fun(images)[0], [spec], opset=OPSET,
+                             model_name=predictor.config.model.name,
+                             input_names=["images"], output_names=["logits"])
+  except NotImplementedError as e:  # jax2onnx's answer to a primitive it has no lowering for
+    first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise UserError(f"model {predictor.config.model.name} cannot be exported to ONNX: "
+                           f"jax2onnx says: {first_line}; --format=jax exports any model") from None
+  _repair_max_pools(model, onnx)
+  _make_fusable(model, onnx)
+  _drop_zero_scalar_gemm_biases(model, onnx)  # also drops the initializers left unused
+  onnx.helper.set_model_props(model, metadata(predictor))
+  onnx.checker.check_model(model)
+  return model
+
+
+def _repair_max_pools(model, onnx) -> None:
+  """jax2onnx lowers an NHWC max pool (window (1, k, k, 1)) as a 4-D MaxPool over
+  Unsqueeze(Unsqueeze(x)), which onnxruntime rejects ("Unsupported pooling size").
+  Rewrites each as Transpose(NCHW) -> 2-D MaxPool -> Transpose(NHWC); MaxPool's
+  padding never wins the max, like the -inf padding of lax.reduce_window_max."""
+  graph = model.graph
+  helper = onnx.helper
+  producer = {out: node for node in graph.node for out in node.output}
+  nodes = list(graph.node)
+  for node in nodes:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    kernel = list(attrs.get("kernel_shape", []))
+    if node.op_type != "MaxPool" or len(kernel) != 4:
+      continue
+    strides = list(attrs.get("strides", [1] * 4))
+    pads = list(attrs.get("pads", [0] * 8))
+    unsq1 = producer.get(node.input[0])
+    unsq0 = producer.get(unsq1.input[0]) if unsq1 is not None else None
+    squeeze = [n for n in nodes if node.output[0] in n.input]
+    if (kernel[0] != 1 or kernel[3] != 1 or strides[0] != 1 or strides[3] != 1
+        or pads[0] or pads[3] or pads[4] or pads[7] or "dilations" in attrs
+        or unsq1 is None or unsq1.op_type != "Unsqueeze" or unsq0 is None
+        or unsq0.op_type != "Unsqueeze" or len(squeeze) != 1 or squeeze[0].op_type != "Squeeze"):
+      raise UserError(f"ONNX export: an unexpected max pool {node.name} (kernel {kernel}); "
+                             "this model's pooling is not supported by --format=onnx")
+    x, y = unsq0.input[0], squeeze[0].output[0]
+    nchw = node.name + "_nchw"
+    replacement = [
+        helper.make_node("Transpose", [x], [nchw], perm=[0, 3, 1, 2], name=nchw),
+        helper.make_node("MaxPool", [nchw], [node.name + "_pooled"], name=node.name,
+                         kernel_shape=kernel[1:3], strides=strides[1:3],
+                         pads=[pads[1], pads[2], pads[5], pads[6]]),
+        helper.make_node("Transpose", [node.name + "_pooled"], [y], perm=[0, 2, 3, 1],
+                         name=node.name + "_nhwc"),
+    ]
+    at = list(graph.node).index(unsq0)
+    for old in (unsq0, unsq1, node, squeeze[0]):
+      graph.node.remove(old)
+    for offset, new in enumerate(replacement):
+      graph.node.insert(at + offset, new)
+  # The intermediate values' recorded shapes may name removed outputs; drop them all.
+  del graph.value_info[:]
+
+
+def _make_fusable(model, onnx) -> None:
+  """Rewrites two jax spellings into the ones onnxruntime fuses into a convolution:
+  BN's x - mean (Sub of a constant) becomes x + (-mean), an Add it folds into the Conv's
+  bias like the Mul and Add after it; ReLU's max(x, 0) becomes Relu, which it fuses into
+  the Conv. Exact: x - m and x + (-m) round alike, and max(x, 0) is relu(x)."""
+  graph = model.graph
+  initializers = {i.name: i for i in graph.initializer}
+  array = onnx.numpy_helper.to_array
+  for node in graph.node:
+    constant = initializers.get(node.input[-1]) if len(node.input) == 2 else None
+    if constant is None:
+      continue
+    if node.op_type == "Sub":
+      negated = onnx.numpy_helper.from_array(-array(constant), name=constant.name + "_negated")
+      if negated.name not in initializers:
+        graph.initializer.append(negated)
+        initializers[negated.name] = negated
+      node.op_type = "Add"
+      node.input[1] = negated.name
+    elif node.op_type == "Max" and array(constant).ndim == 0 and array(constant) == 0:
+      node.op_type = "Relu"
+      del node.input[1]
+
+
+def _drop_zero_scalar_gemm_biases(model, onnx) -> None:
+  """jax2onnx gives each Gemm without a bias a scalar 0 as its bias C; onnxruntime's
+  per-channel quantizer indexes C per output channel and fails on a scalar. C is
+  optional in ONNX, and adding 0 is no change: remove it."""
+  graph = model.graph
+  initializers = {i.name: i for i in graph.initializer}
+  for node in graph.node:
+    if node.op_type != "Gemm" or len(node.input) < 3 or node.input[2] not in initializers:
+      continue
+    bias = onnx.numpy_helper.to_array(initializers[node.input[2]])
+    if bias.ndim == 0 and bias == 0:
+      del node.input[2]
+  used = {name for node in graph.node for name in node.input}
+  for initializer in [i for i in graph.initializer if i.name not in used]:
+    graph.initializer.remove(initializer)
+
+
+def save_onnx(predictor, path: str) -> None:
+  """Writes the fp32 ONNX model to path (a temporary file renamed at the end)."""
+  (onnx,) = require("onnx", "jax2onnx")[:1]
+  model = to_onnx(predictor)
+  replace_atomically(path, lambda tmp: onnx.save_model(model, tmp))
+
+
+# --- ONNX int8: static quantization ----------------------------------------------------
+
+DEFAULT_CALIBRATION_IMAGES = 256  # onnxruntime's examples use a few hundred
+
+
+class _Subset:
+  """Records `indices` of a source, with the source's attributes eval_batches reads."""
+
+  def __init__(self, source, indices):
+    self.source, self.indices = source, list(indices)
+    self.encoded = source.encoded
+
+  def __len__(self):
+    return len(self.indices)
+
+  def __getitem__(self, i):
+    return self.source[self.indices[i]]
+
+
+def calibration_images(predictor, num_images: int, seed: int = 0) -> np.ndarray:
+  """num_images uint8 images drawn (without replacement, fixed seed) from the train split."""
+  from jaxnet.core.data import pipeline, sources
+  config = predictor.config
+  if num_images < 1:
+    raise UserError(f"--calibration-images={num_images}: give at least 1")
+  source = sources.make_source(config.data, "train", config.image_size)
+  if len(source) < num_images:
+    raise UserError(f"--calibration-images={num_images}, but the train split of "
+                           f"{predictor.workdir} has only {len(source)} images; pass "
+                           f"--calibration-images={len(source)} or fewer")
+  indices = np.sort(np.random.default_rng(seed).choice(len(source), num_images, replace=False))
+  images = []
+  for batch in pipeline.eval_batches(_Subset(source, indices), global_batch_size=64,
+                                     image_size=config.image_size,
+                                     crop_fraction=config.data.eval_crop_fraction,
+                                     interpolation=config.data.eval_interpolation):
+    images.append(batch["image"][batch["mask"]])  # padding and unreadable JPEGs left out
+  images = np.concatenate(images)
+  if len(images) < num_images:
+    raise UserError(f"--calibration-images={num_images}, but only {len(images)} of the drawn "
+                           f"train images could be decoded; pass --calibration-images={len(images)}")
+  return images
+
+
+class _Reader:
+  """quantize_static's CalibrationDataReader protocol over a uint8 array, in batches."""
+
+  def __init__(self, images: np.ndarray, batch_size: int = 32):
+    self.batches = iter([images[i:i + batch_size] for i in range(0, len(images), batch_size)])
+
+  def get_next(self):
+    batch = next(self.batches, None)
+    return None if batch is None else {"images": batch}
+
+
+def quantize_onnx(model, images: np.ndarray):
+  """An fp32 onnx.ModelProto -> its int8 QDQ version, calibrated on `images`."""
+  onnx, quantization, shape_inference = require(
+      "onnx", "onnxruntime.quantization", "onnxruntime.quantization.shape_inference")
+  with tempfile.TemporaryDirectory() as tmp:
+    fp32, prepared, int8 = (os.path.join(tmp, n) for n in ("fp32.onnx", "prepared.onnx", "int8.onnx"))
+    onnx.save_model(model, fp32)
+    shape_inference.quant_pre_process(fp32, prepared)
+    quantization.quantize_static(
+        prepared, int8, _Reader(images),
+        quant_format=quantization.QuantFormat.QDQ, per_channel=True,
+        activation_type=quantization.QuantType.QUInt8, weight_type=quantization.QuantType.QInt8,
+        calibrate_method=quantization.CalibrationMethod.MinMax)
+    quantized = onnx.load_model(int8)
+  del quantized.metadata_props[:]
+  props = {p.key: p.value for p in model.metadata_props}
+  props["jaxnet.quantization"] = (f"int8 QDQ (onnxruntime quantize_static), per-channel weights, "
+                                  f"MinMax calibration on {len(images)} train images")
+  onnx.helper.set_model_props(quantized, props)
+  return quantized
+
+
+def save_onnx_int8(predictor, path: str, num_images: int = DEFAULT_CALIBRATION_IMAGES) -> None:
+  """Exports, quantizes and writes the int8 model to path (nothing at path on failure)."""
+  (onnx,) = require("onnx", "jax2onnx", "onnxruntime.quantization")[:1]
+  images = calibration_images(predictor, num_images)  # fails early, before the export
+  quantized = quantize_onnx(to_onnx(predictor), images)
+  replace_atomically(path, lambda tmp: onnx.save_model(quantized, tmp))

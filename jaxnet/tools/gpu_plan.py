@@ -1,0 +1,378 @@
+"""jaxnet's train and eval steps compiled for GPUs this machine does not have, and what they
+would do (`python -m jaxnet.cli.gpu_plan`).
+
+XLA can compile for a CUDA target on a machine with no GPU, given the CUDA plugin wheels of
+the installed jaxlib (`pip install --no-deps jax-cuda12-plugin==V jax-cuda12-pjrt==V`, no
+CUDA libraries needed) and a description of the device (jaxnet/tools/gpu_targets/*.txtpb).
+The steps compiled are the ones training runs, built by `jaxnet.core.experiment.Experiment`
+over the target's devices, on synthetic data of the config's shapes (only the batch's shape
+matters; progressive resizing is off: the steps are compiled at config.image_size). The
+plan reads the compiled program (jaxnet/tools/hlo.py) and its memory analysis. Without a
+device there is no autotuning: this shows the program's structure and memory, not its speed
+(the roofline is an upper bound on images/s, not a prediction).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib.metadata
+import os
+import re
+
+from jaxnet.core.adapters import xla
+from jaxnet.core.errors import UserError
+
+TARGETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
+PLUGINS = (("jax-cuda12-plugin", "jax-cuda12-pjrt"), ("jax-cuda13-plugin", "jax-cuda13-pjrt"))
+GIB = 2.0**30
+
+
+def install_hint(version: str) -> str:
+  return f"pip install --no-deps jax-cuda12-plugin=={version} jax-cuda12-pjrt=={version}"
+
+
+def check_plugin() -> str:
+  """The installed CUDA plugin's name; a UserError naming the fix when none matches jaxlib."""
+  jaxlib = importlib.metadata.version("jaxlib")
+  found = []
+  for plugin, pjrt in PLUGINS:
+    try:
+      versions = (importlib.metadata.version(plugin), importlib.metadata.version(pjrt))
+    except importlib.metadata.PackageNotFoundError:
+      continue
+    if versions == (jaxlib, jaxlib):
+      return plugin
+    found.append(f"{plugin} {versions[0]} / {pjrt} {versions[1]}")
+  if found:
+    raise UserError(f"the CUDA plugin ({', '.join(found)}) does not match jaxlib {jaxlib}: "
+                    f"{install_hint(jaxlib)}")
+  raise UserError(f"compiling for a GPU target needs the CUDA plugin of jaxlib {jaxlib} "
+                  f"(no CUDA libraries or GPU needed): {install_hint(jaxlib)}")
+
+
+def target_text(target: str) -> tuple[str, str]:
+  """(name, GpuTargetConfigProto text) for a known target name or a .txtpb path."""
+  if os.path.isfile(target):
+    return os.path.splitext(os.path.basename(target))[0], open(target).read()
+  path = os.path.join(TARGETS_DIR, f"{target}.txtpb")
+  if not os.path.isfile(path):
+    known = sorted(f[:-6] for f in os.listdir(TARGETS_DIR) if f.endswith(".txtpb"))
+    raise UserError(f"unknown --target={target}: use one of {', '.join(known)}, or the path of a "
+                    f"GpuTargetConfigProto text file (see jaxnet/tools/gpu_targets/)")
+  return target, open(path).read()
+
+
+def device_memory(text: str) -> int:
+  return int(re.search(r"device_memory_size:\s*(\d+)", text).group(1))
+
+
+def bandwidth(text: str) -> float:
+  return float(re.search(r"memory_bandwidth:\s*(\d+)", text).group(1))
+
+
+def topology_devices(text: str, gpus: int, hosts: int = 1):
+  """The devices of `hosts` x (gpus / hosts) GPUs described by `text`, for compiling only."""
+  from jax.experimental import topologies
+  if gpus < 1 or hosts < 1 or gpus % hosts:
+    raise UserError(f"--gpus={gpus} does not split over --hosts={hosts}: use a multiple of {hosts}")
+  topology = topologies.get_topology_desc(platform="cuda", target_config=text,
+                                          topology=f"1x{hosts}x{gpus // hosts}")
+  return list(topology.devices)
+
+
+def plan_config(config, per_gpu_batch: int | None = None, gpus: int = 1):
+  """A copy of `config` whose data is synthetic images of the same size (nothing is read)."""
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    if per_gpu_batch:  # Experiment checks that it splits (into micro-batches, over the GPUs)
+      config.batch_size = per_gpu_batch * gpus
+      if config.data.eval_batch_size:
+        config.data.eval_batch_size = config.batch_size
+    config.data.source = "synthetic"
+    config.data.synthetic_size = config.batch_size
+    config.progressive_resizing = ()
+    config.mesh.num_devices = 0
+  return config
+
+
+@dataclasses.dataclass
+class Compiled:
+  """One compiled step: its optimized HLO and per-GPU memory (bytes)."""
+  hlo: str
+  arguments: int
+  outputs: int
+  aliased: int
+  temporaries: int
+  code: int
+  options: dict = dataclasses.field(default_factory=dict)  # XLA options it needed
+
+  @property
+  def total(self) -> int:
+    """Bytes in use on each GPU while the step runs: donated (aliased) outputs reuse inputs."""
+    return self.arguments + self.outputs - self.aliased + self.temporaries + self.code
+
+
+# Without a device XLA cannot autotune, and its Triton GEMM emitter can then fail to tile a
+# matmul ("Couldn't find output tile sizes", e.g. ViT-B/16's projections on jaxlib 0.10.2).
+# Such a step is compiled again with those matmuls on cuBLAS, which a real run's autotuner
+# may also pick; the plan says so.
+NO_TRITON_GEMM = {"xla_gpu_enable_triton_gemm": False}
+
+
+def run_options() -> dict:
+  """The XLA flags a GPU run gets from the command line (xla.GPU_XLA_FLAGS: latency-hiding
+  scheduler, all-reduce combine threshold), as compile options; a flag set in XLA_FLAGS is
+  left to XLA_FLAGS."""
+  user = {xla.flag_name(f) for f in os.environ.get("XLA_FLAGS", "").split()}
+  options = {}
+  for flag in xla.GPU_XLA_FLAGS:
+    name, _, value = flag.lstrip("-").partition("=")
+    if name not in user:  # compile options are typed: "true" -> True, "134217728" -> int
+      options[name] = {"true": True, "false": False}.get(value, int(value) if value.isdigit() else value)
+  return options
+
+
+def compile_step(jitted, *args) -> Compiled:
+  import jax
+  lowered = jitted.lower(*args)
+  options = run_options()
+  try:
+    compiled = lowered.compile(compiler_options=options)
+  except jax.errors.JaxRuntimeError as e:
+    if not xla.is_triton_tiling_failure(e):
+      raise
+    options = {**options, **NO_TRITON_GEMM}
+    compiled = lowered.compile(compiler_options=options)
+  m = compiled.memory_analysis()
+  return Compiled(compiled.as_text(), m.argument_size_in_bytes, m.output_size_in_bytes,
+                  m.alias_size_in_bytes, m.temp_size_in_bytes, m.generated_code_size_in_bytes, options)
+
+
+def abstract_batch(exp, batch_size: int) -> dict:
+  """The batch the pipeline delivers (jaxnet/core/data/pipeline.py), as shapes sharded over the mesh."""
+  import jax
+  import jax.numpy as jnp
+  s = exp.batch_sharding
+  return {"image": jax.ShapeDtypeStruct((batch_size,) + exp.image_shape, jnp.uint8, sharding=s),
+          "label": jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=s),
+          "mask": jax.ShapeDtypeStruct((batch_size,), jnp.bool_, sharding=s),
+          "corrupt": jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=s)}
+
+
+def param_sizes(abstract_state) -> list:
+  """The element count of each parameter."""
+  import jax
+  import numpy as np
+  return [int(np.prod(x.shape)) for x in jax.tree.leaves(abstract_state.params)]
+
+
+def weight_elements(abstract_state) -> set:
+  """The element counts of the parameters (what a weight-sized transpose moves)."""
+  return set(param_sizes(abstract_state))
+
+
+def build(config, devices, *, eval_step: bool = True):
+  """Experiment over `devices`, and its compiled (train, eval) steps."""
+  from jaxnet.core import models
+  from jaxnet.core.experiment import Experiment
+  exp = Experiment(config, devices=devices)
+  with models.tracing_for("gpu"):  # the kernels a GPU run picks (e.g. ViT's cuDNN attention)
+    train = compile_step(exp.train_step, exp.abstract_state, abstract_batch(exp, config.batch_size))
+    evaluation = None
+    if eval_step:
+      evaluation = compile_step(exp.eval_step, exp.abstract_state,
+                                abstract_batch(exp, config.data.eval_batch_size or config.batch_size))
+  return exp, train, evaluation
+
+
+def analyse_step(compiled: Compiled, state_abstract, per_gpu_batch: int):
+  from jaxnet.tools import hlo
+  # A transpose of at least 1024 values per example is activation-sized (logits are not).
+  return hlo.analyse(compiled.hlo, weight_elements=weight_elements(state_abstract),
+                              min_activation_elements=per_gpu_batch * 1024)
+
+
+def largest_batch(config, devices, usable: float, start: int, log=None) -> dict:
+  """The largest per-GPU batch whose train step fits in `usable` bytes, found by compiling:
+  doubling (or halving) from `start`, then bisecting to within 1/8 of the answer."""
+  gpus, tried = len(devices), {}
+
+  def fits(per_gpu):
+    if per_gpu not in tried:
+      _, train, _ = build(plan_config(config, per_gpu, gpus), devices, eval_step=False)
+      tried[per_gpu] = train.total
+      if log:
+        log(f"  per-GPU batch {per_gpu}: {train.total / GIB:.2f} GiB "
+            f"({'fits' if train.total <= usable else 'does not fit'})")
+    return tried[per_gpu] <= usable
+
+  lo, hi = 0, None
+  b = start
+  if fits(b):
+    lo = b
+    while hi is None and b < 1 << 15:
+      b *= 2
+      if fits(b):
+        lo = b
+      else:
+        hi = b
+  else:
+    hi = b
+    while b > 1 and lo == 0:
+      b //= 2
+      if fits(b):
+        lo = b
+      else:
+        hi = b
+  if hi is None:
+    return {"per_gpu_batch": lo, "exact": False, "tried": tried}
+  while lo and hi - lo > max(1, lo // 8):
+    mid = (lo + hi) // 2
+    if fits(mid):
+      lo = mid
+    else:
+      hi = mid
+  return {"per_gpu_batch": lo, "does_not_fit": hi, "tried": tried}
+
+
+# --- the plan --------------------------------------------------------------------------
+
+# Dense (no sparsity) tensor-core peaks in FLOP/s, by the dtype a convolution or matmul reads;
+# f32 runs as TF32, jax's default precision on these GPUs. Sources: NVIDIA's H100 SXM datasheet
+# (BF16/FP16 989.4 TFLOPS, TF32 494.7), H200 datasheet (the same), A100 datasheet (BF16/FP16 312,
+# TF32 156).
+PEAK_FLOPS = {
+    "h100": {"bf16": 989.4e12, "f16": 989.4e12, "f32": 494.7e12},
+    "h200": {"bf16": 989.4e12, "f16": 989.4e12, "f32": 494.7e12},
+    "a100": {"bf16": 312e12, "f16": 312e12, "f32": 156e12},
+}
+# jax preallocates this fraction of each GPU's memory as the pool programs allocate from.
+DEFAULT_MEM_FRACTION = 0.75
+
+
+def attention_lowering(analysis) -> str:
+  """Which attention a ViT step got, and why (only its fused cuDNN form shows as a library call)."""
+  if analysis.attention:
+    return f"cuDNN fused attention ({', '.join(sorted({a['target'] for a in analysis.attention}))})"
+  import jax
+  import jax.numpy as jnp
+  q = jax.ShapeDtypeStruct((1, 16, 1, 64), jnp.bfloat16)
+  try:
+    jax.jit(lambda q: jax.nn.dot_product_attention(q, q, q, implementation="cudnn")).trace(q)
+    why = "cuDNN's fused attention was not used"
+  except Exception as e:  # the reason jax gives, e.g. no cuDNN library on this machine
+    why = f"jax refused cuDNN's fused attention here: {str(e).splitlines()[0]}"
+  return (f"XLA's (batched GEMMs around a softmax fusion): {why}; a GPU run with cuDNN >= 8.9 "
+          f"uses the fused kernel (jaxnet/core/models/vit.py), so its attention is faster and smaller "
+          f"than shown")
+
+
+def mem_fraction() -> float:
+  return float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", DEFAULT_MEM_FRACTION))
+
+
+def plan(config, *, target: str = "h100", gpus: int = 8, hosts: int = 1, dump: str = "",
+         find_max_batch: bool = False, log=None) -> dict:
+  """Compiles `config`'s train and eval steps for `gpus` GPUs of `target`; returns the numbers."""
+  from jaxnet.tools import hlo
+  check_plugin()
+  name, text = target_text(target)
+  devices = topology_devices(text, gpus, hosts)
+  config = plan_config(config)
+  exp, train, evaluation = build(config, devices)
+  per_gpu = config.batch_size // gpus
+  analysis = analyse_step(train, exp.abstract_state, per_gpu)
+  eval_batch = config.data.eval_batch_size or config.batch_size
+  eval_analysis = analyse_step(evaluation, exp.abstract_state, eval_batch // gpus)
+  if dump:
+    os.makedirs(dump, exist_ok=True)
+    for step, compiled in (("train", train), ("eval", evaluation)):
+      with open(os.path.join(dump, f"{step}_step.{name}.{gpus}gpu.hlo.txt"), "w") as f:
+        f.write(compiled.hlo)
+  memory = device_memory(text)
+  usable = memory * mem_fraction()
+  result = {
+      "target": name, "device": devices[0].device_kind, "gpus": gpus, "hosts": hosts,
+      "model": config.model.name, "precision": config.precision, "image_size": config.image_size,
+      "batch_size": config.batch_size, "per_gpu_batch": per_gpu,
+      "params_bytes": 4 * sum(param_sizes(exp.abstract_state)),
+      "memory": {"arguments": train.arguments, "outputs": train.outputs, "aliased": train.aliased,
+                 "temporaries": train.temporaries, "total": train.total, "device": memory,
+                 "usable": usable, "fits": train.total <= usable,
+                 "eval_total": evaluation.total},
+      "train": hlo.summary(analysis),
+      "eval": hlo.summary(eval_analysis),
+      "attention": attention_lowering(analysis) if "vit" in config.model.name else "",
+      "xla_options": {**train.options, **evaluation.options},
+      "transposes": [t for t in analysis.transposes if t["size"] == "activation"],
+      "gradient_collectives": analysis.collectives,
+      "fsdp": exp.fsdp_summary.line() if exp.fsdp_summary else "",
+  }
+  peaks = PEAK_FLOPS.get(name)
+  if peaks:
+    hbm_bandwidth = bandwidth(text)
+    seconds = analysis.roofline_seconds(peaks, hbm_bandwidth)
+    result["roofline"] = {"step_seconds": seconds, "images_per_second": config.batch_size / seconds,
+                          "compute_seconds": sum(k.count * k.flops / (peaks.get(k.dtype) or max(peaks.values()))
+                                                 for k in analysis.kernels),
+                          "memory_seconds": analysis.hbm_bytes / hbm_bandwidth}
+  if find_max_batch:
+    result["max_per_gpu_batch"] = largest_batch(config, devices, usable, per_gpu, log=log)
+  return result
+
+
+def table(r: dict) -> str:
+  """The plan as the lines the command prints."""
+  m, t = r["memory"], r["train"]
+  lines = [f"{r['model']} {r['precision']} {r['image_size']}px, batch {r['batch_size']} "
+           f"({r['per_gpu_batch']}/GPU) on {r['gpus']}x {r['device']} ({r['hosts']} host(s)): "
+           f"compiled on a CPU for a GPU target, not run",
+           f"XLA options (a run's, from the command line, unless XLA_FLAGS sets them): "
+           f"{' '.join(f'{k}={v}' for k, v in r.get('xla_options', {}).items()) or 'none'}",
+           "memory per GPU (train step):",
+           f"  arguments {m['arguments'] / GIB:.2f} GiB, outputs {m['outputs'] / GIB:.2f} GiB "
+           f"(donated: {m['aliased'] / GIB:.2f} GiB reuse the arguments), temporaries "
+           f"{m['temporaries'] / GIB:.2f} GiB",
+           f"  total {m['total'] / GIB:.2f} GiB of {m['device'] / GIB:.1f} GiB "
+           f"({m['usable'] / GIB:.1f} GiB usable at jax's memory fraction {mem_fraction():g}): "
+           f"{'fits' if m['fits'] else 'DOES NOT FIT'}; eval step {m['eval_total'] / GIB:.2f} GiB"]
+  if r.get("fsdp"):
+    lines.append(f"  {r['fsdp']}")
+  if "max_per_gpu_batch" in r:
+    mb = r["max_per_gpu_batch"]
+    bound = f", {mb['does_not_fit']} does not" if "does_not_fit" in mb else " (search stopped)"
+    lines.append(f"  largest per-GPU batch that fits: {mb['per_gpu_batch']}{bound}")
+  convs = t["convolutions"]
+  lines.append("library calls per train step:")
+  lines.append(f"  cuDNN convolutions: {sum(convs.values())} "
+               f"({', '.join(f'{k} {v}' for k, v in sorted(convs.items())) or 'none'}); layouts: "
+               f"{', '.join(f'{k} {v}' for k, v in sorted(t['conv_layouts'].items())) or '-'}")
+  lines.append(f"  GEMMs: {sum(t['gemms'].values())} "
+               f"({', '.join(f'{k} {v}' for k, v in sorted(t['gemms'].items())) or 'none'})")
+  lines.append(f"  fused attention: {', '.join(f'{k} {v}' for k, v in t['attention'].items()) or 'none'}")
+  if r.get("attention"):
+    lines.append(f"  attention: {r['attention']}")
+  tr = t["transposes"]
+  lines.append(f"transposes/copies: activation-sized {tr['activation']}, weight-sized {tr['weight']} "
+               f"({t['weight_copies']} of them plain copies), small {tr['small']}")
+  for x in r["transposes"][:5]:
+    lines.append(f"  activation-sized {x['op']} {x['shape']} in {x['inside']}")
+  if "xla_gpu_enable_triton_gemm" in r.get("xla_options", {}):
+    lines.append("  note: compiled with xla_gpu_enable_triton_gemm=false (XLA could not tile a Triton "
+                 "GEMM without autotuning)")
+  lines.append(f"kernels per train step: {t['kernels']} ({t['fusions']} fusions); eval step "
+               f"{r['eval']['kernels']}")
+  coll = t["collectives"]
+  if coll:
+    for op, c in sorted(coll.items()):
+      lines.append(f"collectives: {op} x{c['count']} ({c['combined']} combining several tensors), "
+                   f"{c['bytes'] / 2**20:.1f} MiB per step (fp32 params: {r['params_bytes'] / 2**20:.1f} MiB)")
+  else:
+    lines.append("collectives: none")
+  if "roofline" in r:
+    rf = r["roofline"]
+    lines.append(f"roofline: {t['flops'] / 1e12:.2f} TFLOP and {t['hbm_bytes'] / GIB:.2f} GiB of HBM "
+                 f"traffic per GPU per step -> at least {rf['step_seconds'] * 1e3:.2f} ms/step, at most "
+                 f"{rf['images_per_second']:,.0f} img/s (an upper bound, not a prediction)")
+  return "\n".join(lines)

@@ -1,0 +1,189 @@
+"""A trained model restored from a workdir, and image files made into its input.
+
+`Predictor.logits_fn` is `steps.make_logits_fn`, the same function the eval step runs, so
+predictions, eval metrics and the exports (jaxnet/tools/export.py) agree. The checkpoint is
+read without the optimizer or the dataset (classes.json, written at train time, says how
+many classes there are and their names).
+
+Prediction must see images the way eval saw them (`load_image`):
+  array sources (digits, synthetic) hold whole images already resized to image_size
+    (digits: bilinear upsampling of the 8x8 originals), so a file is converted to the
+    model's channels (L or RGB) and resized the same way;
+  encoded sources (imagefolder, tfds) go through the input pipeline's own eval transform
+    (decode, resize the shorter side to image_size / config.data.eval_crop_fraction with
+    config.data.eval_interpolation, center crop).
+Normalization (mean/std) is not done here: it is part of the model function.
+"""
+
+import io
+import json
+import os
+
+import jax
+import numpy as np
+from PIL import Image
+
+from jaxnet.core import checkpoint as ckpt
+from jaxnet.core import config as config_lib
+from jaxnet.core import models, steps
+from jaxnet.core.data.bit_depth import scale_16_to_8, to_8bit
+from jaxnet.core.errors import InvalidValueError
+from jaxnet.core.state import get_policy
+
+
+class Predictor:
+  def __init__(self, config, model, variables, *, num_classes: int, class_names=None, step=None,
+               workdir=None):
+    self.config, self.model, self.step, self.workdir = config, model, step, workdir
+    self.num_classes = num_classes
+    self.class_names = list(class_names) if class_names else [str(i) for i in range(num_classes)]
+    self.channels = len(config.data.mean)  # Experiment checks this equals the images' channels
+    self.image_shape = (config.image_size, config.image_size, self.channels)
+    self.variables = jax.device_put(variables)
+    self.logits_fn = steps.make_logits_fn(
+        model, get_policy(config.precision),
+        mean=tuple(config.data.mean), std=tuple(config.data.std))
+    self._logits = jax.jit(self.logits_fn)
+
+  def logits(self, images) -> np.ndarray:
+    """uint8 images, (N, H, W, C) as in self.image_shape -> float32 logits (N, classes)."""
+    images = np.asarray(images)
+    if images.dtype != np.uint8 or images.shape[1:] != self.image_shape:
+      raise InvalidValueError(f"expected uint8 images of shape (N, {', '.join(map(str, self.image_shape))}), "
+                              f"got {images.dtype} {images.shape}; use preprocess() for files")
+    return np.asarray(self._logits(self.variables, images), np.float32)
+
+  def probabilities(self, images) -> np.ndarray:
+    return np.asarray(jax.nn.softmax(self.logits(images), axis=-1))
+
+  def preprocess(self, images) -> np.ndarray:
+    """Files, PIL images or arrays -> the uint8 batch eval would have seen."""
+    return load_batch(images, self.config, self.channels)
+
+  def predict(self, images, top_k: int = 5) -> list[list[tuple[str, float]]]:
+    """Top-k (class name, probability) for each image; images are files/PIL images or a uint8 batch."""
+    is_batch = isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.ndim == 4
+    batch = images if is_batch else self.preprocess(images)
+    probs = self.probabilities(batch)
+    top = np.argsort(-probs, axis=-1)[:, :min(top_k, self.num_classes)]
+    return [[(self.class_names[i], float(p[i])) for i in row] for p, row in zip(probs, top)]
+
+
+def restore(workdir: str, step: int | None = None, config=None) -> Predictor:
+  """The model of WORKDIR's latest (or given) checkpoint, ready for inference."""
+  config = config_lib.with_model_options(config or config_lib.load(workdir))
+  variables, step = load_eval_variables(workdir, config, step)
+  info = _class_info(workdir)
+  model = models.from_config(config.model, info["num_classes"], get_policy(config.precision).compute_dtype)
+  _check_matches_model(model, variables, (1, config.image_size, config.image_size,
+                                          len(config.data.mean)), workdir)
+  return Predictor(config, model, variables, num_classes=info["num_classes"],
+                   class_names=info.get("class_names"), step=step, workdir=workdir)
+
+
+def load_eval_variables(workdir: str, config, step: int | None = None) -> tuple[dict, int]:
+  """(the variables eval uses, as host arrays, step) of WORKDIR's latest (or given)
+  checkpoint: EMA params when its run (`config`) kept an EMA. Also `init.weights`'s reader."""
+  tree, step = ckpt.load_arrays(workdir, step)
+  return steps.eval_variables(tree["params"], tree.get("ema_params"), tree["batch_stats"],
+                              use_ema=config.ema_decay > 0), step
+
+
+def _class_info(workdir: str) -> dict:
+  """The head's width and the class names training recorded in WORKDIR/classes.json."""
+  path = os.path.join(workdir, "classes.json")
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise InvalidValueError(f"{path} cannot be read ({e}): it is written when training starts; "
+                            f"is {workdir} a jaxnet training workdir?") from None
+
+
+def _check_matches_model(model, variables, input_shape, workdir):
+  expected = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), np.zeros(input_shape, np.float32),
+                                               train=False))
+  shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)
+  if shapes(dict(expected)) != shapes(dict(variables)):
+    raise InvalidValueError(f"the checkpoint in {workdir} does not match the model its config.json builds "
+                            f"({model.__class__.__name__}); was config.json edited after training?")
+
+
+# --- image files -> the eval input ----------------------------------------------------
+
+# Sources whose records are decoded arrays rather than JPEG bytes (see data/sources.py).
+ARRAY_SOURCES = ("digits", "synthetic")
+
+
+def load_image(image, config, channels: int) -> np.ndarray:
+  """A path, bytes, PIL image or HxW[xC] array -> uint8 (image_size, image_size, channels)."""
+  size = config.image_size
+  if config.data.source in ARRAY_SOURCES:
+    pil = _to_pil(image).convert("L" if channels == 1 else "RGB")
+    if pil.size != (size, size):
+      pil = pil.resize((size, size), Image.BILINEAR)
+    out = np.asarray(pil, np.uint8)
+    return out[..., None] if channels == 1 else out
+  from jaxnet.core.data.transforms import EvalDecodeCrop  # the pipeline's own eval transform
+  op = EvalDecodeCrop(size, config.data.eval_crop_fraction, config.data.eval_interpolation)
+  example = op.map({"image": _to_bytes(image), "label": np.int32(0)})
+  if not example["mask"]:
+    raise ImageReadError(f"could not decode image {image if isinstance(image, str) else ''}".strip())
+  out = np.asarray(example["image"], np.uint8)
+  if channels == 1 and out.shape[-1] == 3:
+    out = np.asarray(Image.fromarray(out).convert("L"), np.uint8)[..., None]
+  return out
+
+
+def load_batch(images, config, channels: int) -> np.ndarray:
+  return np.stack([load_image(im, config, channels) for im in images])
+
+
+class ImageReadError(InvalidValueError):
+  """An image to predict on is missing or is not an image."""
+
+
+def _check_file(path) -> None:
+  if not os.path.exists(path):
+    raise ImageReadError(f"image file {path} not found")
+  if os.path.isdir(path):
+    raise ImageReadError(f"{path} is a directory, not an image: pass its image files "
+                         f"(python -m jaxnet.cli.predict takes a directory and predicts the images in it)")
+
+
+def _open_file(path) -> Image.Image:
+  _check_file(path)
+  try:
+    with Image.open(path) as im:
+      im.load()
+      return im
+  except (OSError, Image.DecompressionBombError) as e:
+    raise ImageReadError(f"{path} is not an image that PIL can read ({e})") from None
+
+
+def _to_pil(image) -> Image.Image:
+  """A PIL image of at most 8 bits per channel (16-bit grayscale is scaled, not clipped)."""
+  if isinstance(image, Image.Image):
+    return to_8bit(image)
+  if isinstance(image, (str, os.PathLike)):
+    return to_8bit(_open_file(image))
+  if isinstance(image, bytes):
+    return to_8bit(Image.open(io.BytesIO(image)))
+  array = np.asarray(image)
+  if array.ndim == 3 and array.shape[-1] == 1:
+    array = array[..., 0]
+  if array.dtype == np.uint16:
+    return Image.fromarray(scale_16_to_8(array))
+  return Image.fromarray(array.astype(np.uint8))
+
+
+def _to_bytes(image) -> bytes:
+  if isinstance(image, bytes):
+    return image
+  if isinstance(image, (str, os.PathLike)):
+    _check_file(image)
+    with open(image, "rb") as f:
+      return f.read()
+  buffer = io.BytesIO()
+  _to_pil(image).convert("RGB").save(buffer, format="PNG")
+  return buffer.getvalue()

@@ -1,0 +1,160 @@
+"""Plots and a summary of one or more workdirs' metrics.jsonl
+(`python -m jaxnet.cli.report WORKDIR [WORKDIR ...] [--out DIR]`).
+
+Writes DIR/{loss,accuracy,learning_rate,throughput}.png (plus loss_scale.png
+when a run used fp16), each with the metric against step (left) and against
+wall time (right), all workdirs overlaid; and DIR/summary.txt / summary.json:
+best eval top-1, the wall time to reach it, median train images/s. DIR defaults
+to WORKDIR/report for one workdir and ./jaxnet-report for several.
+"""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+from jaxnet.core.metrics import read_jsonl_counted
+
+# figure name -> (y label, [(metric, line style, legend suffix)])
+PLOTS = {
+    "loss": ("loss", [("train/loss", "-", "train"), ("eval/loss", "o--", "eval")]),
+    "accuracy": ("accuracy", [("train/accuracy", "-", "train"), ("eval/top1", "o--", "eval top-1")]),
+    "learning_rate": ("learning rate", [("train/learning_rate", "-", "")]),
+    "throughput": ("train images/s", [("train/images_per_sec", "-", "")]),
+    "loss_scale": ("fp16 loss scale", [("train/loss_scale", "-", "")]),
+}
+OPTIONAL = {"loss_scale"}  # only drawn when some run logged it
+
+
+def labels_for(workdirs: list[str]) -> list[str]:
+  """Short legend names: the workdir's base name, or its full path where two names clash."""
+  names = [os.path.basename(os.path.normpath(w)) for w in workdirs]
+  return [n if names.count(n) == 1 else os.path.normpath(w) for n, w in zip(names, workdirs)]
+
+
+def plot(runs: dict[str, list[dict]], out_dir: str) -> list[str]:
+  """One PNG per metric group, runs overlaid; returns the paths written."""
+  import matplotlib.figure  # a Figure of its own: no pyplot state, no display needed
+  os.makedirs(out_dir, exist_ok=True)
+  written = []
+  for name, (ylabel, metrics) in PLOTS.items():
+    if name in OPTIONAL and not any(m in r for recs in runs.values() for r in recs for m, _, _ in metrics):
+      continue
+    fig = matplotlib.figure.Figure(figsize=(11, 4))
+    by_step, by_time = fig.subplots(1, 2)
+    for i, (label, records) in enumerate(runs.items()):
+      color = f"C{i % 10}"
+      for metric, style, suffix in metrics:
+        s = series(records, metric)
+        if not len(s.steps):
+          continue
+        legend = f"{label} {suffix}".strip()
+        by_step.plot(s.steps, s.values, style, color=color, label=legend, markersize=4)
+        timed = s.times == s.times  # not nan: records that carry a wall time
+        by_time.plot(s.times[timed], s.values[timed], style, color=color, label=legend, markersize=4)
+    by_step.set_xlabel("step")
+    by_time.set_xlabel("wall time (s)")
+    for ax in (by_step, by_time):
+      ax.set_ylabel(ylabel)
+      ax.grid(alpha=0.3)
+      if name in ("loss", "loss_scale"):
+        ax.set_yscale("log")
+    handles, legends = by_step.get_legend_handles_labels()
+    if handles:
+      by_step.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out_dir, f"{name}.png")
+    fig.savefig(path, dpi=100)
+    written.append(path)
+  return written
+
+
+def format_summary(label: str, s: dict) -> str:
+  fmt = lambda v, spec: "n/a" if v is None else format(v, spec)
+  return (f"{label}: best eval top-1 {fmt(s['best_eval_top1'], '.4f')} at step "
+          f"{fmt(s['best_eval_step'], 'd')} after {fmt(s['time_to_best_sec'], '.1f')} s; "
+          f"median {fmt(s['median_images_per_sec'], ',.0f')} train images/s; "
+          f"last step {s['final_step']}")
+
+
+def report(workdirs: list[str], out_dir: str | None = None) -> dict:
+  """Writes the plots and summaries; returns {label: summary dict}."""
+  out_dir = out_dir or (os.path.join(workdirs[0], "report") if len(workdirs) == 1 else "jaxnet-report")
+  runs = {}
+  for label, workdir in zip(labels_for(workdirs), workdirs):
+    runs[label], skipped = read_jsonl_counted(workdir)
+    if skipped:
+      print(f"note: skipped {skipped} unreadable line{'s' if skipped > 1 else ''} of "
+            f"{os.path.join(workdir, 'metrics.jsonl')} (a write cut short, e.g. by a kill)")
+  plot(runs, out_dir)
+  summaries = {label: summary(records) for label, records in runs.items()}
+  text = "\n".join(format_summary(label, s) for label, s in summaries.items())
+  with open(os.path.join(out_dir, "summary.txt"), "w") as f:
+    f.write(text + "\n")
+  with open(os.path.join(out_dir, "summary.json"), "w") as f:
+    json.dump(summaries, f, indent=2)
+  print(text)
+  print(f"plots and summary in {out_dir}")
+  return summaries
+
+
+# --- a workdir's metrics.jsonl as plottable series, across resumes ----------------------
+# Each training process logs `time`, seconds since *it* started training, so a resumed run
+# starts again near 0. A new process is recognised by time or step going backwards; its
+# times are shifted to continue after the previous process's last record, which gives one
+# wall-clock axis for the whole run. Records without `time` (from `--mode=eval`) keep their
+# step but have no wall time, and do not replace a timed record of the same step.
+
+@dataclasses.dataclass
+class Series:
+  steps: np.ndarray
+  values: np.ndarray
+  times: np.ndarray   # stitched wall seconds; nan where the record had none
+
+
+def records_with_wall_time(records: list[dict]) -> list[dict]:
+  """Copies of the records with `wall_time`: `time` made continuous across resumes."""
+  out, offset, prev_time, prev_step, segment_end = [], 0.0, None, None, 0.0
+  for record in records:
+    record = dict(record)
+    if "time" in record:
+      t, step = float(record["time"]), record["step"]
+      if prev_time is not None and (t < prev_time or step < prev_step):
+        offset = segment_end  # a new process: continue the clock where the last one stopped
+      record["wall_time"] = offset + t
+      prev_time, prev_step, segment_end = t, step, offset + t
+    out.append(record)
+  return out
+
+
+def series(records: list[dict], key: str) -> Series:
+  """The values of `key` by step (last record per step wins), in step order."""
+  by_step = {}
+  for record in records_with_wall_time(records):
+    if key not in record or record[key] is None:
+      continue
+    untimed = "wall_time" not in record
+    if untimed and record["step"] in by_step:
+      continue  # a later `--mode=eval` of a step training already evaluated: keep the timed one
+    by_step[record["step"]] = (float(record[key]), record.get("wall_time", np.nan))
+  steps = np.array(sorted(by_step), dtype=np.int64)
+  values = np.array([by_step[s][0] for s in steps], dtype=np.float64)
+  times = np.array([by_step[s][1] for s in steps], dtype=np.float64)
+  return Series(steps, values, times)
+
+
+def summary(records: list[dict]) -> dict:
+  """Best eval top-1 (its step and wall time), median train throughput, last step."""
+  top1 = series(records, "eval/top1")
+  rate = series(records, "train/images_per_sec")
+  out = {"final_step": max((r["step"] for r in records), default=0),
+         "best_eval_top1": None, "best_eval_step": None, "time_to_best_sec": None,
+         "median_images_per_sec": float(np.median(rate.values)) if len(rate.values) else None}
+  if len(top1.values):
+    best = int(np.argmax(top1.values))  # the first step that reached the best value
+    out["best_eval_top1"] = float(top1.values[best])
+    out["best_eval_step"] = int(top1.steps[best])
+    if np.isfinite(top1.times[best]):
+      out["time_to_best_sec"] = float(top1.times[best])
+  return out

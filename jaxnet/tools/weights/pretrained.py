@@ -1,0 +1,242 @@
+"""`config.init`: start a run from pretrained weights (fine-tuning).
+
+`init.weights` names the source: a .safetensors file under PyTorch's names
+(read with numpy), a .pth state dict (read with torch, when installed), a jaxnet
+workdir (its latest checkpoint, EMA params if it kept an EMA), or
+`hf-hub:OWNER/NAME` (through huggingface_hub). A file's tensor names are read
+as the model family's: torchvision's for ResNets (timm's plain ResNets share
+them) and AlexNet, timm's for ViTs. Every variable of the model must
+come from the source, except the classifier head when it is re-initialised, and
+every source tensor must be used; otherwise one error lists each missing,
+unused and misshapen tensor.
+
+The head is kept when `init.keep_head` is on and the class counts match; else
+the fresh random head stays and a line says why. The optimizer state is not
+touched: SGD/LARS momentum and Adam moments start at zero whatever the params.
+Only a run that starts fresh is initialised this way; a resumed run restores
+its checkpoint.
+"""
+
+import dataclasses
+import json
+import os
+from typing import Callable
+
+import jax
+import numpy as np
+from flax.traverse_util import flatten_dict, unflatten_dict
+
+from jaxnet.tools.weights import (alexnet_names, hub, preprocessing, resnet_names, tensor_files,
+                            torch_names, vit_names)
+from jaxnet.tools.weights.preprocessing import Preprocessing
+from jaxnet.core.errors import InvalidValueError, MissingFileError
+
+Path = tuple[str, ...]
+
+
+class WeightsMismatchError(ValueError):
+  """The source's tensors do not fit the model's variables."""
+
+
+@dataclasses.dataclass
+class Source:
+  variables: dict[Path, np.ndarray]     # flat jaxnet variables, jaxnet layouts, float32
+  unknown: list[str]                    # source tensors that map to no jaxnet variable
+  describe: Callable[[Path], str]       # a variable's name in the source's own terms
+
+
+# Model-name prefix -> that family's PyTorch names and layouts.
+FAMILIES = {"resnet": resnet_names.FAMILY, "vit": vit_names.FAMILY, "alexnet": alexnet_names.FAMILY}
+
+
+def names_of(model: str) -> torch_names.Family:
+  """The PyTorch names and layouts of model `model` or family `model` ("resnet", "vit", ...)."""
+  for prefix, family in FAMILIES.items():
+    if model.startswith(prefix):
+      return family
+  raise InvalidValueError(f"model {model!r} has no PyTorch tensor names in jaxnet: weights files and "
+                          f"hf-hub specs load into {', '.join(p + '*' for p in FAMILIES)} models "
+                          f"(a jaxnet workdir loads into any model)")
+
+
+def _describer(family: torch_names.Family) -> Callable[[Path], str]:
+  return lambda path: f"{family.torch_name(path) or '(no PyTorch name)'} ({'/'.join(path[1:])})"
+
+
+def _describe_jaxnet(path: Path) -> str:
+  return "/".join(path)
+
+
+def _is_workdir(spec: str) -> bool:
+  if not os.path.isdir(spec):
+    return False
+  if not os.path.exists(os.path.join(spec, "config.json")):
+    raise MissingFileError(f"init.weights={spec} is a directory without config.json: give a jaxnet "
+                           f"workdir, a .safetensors/.pth file or hf-hub:OWNER/NAME")
+  return True
+
+
+def load(spec: str, target: dict[Path, tuple], model: str = "resnet") -> Source:
+  """The variables of `spec` (a file, a jaxnet workdir or hf-hub:OWNER/NAME) for the model
+  whose variables' shapes `target` gives ({path: shape}).
+
+  A file's tensors carry the PyTorch names of `model`'s family (`model` is a
+  model name such as "vit_ti16", or a family: "resnet", "vit", "alexnet"); a
+  tensor that is no variable of `target` under its family's names is unknown.
+  """
+  if _is_workdir(spec):
+    from jaxnet.core import config as config_lib
+    from jaxnet.tools import predictor
+    variables, _ = predictor.load_eval_variables(spec, config_lib.load(spec))
+    flat = {p: np.asarray(x, np.float32) for p, x in flatten_dict(variables).items()}
+    return Source(flat, [], _describe_jaxnet)
+  family = names_of(model)
+  path = hub.fetch(spec)[0] if hub.is_hub_spec(spec) else spec
+  tensors, _ = tensor_files.read(path)
+  flat, unknown = family.from_torch(tensors, target)
+  return Source(flat, unknown, _describer(family))
+
+
+def preprocessing_of(spec: str) -> tuple[Preprocessing, str]:
+  """(the preprocessing `spec`'s weights expect, where that came from); reads no tensors."""
+  if _is_workdir(spec):
+    from jaxnet.core import config as config_lib
+    return preprocessing.of_config(config_lib.load(spec)), f"the config of {spec}"
+  if hub.is_hub_spec(spec):
+    cfg = hub.fetch(spec)[1]
+    if "mean" in cfg:
+      return preprocessing.from_timm(cfg), f"timm's pretrained_cfg of {spec}"
+    return preprocessing.TORCHVISION, f"torchvision's ImageNet eval ({spec} records none)"
+  recorded = tensor_files.read_metadata(spec).get("preprocessing")
+  if recorded:
+    return Preprocessing.from_json(recorded), f"the metadata of {spec}"
+  return preprocessing.TORCHVISION, f"torchvision's ImageNet eval ({spec} records none)"
+
+
+def _wants_weights_preprocessing(config) -> bool:
+  mode = config.init.preprocessing
+  if mode not in ("weights", "config"):
+    raise InvalidValueError(f"init.preprocessing must be 'weights' or 'config', got {mode!r}")
+  return bool(config.init.weights) and mode == "weights"
+
+
+def _recorded(config, workdir: str) -> Preprocessing | None:
+  """What WORKDIR/preprocessing.json records for `config.init.weights`, if it does."""
+  record = os.path.join(workdir, preprocessing.FILE)
+  if not os.path.exists(record):
+    return None
+  with open(record) as f:
+    saved = json.load(f)
+  if saved.get("weights") != config.init.weights:
+    return None
+  return Preprocessing.from_dict(saved["preprocessing"])
+
+
+def _with(config, prep: Preprocessing | None):
+  """`config` with data.* set to `prep` (a copy; `config` itself if nothing changes)."""
+  if prep is None or prep == preprocessing.of_config(config):
+    return config
+  resolved = config.copy_and_resolve_references()
+  preprocessing.set_in_config(resolved, prep)
+  resolved.lock()
+  return resolved
+
+
+def fetch_and_record_preprocessing(config, workdir: str, log=print):
+  """`config` with the preprocessing its init weights expect (a copy; `config` if unchanged).
+
+  With `init.weights` set and `init.preprocessing="weights"`, data.mean, .std,
+  .eval_crop_fraction and .eval_interpolation become the weights' values: read
+  from WORKDIR/preprocessing.json when it records them for these weights, else
+  fetched from the weights (the hub repository, the file's metadata, the
+  workdir's config) and recorded there, so a resumed run, `--mode=eval`
+  (`with_recorded_preprocessing`) and prediction use them without the weights.
+  """
+  if not _wants_weights_preprocessing(config):
+    return config
+  prep = _recorded(config, workdir)
+  if prep is None:
+    spec = config.init.weights
+    prep, origin = preprocessing_of(spec)
+    if jax.process_index() == 0:
+      os.makedirs(workdir, exist_ok=True)
+      with open(os.path.join(workdir, preprocessing.FILE), "w") as f:
+        json.dump({"weights": spec, "origin": origin, "preprocessing": dataclasses.asdict(prep)},
+                  f, indent=2)
+    log(f"init: preprocessing from {origin}: mean {prep.mean}, std {prep.std}, eval crop fraction "
+        f"{prep.crop_fraction}, {prep.interpolation} (set init.preprocessing=config to keep data.*)")
+  return _with(config, prep)
+
+
+def with_recorded_preprocessing(config, workdir: str):
+  """`config` with the preprocessing its run recorded in WORKDIR/preprocessing.json (a copy;
+  `config` if none is recorded for its init weights). Reads no weights and writes nothing:
+  what `--mode=eval` evaluates a workdir with. A workdir without the record was trained
+  with the config's data.*."""
+  if not _wants_weights_preprocessing(config):
+    return config
+  return _with(config, _recorded(config, workdir))
+
+
+def _head_reason(target: dict[Path, tuple], source: dict[Path, np.ndarray],
+                 keep_head: bool) -> str | None:
+  """Why the fresh head stays (None: the source's head is loaded). `target` maps paths to shapes."""
+  head = [p for p in target if p[1] == "head"]
+  if not head:
+    return None
+  if not keep_head:
+    return "init.keep_head=False"
+  if not any(p[1] == "head" for p in source):
+    return "the weights have no classifier"
+  bias = ("params", "head", "bias")
+  if bias in source and bias in target and source[bias].shape != tuple(target[bias]):
+    return f"the weights have {source[bias].shape[0]} classes, this run {target[bias][0]}"
+  return None
+
+
+def fill(target: dict[Path, tuple], source: Source, keep_head: bool, spec: str = "the weights"):
+  """The source's value for each target path -> ({path: array}, head_reason).
+
+  `target` maps paths to shapes. Paths of a re-initialised head are left out
+  of the result. Raises WeightsMismatchError listing every problem at once.
+  """
+  reason = _head_reason(target, source.variables, keep_head)
+  skip = {p for p in (*target, *source.variables) if reason and p[1] == "head"}
+  missing = [p for p in target if p not in source.variables and p not in skip]
+  unused = [p for p in source.variables if p not in target and p not in skip]
+  misshapen = [p for p in target if p in source.variables and p not in skip
+               and tuple(source.variables[p].shape) != tuple(target[p])]
+  if missing or unused or misshapen or source.unknown:
+    lines = [f"{spec} does not fit the model:"]
+    lines += [f"  missing from the weights: {source.describe(p)} {tuple(target[p])}" for p in missing]
+    lines += [f"  not used by the model: {source.describe(p)}" for p in unused]
+    lines += [f"  not used by the model: {name}" for name in source.unknown]
+    lines += [f"  shape differs: {source.describe(p)} is {tuple(source.variables[p].shape)}, the model "
+              f"needs {tuple(target[p])} (jaxnet layout)" for p in misshapen]
+    lines.append(f"({len(lines) - 1} problems; is config.model.name the architecture of the weights?)")
+    raise WeightsMismatchError("\n".join(lines))
+  return {p: source.variables[p] for p in target if p not in skip}, reason
+
+
+def _place(value: np.ndarray, like: jax.Array) -> jax.Array:
+  """`value` as a global array with `like`'s dtype and sharding (multi-host safe)."""
+  value = np.asarray(value, like.dtype)
+  return jax.make_array_from_callback(like.shape, like.sharding, lambda index: value[index])
+
+
+def initialiser(config, log=print):
+  """`init_params(variables) -> variables` for jaxnet.core (Experiment.init_state): the params
+  and BN statistics from `config.init.weights`, placed as the fresh ones are (dtype, sharding)."""
+  spec = config.init.weights
+
+  def init_params(variables):
+    target = flatten_dict(variables)
+    shapes = {p: x.shape for p, x in target.items()}
+    source = load(spec, shapes, config.model.name)
+    values, reason = fill(shapes, source, config.init.keep_head, f"init.weights={spec}")
+    if jax.process_index() == 0:
+      head = f"; classifier head re-initialised: {reason}" if reason else ""
+      log(f"init: {len(values)} of {len(target)} variables from {spec}{head}")
+    return unflatten_dict({p: _place(values[p], x) if p in values else x for p, x in target.items()})
+
+  return init_params

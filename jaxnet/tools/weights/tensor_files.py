@@ -1,0 +1,68 @@
+"""Named-tensor files: .safetensors read and written with numpy alone, .pth read with torch.
+
+A safetensors file is a JSON header (names, dtypes, shapes, and a str->str
+metadata dict) followed by raw little-endian arrays; reading it needs no torch.
+A .pth is a pickle of torch tensors, so it needs torch.
+"""
+
+import os
+
+import numpy as np
+
+from jaxnet.core.errors import InvalidValueError, MissingFileError
+
+SAFETENSORS = (".safetensors",)
+TORCH_PICKLES = (".pth", ".pt", ".bin")
+
+
+def read(path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+  """(tensors by name, metadata) of a .safetensors or .pth file."""
+  _check_exists(path)
+  if path.endswith(SAFETENSORS):
+    from safetensors import safe_open
+    with safe_open(path, framework="numpy") as f:
+      return {name: f.get_tensor(name) for name in f.keys()}, dict(f.metadata() or {})
+  if path.endswith(TORCH_PICKLES):
+    return _read_torch(path), {}
+  raise InvalidValueError(f"{path}: unknown weights format; use a .safetensors file (or a torch "
+                          f"{'/'.join(TORCH_PICKLES)} state dict where torch is installed)")
+
+
+def read_metadata(path: str) -> dict[str, str]:
+  """The metadata of a .safetensors file (only its header is read); {} for other files."""
+  _check_exists(path)
+  if not path.endswith(SAFETENSORS):
+    return {}
+  from safetensors import safe_open
+  with safe_open(path, framework="numpy") as f:
+    return dict(f.metadata() or {})
+
+
+def write(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+  if not path.endswith(SAFETENSORS):
+    raise InvalidValueError(f"{path}: weights are written as .safetensors; name the file *.safetensors")
+  from safetensors.numpy import save_file
+  # np.array(order="C"), not ascontiguousarray, which turns 0-d counters into shape (1,).
+  save_file({k: np.array(v, order="C") for k, v in tensors.items()}, path, metadata=metadata)
+
+
+def _check_exists(path: str) -> None:
+  if not os.path.isfile(path):
+    raise MissingFileError(f"weights file {path} not found")
+
+
+def _read_torch(path: str) -> dict[str, np.ndarray]:
+  try:
+    import torch
+  except ImportError:
+    raise InvalidValueError(
+        f"{path} is a torch pickle, and reading it needs torch, which is not installed. Convert it "
+        f"once where torch is installed: python -c \"import torch, safetensors.torch as st; "
+        f"st.save_file(torch.load('{path}', map_location='cpu'), 'model.safetensors')\", then set "
+        f"init.weights to the .safetensors file (no torch needed to read it).") from None
+  state = torch.load(path, map_location="cpu", weights_only=True)
+  if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+    state = state["state_dict"]  # a training checkpoint wrapping the state dict
+  # nn.DataParallel saves every name with a "module." prefix.
+  return {name.removeprefix("module."): (t.float() if t.is_floating_point() else t).numpy()
+          for name, t in state.items() if isinstance(t, torch.Tensor)}
