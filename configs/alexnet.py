@@ -4,7 +4,7 @@
       --config.data.dir=$TFDS_DATA_DIR
 
 The model is torchvision's single-tower AlexNet (61.1M parameters; see
-jaxnet/models/alexnet.py). The recipe is Krizhevsky et al.'s: SGD with plain
+jaxnet/core/models/alexnet.py). The recipe is Krizhevsky et al.'s: SGD with plain
 momentum 0.9, learning rate 0.01 at batch 256, weight decay 5e-4, dropout 0.5,
 90 epochs, here with cosine decay instead of the original's step-wise cuts,
 on Inception crops + flips at 224px (torchvision's reference training uses the same

@@ -124,6 +124,16 @@ MUTATIONS = [
              "STATE: ocp.args.StandardSave(state.replace(loss_scale=type(state.loss_scale).create())),",
              ("tests/test_precision.py::test_loss_scale_is_saved_in_checkpoints",), ci=True),
 
+    # --- the three layers (pyproject.toml's import-linter contracts) ----------------
+    Mutation("core_never_imports_the_shell", "jaxnet/core/train.py",
+             "from jaxnet.core.state import TrainState\n",
+             "from jaxnet.core.state import TrainState\nfrom jaxnet.cli import process  # noqa: F401\n",
+             ("tests/test_layers.py::test_the_layering_contracts_hold",), ci=True),
+    Mutation("tools_never_import_the_shell", "jaxnet/tools/export.py",
+             "from jaxnet.core import steps\n",
+             "from jaxnet.core import steps\nfrom jaxnet.cli import process  # noqa: F401\n",
+             ("tests/test_layers.py::test_the_layering_contracts_hold",), ci=True),
+
     # --- data parallelism and batch norm -----------------------------------------
     Mutation("gradient_all_reduce", "jaxnet/core/sharding.py",
              "return NamedSharding(mesh, P(BATCH_AXES))", "return NamedSharding(mesh, P())",

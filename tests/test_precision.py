@@ -213,7 +213,7 @@ def test_eval_in_every_precision_matches_fp32():
   """The 50-step fp32 model evaluated on the digits test set in fp32, bf16 and fp16.
 
   On jaxlib 0.11.2-0.12.0.1 the bf16 eval is NaN on the CPU unless XLA's YNNPACK
-  fusion is off (jaxnet/xla_flags.py, applied by conftest.py as by the CLI).
+  fusion is off (jaxnet/core/adapters/xla.py, applied by conftest.py as by the CLI).
   """
   from jaxnet.core import steps
   from jaxnet.core.data.sources import digits_source

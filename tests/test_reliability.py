@@ -709,14 +709,19 @@ def test_a_second_sigterm_exits_at_once(monkeypatch, capsys):
 
 
 def test_the_library_leaves_the_process_hooks_loggers_and_warnings_alone(tmp_path):
-  """A notebook's api.train / api.restore / api.evaluate: only the command-line tools
-  may install hooks or filters (errors.one_line_errors), and only for their own run."""
+  """A notebook's api.train / api.restore / api.evaluate: only the command-line tools (the
+  shell, jaxnet/cli) touch process-wide state, and only for their own run: hooks, log
+  filters and levels, warning filters, signal handlers, environment variables, jax's config."""
   import logging
   import warnings
+  from absl import flags
   def process_state():
     return (sys.excepthook, sys.unraisablehook, list(logging.getLogger().filters),
             list(logging.getLogger("absl").filters), list(logging.getLogger("asyncio").filters),
-            list(warnings.filters))
+            [logging.getLogger(n).level for n in ("", "absl", "orbax", "jax2onnx", "huggingface_hub")],
+            list(warnings.filters), signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
+            {k: v for k, v in os.environ.items() if k.startswith(("XLA_", "JAX"))},
+            jax.config.jax_compilation_cache_dir, flags.FLAGS.is_parsed())
   import sklearn.datasets  # noqa: F401 (its import adds warning filters of scipy's own)
   before = process_state()
   workdir = tmp_path / "w"

@@ -16,7 +16,7 @@ so the script (run where torch, torchvision and timm are installed) and the test
    the logits compare at an absolute tolerance.
 
 The tests load the drawn tensors through jaxnet's own import path
-(jaxnet/weights/alexnet_names.py, vit_names.py, via a .safetensors file).
+(jaxnet/tools/weights/alexnet_names.py, vit_names.py, via a .safetensors file).
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.num_devices = 0           # 0: every device of every host
-  # FSDP (jaxnet/fsdp.py, docs/scaling.md): params, gradients, optimizer state and EMA split
+  # FSDP (jaxnet/core/sharding.py, docs/scaling.md): params, gradients, optimizer state and EMA split
   # over devices instead of copied to each; for models whose state does not fit one device.
   c.mesh.fsdp = False
   c.mesh.fsdp_devices = 0          # devices each tensor is split over; 0: all. k: split within
@@ -134,7 +134,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.distributed.process_id = -1
   c.distributed.local_device_ids = ""
   c.distributed.heartbeat_timeout_sec = 100.0  # a process silent this long counts as dead: the
-                                   # others stop with one line naming it (jaxnet/peers.py);
+                                   # others stop with one line naming it (jaxnet/cli/heartbeat.py);
                                    # jax's own heartbeat timeout is set to twice this
   return c
 
@@ -239,7 +239,9 @@ def get(config, dotted: str):
   return node
 
 
-# (key, test, what the value must be). Checked before a run writes anything.
+# (key, test, what the value must be): ranges, checked before a run writes anything. A value
+# that is checked where it is used (precision: state.get_policy, batch sizes against the
+# devices: sharding.check_batch_sizes, the eval options: data/transforms.py) is not here.
 _RULES = (
     ("batch_size", lambda v: v >= 1, ">= 1"),
     ("grad_accum_steps", lambda v: v >= 1, ">= 1"),
@@ -252,7 +254,6 @@ _RULES = (
     ("eval_every_epochs", lambda v: v >= 0, ">= 0"),
     ("checkpoint_every_epochs", lambda v: v >= 0, ">= 0"),
     ("keep_checkpoints", lambda v: v >= 1, ">= 1"),
-    ("precision", lambda v: v in ("fp32", "bf16", "fp16"), "one of fp32, bf16, fp16"),
     ("label_smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("ema_decay", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("data.workers", lambda v: v >= 0, ">= 0"),
@@ -271,9 +272,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
     value = get(config, key)
     if not ok(value):
       problems.append(f"{key}={value!r} must be {requirement}")
-  if config.grad_accum_steps >= 1 and config.batch_size % config.grad_accum_steps:
-    problems.append(f"batch_size={config.batch_size} must be a multiple of "
-                    f"grad_accum_steps={config.grad_accum_steps}")
   profile = tuple(config.profile_steps)
   if profile and not (len(profile) == 2 and 1 <= profile[0] <= profile[1]):
     problems.append(f"profile_steps={profile!r} must be (first, last) with 1 <= first <= last")
@@ -411,7 +409,7 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict) -> None:
       close = difflib.get_close_matches(dotted, known, n=3)
       hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
       raise ConfigOverrideError(f"the config has no key {dotted!r}.{hint} "
-                                f"Config keys are listed in jaxnet/config_base.py.")
+                                f"Config keys are listed in jaxnet/core/config.py.")
     if isinstance(value, str) and not isinstance(node[leaf], str):
       value = _parse(dotted, value, node[leaf])
     try:

@@ -3,7 +3,7 @@ cross-process waits a multi-process run needs.
 
 The mesh is 2-D, (data, fsdp): the batch is split over all its devices, and
 the train state is replicated over `data` and, with config.mesh.fsdp, split over
-`fsdp` (jaxnet/fsdp.py). Without FSDP the mesh is (devices, 1): every device
+`fsdp` (jaxnet/core/sharding.py). Without FSDP the mesh is (devices, 1): every device
 holds the whole state, and XLA, seeing that the loss averages over a sharded
 batch, inserts the gradient all-reduce itself (NCCL on GPUs), overlapping it
 with the backward pass. FSDP over all devices is (1, devices); over groups of k

@@ -6,8 +6,8 @@ processes; `encoded=False` sources hold uint8 HWC arrays of the final size.
 
   digits       scikit-learn's bundled 8x8 digits, upsampled (no download)
   synthetic    random uint8 images made on the host (throughput work)
-  imagefolder  DIR/{train,val}/<class>/*.jpg         (jaxnet/data/imagefolder.py)
-  tfds         tfds ArrayRecord, e.g. imagenet2012   (jaxnet/data/tfds_source.py)
+  imagefolder  DIR/{train,val}/<class>/*.jpg         (jaxnet/core/data/imagefolder.py)
+  tfds         tfds ArrayRecord, e.g. imagenet2012   (jaxnet/core/data/tfds_source.py)
 """
 
 import numpy as np
