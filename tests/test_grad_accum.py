@@ -57,8 +57,11 @@ def test_micro_batches_on_eight_devices_with_batch_norm():
 
 
 def test_batch_must_split_into_micro_batches():
-  from jaxnet.core import config as config_io
+  """Checked once, where the batch is split (sharding.check_batch_sizes, by the Experiment)."""
   c = digits.get_config()
   c.batch_size, c.grad_accum_steps = 30, 4
-  with pytest.raises(config_io.InvalidConfigError, match="multiple of grad_accum_steps=4"):
-    config_io.validate(c)
+  with pytest.raises(ValueError, match="batch_size=30 must be a multiple of grad_accum_steps=4"):
+    experiment.Experiment(c)
+  c.batch_size, c.grad_accum_steps, c.mesh.num_devices = 16, 4, 8  # micro-batches of 4 on 8 devices
+  with pytest.raises(ValueError, match=r"batch_size / grad_accum_steps=4 does not divide evenly over 8"):
+    experiment.Experiment(c)
