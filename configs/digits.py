@@ -3,8 +3,8 @@
   python -m jaxnet.main --config=configs/digits.py --workdir=/tmp/jaxnet-digits
 
 Meant for: any CPU (made on 2 cores, no GPU). Nothing is downloaded.
-Expect: >= 97% test top-1 (typically ~98-99%) in well under 3 minutes on 2 CPU cores
-(1,438 train / 359 test images; 15 epochs of batch 64 = 330 steps).
+Expect: >= 97% test top-1 (0.9972 in 12 s, compilation included, on 2 CPU cores of an x86_64
+VM on 2026-11-26; 1,438 train / 359 test images; 15 epochs of batch 64 = 330 steps).
 """
 
 from jaxnet.core.config import base_config

@@ -63,13 +63,16 @@ def train(config, workdir: str, steps: int | None = None, accept_config_changes=
                                       init_params=init_params, control=control)
 
 
-def evaluate(workdir: str, config=None, step: int | None = None) -> dict:
-  """Eval metrics of WORKDIR's latest (or given) checkpoint; the config defaults to its config.json."""
+def evaluate(workdir: str, config=None, step: int | None = None, accept_config_changes=()) -> dict:
+  """Eval metrics of WORKDIR's latest (or given) checkpoint; the config defaults to its
+  config.json. A config that changes what the model sees is refused (ConfigChangedError)
+  unless its changes are in `accept_config_changes`; such an eval is recorded apart
+  (WORKDIR/evals_with_changes.jsonl)."""
   from jaxnet.core import train as train_lib
   from jaxnet.tools.weights import pretrained
   config = config or config_lib.load(str(workdir))
   config = pretrained.with_recorded_preprocessing(config, str(workdir))  # reads no weights
-  return train_lib.evaluate_checkpoint(config, str(workdir), step)
+  return train_lib.evaluate_checkpoint(config, str(workdir), step, accept_config_changes)
 
 
 def restore(workdir: str, step: int | None = None, config=None) -> Predictor:

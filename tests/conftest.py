@@ -31,3 +31,24 @@ if REPO not in sys.path:
 from jaxnet.cli import process  # noqa: E402  (after the path set-up; imports no jax)
 
 process.apply_xla_flags()
+
+# Shared memory: every segment this test session makes (in this process, its `python -m`
+# subprocesses and their spawned Grain workers) is named with a prefix of its own, so the
+# tests that check /dev/shm look at their own segments only, whatever else runs on the
+# machine (another jaxnet run, another test session). Python names a SharedMemory
+# `_SHM_NAME_PREFIX` + random hex (a private name of the standard library, stable since 3.8,
+# used by tests only); a sitecustomize on PYTHONPATH sets it in every Python this session
+# starts, this process sets its own below.
+SHM_PREFIX = f"psm_jaxnettest{os.getpid()}_"
+_site = os.path.join(tempfile.gettempdir(), f"jaxnet-test-site-{os.getpid()}")
+os.makedirs(_site, exist_ok=True)
+with open(os.path.join(_site, "sitecustomize.py"), "w") as _f:
+  _f.write("import os\n"
+           "if os.environ.get('JAXNET_TEST_SHM_PREFIX'):\n"
+           "  from multiprocessing import shared_memory\n"
+           "  shared_memory._SHM_NAME_PREFIX = '/' + os.environ['JAXNET_TEST_SHM_PREFIX']\n")
+os.environ["JAXNET_TEST_SHM_PREFIX"] = SHM_PREFIX
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_site, os.environ.get("PYTHONPATH")]))
+from multiprocessing import shared_memory  # noqa: E402
+
+shared_memory._SHM_NAME_PREFIX = "/" + SHM_PREFIX

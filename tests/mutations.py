@@ -433,6 +433,18 @@ MUTATIONS = [
     Mutation("read_ahead_batches_dropped_at_close", "jaxnet/core/data/pipeline.py",
              "    self._ahead.clear()\n    grain_adapter.close_iterator", "    grain_adapter.close_iterator",
              (DATA + "test_a_stopped_run_frees_its_shared_memory",)),
+    # --- reliability, fourth round (issue 36) ------------------------------------
+    Mutation("eval_refuses_config_changes", "jaxnet/core/train.py",
+             "tuple(accept_config_changes), workdir_lib.changes_what_eval_sees)",
+             "tuple(accept_config_changes), lambda key: False)",
+             ("tests/test_reliability.py::test_eval_refuses_a_config_that_changes_what_the_model_sees",)),
+    Mutation("export_written_atomically", "jaxnet/tools/export.py",
+             "  write_file_atomically(path, write_bytes)\n", "  write_bytes(path)\n",
+             ("tests/test_reliability.py::test_exports_are_written_whole_or_not_at_all",)),
+    Mutation("rotated_checkpoint_read_again", "jaxnet/core/checkpoint.py",
+             "        if step is not None or attempt or not rotated:\n", "        if True:\n",
+             ("tests/test_reliability.py::test_a_checkpoint_rotated_away_while_it_is_read_is_not_damaged",),
+             ci=True),
 ]
 
 

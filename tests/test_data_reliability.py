@@ -32,6 +32,7 @@ from jaxnet.core.data import sources
 from jaxnet.core.data.imagefolder import ImageFolderError, ImageFolderSource
 from jaxnet.core.adapters import grain as grain_adapter
 from jaxnet.core.data.transforms import EvalDecodeCrop, TrainDecodeCrop, decode_jpeg
+from tests.conftest import SHM_PREFIX
 from tests.helpers import run_main
 
 CLASSES = ("a", "b", "c")
@@ -218,8 +219,9 @@ def _left_after(before: set, seconds: float) -> set:
 
 
 def _segments() -> set:
-  """Python's shared memory segments (named semaphores, sem.*, are another matter)."""
-  return {name for name in os.listdir("/dev/shm") if not name.startswith("sem.")}
+  """The shared memory segments this test session made (tests/conftest.py names them all with
+  SHM_PREFIX): never another process's, whatever else runs on the machine."""
+  return {name for name in os.listdir("/dev/shm") if name.startswith(SHM_PREFIX)}
 
 
 TINY = ("image_size=16", "batch_size=8", "data.eval_batch_size=8", "data.workers=1",
@@ -318,6 +320,9 @@ def test_closing_a_loader_returns_once_its_segments_are_unlinked(tmp_path, monke
     unlink.__func__(cls, *args)
   monkeypatch.setattr(grain.SharedMemoryArray, "close_shm_async", classmethod(slow_unlink))
   before = _segments()
+  # Another jaxnet run on the machine (a segment named as Python names them) changes nothing.
+  from multiprocessing import shared_memory
+  other = shared_memory.SharedMemory(create=True, size=64, name=f"psm_{os.getpid():x}othertest")
   source = ImageFolderSource(str(_make_folder(tmp_path)), "train")
   batches = iter(pipeline.train_loader(source, global_batch_size=4, image_size=16, seed=0, workers=1))
   taken = [next(batches) for _ in range(3)]
@@ -325,3 +330,6 @@ def test_closing_a_loader_returns_once_its_segments_are_unlinked(tmp_path, monke
   del taken
   grain_adapter.close_iterator(batches, workers=1)
   assert not _segments() - before, sorted(_segments() - before)
+  assert other.name in os.listdir("/dev/shm")
+  other.close()
+  other.unlink()

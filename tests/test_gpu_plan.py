@@ -348,3 +348,34 @@ def test_fsdp_reduce_scatters_the_gradients_of_sharded_params_on_8_h100s():
   assert collectives["all-gather"]["count"] >= 1
   assert collectives["all-gather"]["bytes"] <= 2.2 * collectives["all-gather"]["elements"]
   assert "all-to-all" not in collectives
+
+
+def test_bad_targets_dump_folders_and_device_counts_are_one_line_before_compiling(tmp_path):
+  """Each is a UserError (one line from the command line) raised before any compiling."""
+  from jaxnet.core import config as config_lib
+  from jaxnet.tools import gpu_plan
+  broken = tmp_path / "broken.txtpb"
+  broken.write_text("gpu_device_info { threads_per_block_limit: 1024 }\n")
+  with pytest.raises(UserError, match=r"is no GPU description jaxnet can read \(no device_memory_size or "
+                                      r"memory_bandwidth\)"):
+    gpu_plan.target_text(str(broken))
+  _, text = gpu_plan.target_text("h100")
+  for gpus, hosts, message in ((0, 1, "--gpus=0 --hosts=1: give at least 1 of each"),
+                               (3, 2, "--gpus=3 does not split over --hosts=2")):
+    with pytest.raises(UserError, match=message):
+      gpu_plan.topology_devices(text, gpus, hosts)
+  not_a_folder = tmp_path / "file"
+  not_a_folder.write_text("")
+  config = config_lib.load("configs/digits.py")
+  with pytest.raises(UserError, match="does not take files"):
+    gpu_plan.plan(config, dump=str(not_a_folder / "hlo"))
+
+
+def test_the_plan_stands_in_synthetic_images_with_the_recipes_channels():
+  """The quick-start recipe (grayscale digits) was refused: the plan's synthetic images had 3
+  channels whatever the recipe's normalisation said."""
+  from jaxnet.core import config as config_lib
+  from jaxnet.core.data import sources
+  from jaxnet.tools import gpu_plan
+  config = gpu_plan.plan_config(config_lib.load("configs/digits.py"))
+  assert sources.make_source(config.data, "train", config.image_size)[0]["image"].shape == (16, 16, 1)

@@ -372,6 +372,33 @@ def test_calibration_images_are_train_jpegs_preprocessed_as_eval(folder):
     onnx_quantize.calibration_images(predictor, 13)
 
 
+def test_unreadable_calibration_files_are_named_once_in_one_line_and_the_advice_works(folder, tmp_path, capsys):
+  """Files that are not images: passed over, named once in one line (no per-file warning
+  without a name), and the count the advice gives is one that works."""
+  import shutil
+  from jaxnet.core import errors
+  from jaxnet.tools import export
+  root = tmp_path / "folder"
+  shutil.copytree(folder, root)
+  bad = sorted((root / "train").glob("*/*"))[:5]
+  for path in bad:
+    path.write_bytes(b"not an image")
+  predictor = random_predictor("resnet_tiny", 24, num_classes=3, **{
+      "data.source": "imagefolder", "data.dir": str(root), "data.eval_split": "val"})
+  with pytest.raises(errors.UserError, match=r"only 7 of the 12 train images .* are readable: pass "
+                                             r"--calibration-images=7 or fewer"):
+    export.calibration_images(predictor, 10)
+  assert len(export.calibration_images(predictor, 7)) == 7  # the advice works
+  out = capsys.readouterr().out
+  notes = [line for line in out.splitlines() if "unreadable" in line]
+  assert notes and all("5 unreadable train file(s)" in n for n in notes)
+  assert all(str(p) in notes[0] or p.name in notes[0] for p in bad[:5])
+  for path in (root / "train").glob("*/*"):
+    path.write_bytes(b"not an image")
+  with pytest.raises(errors.UserError, match="only 0 of the 12 .* fix or remove the unreadable files"):
+    export.calibration_images(predictor, 1)
+
+
 @pytest.mark.slow
 def test_int8_on_a_generated_imagefolder_model(tmp_path):
   """A model trained on generated JPEGs (5 classes, 100 val images): int8 within 1 point."""
@@ -395,3 +422,20 @@ def test_int8_on_a_generated_imagefolder_model(tmp_path):
   print(f"generated ImageFolder eval top-1: fp32 {top1_fp32:.4f}, int8 {top1_int8:.4f}")
   assert top1_fp32 > 0.5  # well above chance (0.2)
   assert abs(top1_int8 - top1_fp32) <= 0.01
+
+
+def test_a_head_wider_than_the_dataset_names_its_extra_logits_by_index():
+  """A fine-tune whose model.num_classes (1000) exceeds the dataset's classes: predict crashed
+  (IndexError) and the ONNX metadata listed fewer names than logits."""
+  import json
+  from jaxnet.tools import export
+  from jaxnet.tools.predictor import Predictor
+  base = random_predictor("resnet_tiny", 24, num_classes=5)
+  wide = Predictor(base.config, base.model, base.variables, num_classes=5, class_names=["cat", "dog"],
+                   workdir="/some/machine/path/run7")
+  assert wide.class_names == ["cat", "dog", "2", "3", "4"]
+  top = wide.predict(eval_split(24)[:2], top_k=5)
+  assert all(len(row) == 5 for row in top)
+  meta = export.metadata(wide)
+  assert json.loads(meta["jaxnet.class_names"]) == wide.class_names
+  assert meta["jaxnet.workdir"] == "run7"  # the run's name, no path of this machine

@@ -548,11 +548,15 @@ def test_a_dead_process_is_named_in_one_line_and_the_rerun_resumes(tmp_path):
   for noise in ("Traceback", "Check failure", "Fatal Python error", "Terminating process"):
     assert noise not in out, out[-3000:]
   last = out.strip().splitlines()[-1]
-  match = re.fullmatch(r"error: process 1 of 2 stopped answering \(no heartbeat for 8 s\) at step (\d+)\. "
+  match = re.fullmatch(r"error: process 1 of 2 stopped answering \(no heartbeat for 8 s\) at step (\d+)"
+                       r"(?: \(its last heartbeat was at step \d+\))?\. "
                        r"The newest intact checkpoint is step (\d+)\. Rerun all processes to resume\.", last)
   assert match, out[-3000:]
   step, intact = int(match[1]), int(match[2])
   assert 3 <= intact <= step and intact % 3 == 0
+  # The step named is the last one the survivor printed, not an earlier one.
+  printed = [int(m) for m in re.findall(r"^step\s+(\d+)/", out, re.M)]
+  assert not printed or step >= printed[-1], (step, printed)
   assert (workdir / "checkpoints" / str(intact)).is_dir()
   print(f"\nprocess 1 killed; process 0 named it {noticed_after:.1f} s later")
   assert noticed_after < 8 + 30  # the configured timeout, not jax's (16 s) abort or a hang
@@ -603,8 +607,10 @@ def test_peer_watch_names_the_process_that_stopped_answering():
   message, noticed = reports[0]
   # The last beat was read at most one interval (0.2 s) before `stopped`.
   assert 0.8 <= noticed - stopped < 3.0 and noticed - started > 2.3
-  assert message == ("process 1 of 3 stopped answering (no heartbeat for 1 s) at step 7. "
-                        "The newest intact checkpoint is step 6. Rerun all processes to resume.")
+  # The step this process reached, as it printed it, and where the lost one last was.
+  assert message == ("process 1 of 3 stopped answering (no heartbeat for 1 s) at step 8 (its last "
+                     "heartbeat was at step 7). The newest intact checkpoint is step 6. Rerun all "
+                     "processes to resume.")
   assert store.values[prefix + "0"] == peers.DONE  # its peers will not miss it
 
   # A failed collective (jax's runtime error) waits for the watcher's verdict (gloo fails

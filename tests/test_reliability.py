@@ -804,3 +804,118 @@ def test_a_workdir_written_by_jaxnet_before_the_redesign_restores_and_resumes(tm
   np.testing.assert_allclose(resumed[-1]["train/loss"], original[-1]["train/loss"], rtol=1e-5)
   np.testing.assert_allclose(result["eval/top1"], original[-1]["eval/top1"], atol=1e-6)
   assert ckpt.load_arrays(workdir)[1] == 6
+
+
+# --- fourth round (issue 36) -------------------------------------------------------------
+
+def test_eval_refuses_a_config_that_changes_what_the_model_sees(trained, tmp_path):
+  """--mode=eval with --config.image_size=32 measured another input and overwrote the run's
+  eval with it. Now it is refused, naming the change; accepted, it is recorded apart."""
+  workdir = _copy(trained, tmp_path)
+  metrics_before = (workdir / "metrics.jsonl").read_text()
+  refused = run_main(workdir, *ARGS, "image_size=32", mode="eval", check=False)
+  assert "differs from the one" in _assert_one_clear_line(refused)
+  assert "image_size: 16 -> 32" in refused.stderr and "--accept_config_changes=image_size" in refused.stderr
+  accepted = run_main(workdir, *ARGS, "image_size=32", mode="eval", flags=["--accept_config_changes=image_size"])
+  assert "eval of checkpoint 20" in accepted.stdout
+  assert (workdir / "metrics.jsonl").read_text() == metrics_before  # the run's own record
+  record = json.loads((workdir / workdir_lib.EVALS_WITH_CHANGES_FILE).read_text().splitlines()[-1])
+  assert record["step"] == 20 and record["changes"] == {"image_size": [16, 32]} and "eval/top1" in record
+  # Keys that change nothing an eval measures (the eval batch, the run's length) need no accepting.
+  run_main(workdir, *ARGS, "data.eval_batch_size=64", "total_steps=40", mode="eval")
+  # An invalid config.json is one line in eval mode too.
+  (workdir / "config.json").write_text("{not json")
+  assert "is not a valid config" in _assert_one_clear_line(run_main(workdir, *ARGS, mode="eval", check=False))
+
+
+def test_a_checkpoint_rotated_away_while_it_is_read_is_not_damaged(trained, tmp_path):
+  """Eval beside a training run: the newest checkpoint can be deleted by rotation while it is
+  read. The reader takes the then newest one, and never calls the rotated one damaged."""
+  workdir = _copy(trained, tmp_path)
+  checkpoints = ckpt.Checkpoints(str(workdir), read_only=True)
+  calls = []
+
+  def read(step):
+    calls.append(step)
+    if len(calls) == 1:  # rotation deletes step 20 under the reader
+      shutil.rmtree(workdir / "checkpoints" / str(step))
+    return checkpoints.read(step)[0]
+  try:
+    _, step = checkpoints.read_newest(read)
+  finally:
+    checkpoints.close()
+  assert calls == [20, 10] and step == 10
+  assert not (workdir / ckpt.DAMAGED_DIR).exists()
+  # A damaged one (still there) is reported as damaged.
+  with pytest.raises(ckpt.DamagedCheckpointError):
+    ckpt.Checkpoints(str(workdir), read_only=True).read_newest(
+        lambda s: (_ for _ in ()).throw(ckpt.DamagedCheckpointError(s, "d", "bad bytes")))
+
+
+def test_exports_are_written_whole_or_not_at_all(trained, tmp_path):
+  """--out: a missing folder is made, a directory or a folder that takes no files is one line
+  before any work, and a full disk leaves the previous export (and its .json) as it was."""
+  out = tmp_path / "new" / "sub" / "model.jax"
+  export_command.main([f"--workdir={trained}", f"--out={out}"])
+  assert out.exists() and json.loads(open(str(out) + ".json").read())["workdir"] == "w"  # no machine path
+  good = (out.read_bytes(), open(str(out) + ".json").read())
+  for bad, expected in ((tmp_path, "is a directory"),):
+    with pytest.raises(SystemExit):
+      export_command.main([f"--workdir={trained}", f"--out={bad}"])
+  with _tmpfs(tmp_path / "tiny", "16k") as mount:
+    with pytest.raises(SystemExit) as stopped:
+      export_command.main([f"--workdir={trained}", f"--out={mount / 'model.jax'}"])
+    assert stopped.value.code == 1 and sorted(os.listdir(mount)) == []  # nothing half-written
+  # Room for the good export, not for a second one beside it: the re-export fails.
+  with _tmpfs(tmp_path / "small", f"{len(good[0]) * 3 // 2 // 1024 + 16}k") as mount:
+    target = mount / "model.jax"
+    shutil.copy(out, target)
+    with open(str(target) + ".json", "w") as f:
+      f.write(good[1])
+    with pytest.raises(SystemExit):
+      export_command.main([f"--workdir={trained}", f"--out={target}", "--platforms=cpu,cuda"])
+    assert target.read_bytes() == good[0] and open(str(target) + ".json").read() == good[1]
+    assert sorted(os.listdir(mount)) == ["model.jax", "model.jax.json"]
+  with _tmpfs(tmp_path / "ro", "1m") as mount:
+    subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+    with pytest.raises(SystemExit):
+      export_command.main([f"--workdir={trained}", f"--out={mount / 'model.jax'}"])
+
+
+def test_export_names_a_missing_workdir_as_a_workdir(tmp_path, capsys):
+  with pytest.raises(SystemExit):
+    export_command.main([f"--workdir={tmp_path / 'nope'}", f"--out={tmp_path / 'm.jax'}"])
+  assert f"workdir {tmp_path / 'nope'} not found" in capsys.readouterr().err
+
+
+def test_a_failure_while_closing_after_a_first_error_adds_nothing(tmp_path, monkeypatch):
+  """A full disk right after a checkpoint: the save fails, then orbax's close fails too. The
+  save's one line is what is raised, with no second exception chained to it."""
+  import orbax.checkpoint as ocp
+
+  def full_disk(self, step, *args):
+    raise self._save_failed(step, OSError(errno.ENOSPC, "No space left on device"))
+
+  def close_fails(self):
+    raise OSError(errno.ENOSPC, "No space left on device (async metadata)")
+  monkeypatch.setattr(ckpt.Checkpoints, "save", full_disk)
+  monkeypatch.setattr(ocp.CheckpointManager, "close", close_fails)
+  with pytest.raises(ckpt.CheckpointSaveError, match=r"checkpoint at step 5 FAILED") as raised:
+    api.train(_digits("total_steps=10", "checkpoint_every_steps=5"), tmp_path / "w")
+  assert raised.value.__context__ is None  # nothing chained: the close's failure added nothing
+
+
+def test_warnings_about_unreadable_images_name_the_file_through_jaxnets_logger(tmp_path, caplog):
+  from jaxnet.core.data.imagefolder import ImageFolderSource
+  from jaxnet.core.data.transforms import EvalDecodeCrop
+  for split in ("train", "val"):
+    os.makedirs(tmp_path / split / "a")
+    PIL.Image.new("RGB", (20, 20)).save(tmp_path / split / "a" / "good.png")
+    (tmp_path / split / "a" / "bomb.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+  source = ImageFolderSource(str(tmp_path), "train")
+  index = [i for i in range(len(source)) if source.path(i).endswith("bomb.png")][0]
+  with caplog.at_level("WARNING"):
+    out = EvalDecodeCrop(16).map(source[index])
+  assert not out["mask"]
+  [record] = [r for r in caplog.records if "unreadable" in r.getMessage()]
+  assert record.name == "jaxnet" and "bomb.png" in record.getMessage()

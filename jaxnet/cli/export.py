@@ -49,6 +49,8 @@ def main(argv=None):
     parser.error(f"--platforms applies to --format=jax; --format={args.format} runs anywhere")
 
   with process.one_line_errors():
+    from jaxnet.core.metrics import prepare_output
+    prepare_output(args.out)  # before the conversion, which can take minutes
     process.setup()
     from jaxnet import api
     from jaxnet.tools import export

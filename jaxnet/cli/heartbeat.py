@@ -139,10 +139,13 @@ class PeerWatch:
       return
 
   def message(self, lost: int) -> str:
+    # The step this process reached (what it printed last), and the lost one's last word.
     value = self._values.get(lost, "")
     their_step = value.split(":", 1)[1] if ":" in value else "None"
-    step = their_step if their_step != "None" else self.run.step
+    step = self.run.step
     where = f"at step {step}" if step is not None else "before training started"
+    if their_step not in ("None", str(step)):
+      where += f" (its last heartbeat was at step {their_step})"
     return (f"process {lost} of {self._count} stopped answering (no heartbeat for "
             f"{self.timeout_s:g} s) {where}. {self.run.checkpoint_sentence()} "
             f"Rerun all processes to resume.")

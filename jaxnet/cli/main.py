@@ -30,8 +30,9 @@ _MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"],
                           "latest checkpoint.")
 _ACCEPT = flags.DEFINE_list(
     "accept_config_changes", [],
-    "Resuming a workdir: config keys that may differ from its config.json (or 'all'). "
-    "Without it, a change to any key that alters training stops the run with a list of changes.")
+    "Config keys that may differ from the workdir's config.json (or 'all'), on resume or in "
+    "--mode=eval. Without it, a change to any key that alters training or what the model sees "
+    "stops the run (or the eval) with a list of the changes.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 _config = []  # the config _parse_flags built, for main
@@ -49,7 +50,7 @@ def main(argv):
       train(config, workdir, _ACCEPT.value)
     else:
       from jaxnet import api
-      api.evaluate(workdir, config)
+      api.evaluate(workdir, config, accept_config_changes=_ACCEPT.value)
 
 
 def train(config, workdir: str, accept_config_changes=()) -> dict:

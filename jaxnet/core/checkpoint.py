@@ -126,6 +126,22 @@ class Checkpoints:
       raise MissingFileError(f"no checkpoint of step {step} in {self.directory}; it has steps {steps}")
     return step
 
+  def read_newest(self, read, step: int | None = None):
+    """(read(s), s) for checkpoint `step`, or for the newest one when `step` is None. A reader
+    beside a training run: a newest checkpoint that rotation deletes while it is read is gone,
+    not damaged, so the then newest one is read instead (once)."""
+    for attempt in (0, 1):
+      if attempt:
+        self.manager.reload()
+      resolved = self.resolve_step(step)
+      try:
+        return read(resolved), resolved
+      except DamagedCheckpointError:
+        rotated = not os.path.isdir(os.path.join(self.directory, str(resolved)))
+        if step is not None or attempt or not rotated:
+          raise
+    raise AssertionError("unreachable")
+
   def _no_checkpoint(self) -> MissingFileError:
     return MissingFileError(f"no checkpoint in {self.directory}: train first "
                             f"(python -m jaxnet.main --config=... --workdir={self.workdir})")
@@ -302,14 +318,20 @@ class Checkpoints:
     self.manager.reload()
 
   def close(self) -> None:
+    """Waits for a save in flight and closes the manager. Either failing (a full disk under
+    orbax's last metadata write, say) is one CheckpointSaveError."""
     try:
       self.wait()
     finally:
-      self.manager.close()
-      # The first failed write ends orbax's save, but tensorstore's writes of the other
-      # arrays may still land afterwards and recreate the partial directory.
-      for step in self._failed:
-        remove_partials(self.directory, step, settle_sec=0.5)
+      try:
+        self.manager.close()
+      except Exception as e:  # orbax raises many types; each becomes one clear message
+        raise self._save_failed(self._pending or self.newest_intact or 0, e) from e
+      finally:
+        # The first failed write ends orbax's save, but tensorstore's writes of the other
+        # arrays may still land afterwards and recreate the partial directory.
+        for step in self._failed:
+          remove_partials(self.directory, step, settle_sec=0.5)
 
 
 def remove_partials(directory: str, step: int, settle_sec: float = 0.0) -> None:
@@ -335,12 +357,14 @@ def load_arrays(workdir: str, step: int | None = None):
   MissingFileError without checkpoints, DamagedCheckpointError when it does not verify.
   """
   checkpoints = Checkpoints(workdir, read_only=True)
-  try:
-    step = checkpoints.resolve_step(step)
+
+  def read(step):
     tree, checksums = checkpoints.read(step)
     tree = jax.tree.map(np.asarray, tree)
     verify(tree, checksums, step, checkpoints.directory)
-    return tree, step
+    return tree
+  try:
+    return checkpoints.read_newest(read, step)
   finally:
     checkpoints.close()
 

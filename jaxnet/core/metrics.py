@@ -219,8 +219,33 @@ def write_atomically(path: str, text: str) -> None:
   def write(tmp):
     with open(tmp, "w") as f:
       f.write(text)
+  write_file_atomically(path, write)
+
+
+def write_file_atomically(path: str, write) -> None:
+  """replace_atomically, with a failed write (a full disk, a read-only folder) one
+  RunWriteError naming `path` and the cause."""
   with reporting_failed_writes(path):
     replace_atomically(path, write)
+
+
+def prepare_output(path: str) -> None:
+  """Before the work that ends in writing `path` for a user (an export, a plot, a dump):
+  `path` is no directory, and its folder exists (it is created) and takes files. A UserError
+  naming the fix otherwise, so nothing expensive runs for an output that cannot be written."""
+  path = os.path.abspath(path)
+  if os.path.isdir(path):
+    raise UserError(f"{path} is a directory: name the file to write (e.g. {os.path.join(path, 'model')}...)")
+  folder = os.path.dirname(path)
+  try:
+    os.makedirs(folder, exist_ok=True)
+    probe = os.path.join(folder, f".jaxnet-write-test-{os.getpid()}")
+    with open(probe, "w"):
+      pass
+    os.remove(probe)
+  except OSError as e:
+    raise UserError(f"cannot write {path}: its folder {folder} does not take files "
+                    f"({os_error_cause(e) or e}); choose another place") from None
 
 
 def drop_records_after(workdir: str, step: int) -> int:

@@ -162,6 +162,9 @@ class Summary:
 
   def line(self) -> str:
     gib = lambda n: f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+    if self.fsdp == 1:
+      return (f"FSDP is on, but over 1 device it splits nothing: the whole train state "
+              f"({gib(self.total_bytes)}) is on the device, as without FSDP")
     text = (f"FSDP over {self.fsdp} devices: {self.sharded} tensors sharded, {self.small} small ones "
             f"replicated; train state {gib(self.bytes_per_device)} per device of {gib(self.total_bytes)}")
     if self.indivisible:

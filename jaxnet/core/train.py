@@ -259,14 +259,14 @@ def check_finite_metrics(history: list[dict], last_step: int, intact_sentence: s
 
 
 def _close_all(closers, failing: bool) -> None:
-  """Calls every closer. A run that is already failing reports that first failure: a
-  close that fails for the same cause (a full disk) must not replace it; otherwise the
-  first close's UserError is raised once all have run."""
+  """Calls every closer. A run that is already failing reports that first failure alone: a
+  close that fails too (the same full disk, say) adds nothing to it, not even a chained
+  traceback. Otherwise the first close's error is raised once all have run."""
   first = None
   for close in closers:
     try:
       close()
-    except UserError as e:
+    except Exception as e:  # noqa: BLE001 (each closer runs; the first failure is kept)
       first = first or e
   if first is not None and not failing:
     raise first
@@ -296,21 +296,28 @@ def evaluate(exp: Experiment, state: TrainState) -> dict:
   return metrics
 
 
-def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
+def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_config_changes=()) -> dict:
   """`--mode=eval`: evaluates the latest (or given) checkpoint of WORKDIR and records eval metrics.
 
-  Reads the workdir only, apart from appending to metrics.jsonl (skipped with a
-  warning where the workdir is read-only). A damaged checkpoint is an error.
+  A config that differs from the one WORKDIR was trained with in what the eval measures (the
+  model, the eval data as it sees them: workdir.EVAL_INPUTS) is refused, naming the changes,
+  unless each is in `accept_config_changes` (or "all"); such an eval is recorded apart, in
+  WORKDIR/evals_with_changes.jsonl, never in metrics.jsonl, the training run's own record.
+  Reads the workdir only, apart from that record (skipped with a warning where the
+  workdir is read-only). A damaged checkpoint is an error.
   """
   config = config_lib.with_model_options(config)
   config_lib.validate(config)
+  changes = workdir_lib.check_config(workdir, json.loads(config.to_json_best_effort()),
+                                     tuple(accept_config_changes), workdir_lib.changes_what_eval_sees)
+  changes = {k: v for k, v in changes.items() if workdir_lib.changes_what_eval_sees(k)}
   checkpoints = ckpt.Checkpoints(workdir, read_only=True)
   try:
-    step = checkpoints.resolve_step(step)
+    checkpoints.resolve_step(step)  # no checkpoint: said before the data is read
     exp = Experiment(config, need_train_data=False)
     if exp.process_index == 0 and exp.data_note:
       print(exp.data_note, flush=True)
-    state = checkpoints.restore(step, exp.abstract_state)
+    state, step = checkpoints.read_newest(lambda s: checkpoints.restore(s, exp.abstract_state), step)
   finally:
     checkpoints.close()
   metrics = evaluate(exp, state)
@@ -318,16 +325,18 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
     print(f"eval of checkpoint {step}: top-1 {metrics['eval/top1']:.4f}  top-5 "
           f"{metrics['eval/top5']:.4f}  loss {metrics['eval/loss']:.4f}  "
           f"({metrics['eval/examples']} examples)", flush=True)
-    writer = None
     try:
-      writer = MetricWriter(workdir)
-      writer.write(step, metrics)
-      writer.close()
+      if changes:
+        workdir_lib.record_eval_with_changes(workdir, step, metrics, changes)
+      else:
+        writer = MetricWriter(workdir)
+        try:
+          writer.write(step, metrics)
+        finally:
+          writer.close()
     except RunWriteError as e:  # a read-only workdir, a full disk: the numbers are printed above
-      if writer is not None:
-        writer.close()  # quietly: the failure is reported here
-      print(f"warning: could not record the eval metrics in {workdir}/metrics.jsonl "
-            f"({e.cause})", file=sys.stderr, flush=True)
+      print(f"warning: could not record the eval metrics in {workdir} ({e.cause})",
+            file=sys.stderr, flush=True)
   return metrics
 
 

@@ -20,6 +20,7 @@ from jaxnet.core.errors import UserError
 from jaxnet.core.metrics import reporting_failed_writes, write_atomically
 
 LOCK_FILE, CONFIG_FILE, HISTORY_FILE = "lock", "config.json", "config_history.jsonl"  # the lock: the CLI's
+EVALS_WITH_CHANGES_FILE = "evals_with_changes.jsonl"
 ABSENT = object()  # a key one of two configs does not have
 
 # Keys that may change between a run and its resume: cadence, length, input
@@ -59,7 +60,8 @@ def remove_if_unused(workdir: str) -> None:
     pass
 
 
-def _resumable(key: str) -> bool:
+def resumable(key: str) -> bool:
+  """Whether `key` may change between a run and its resume (RESUMABLE)."""
   return any(key == k or (k.endswith(".*") and key.startswith(k[:-1])) for k in RESUMABLE)
 
 
@@ -80,13 +82,16 @@ def config_changes(old: dict, new: dict, defaults: dict | None = None) -> dict:
   return changes
 
 
-def check_config(workdir: str, config_dict: dict, accept: tuple[str, ...] = ()) -> dict:
-  """Compares a resuming run's config with WORKDIR/config.json; returns the accepted changes.
+def check_config(workdir: str, config_dict: dict, accept: tuple[str, ...] = (),
+                 matters=None) -> dict:
+  """Compares a config with the one WORKDIR was trained with; returns the accepted changes.
 
-  Raises ConfigChangedError listing every change that is neither RESUMABLE nor
-  named in `accept` (keys, or "all"). Writes nothing, except that a missing
-  config.json is put back from the checkpoints (saved_config).
+  Raises ConfigChangedError listing every change whose key `matters` (default: a resume's
+  rule, every key but the RESUMABLE ones) and that is not named in `accept` (keys, or
+  "all"). Writes nothing, except that a missing config.json is put back from the
+  checkpoints (saved_config).
   """
+  matters = matters or (lambda key: not resumable(key))
   old = saved_config(workdir)
   if old is None:
     return {}
@@ -97,14 +102,25 @@ def check_config(workdir: str, config_dict: dict, accept: tuple[str, ...] = ()) 
   defaults = json.loads(config_lib.with_model_options(base).to_json_best_effort())
   changes = config_changes(old, config_dict, config_lib.flatten(defaults))
   refused = {k: v for k, v in changes.items()
-             if not _resumable(k) and "all" not in accept and k not in accept}
+             if matters(k) and "all" not in accept and k not in accept}
   if refused:
     lines = "\n".join(f"  {k}: {_show(a)} -> {_show(b)}" for k, (a, b) in refused.items())
     raise ConfigChangedError(
         f"this config differs from the one {workdir} was trained with:\n{lines}\n"
-        f"Train in a new --workdir, or accept the changes for this workdir with "
+        f"Use a new --workdir, or accept the changes for this workdir with "
         f"--accept_config_changes={','.join(refused)}")
   return changes
+
+
+# What an eval measures: the model (its options, precision, EMA) and the eval data the way
+# it sees it. A change to one of these makes another experiment's number.
+EVAL_INPUTS = ("model.", "image_size", "precision", "ema_decay", "data.source", "data.name",
+               "data.eval_split", "data.eval_crop_fraction", "data.eval_interpolation", "data.mean",
+               "data.std", "data.num_classes", "data.synthetic_size", "init.preprocessing")
+
+
+def changes_what_eval_sees(key: str) -> bool:
+  return any(key == k or (k.endswith(".") and key.startswith(k)) for k in EVAL_INPUTS)
 
 
 def saved_config(workdir: str) -> dict | None:
@@ -143,3 +159,13 @@ def _show(value) -> str:
   if value is ABSENT:
     return "(absent)"
   return repr(value) if isinstance(value, str) else json.dumps(value)
+
+
+def record_eval_with_changes(workdir: str, step: int, metrics: dict, changes: dict) -> None:
+  """Appends an eval made with accepted config changes to WORKDIR/evals_with_changes.jsonl:
+  its numbers describe another input than the run's, so they never enter metrics.jsonl."""
+  path = os.path.join(workdir, EVALS_WITH_CHANGES_FILE)
+  entry = {"step": step, "time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+           "changes": {k: [None if a is ABSENT else a, b] for k, (a, b) in changes.items()}, **metrics}
+  with reporting_failed_writes(path), open(path, "a") as f:
+    f.write(json.dumps(entry) + "\n")

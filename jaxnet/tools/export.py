@@ -46,7 +46,7 @@ import numpy as np
 
 from jaxnet.core import steps
 from jaxnet.core.errors import UserError
-from jaxnet.core.metrics import replace_atomically
+from jaxnet.core.metrics import write_atomically, write_file_atomically
 from jaxnet.core.state import get_policy
 
 # The optional packages: the onnx extra holds qwix too. jax2onnx is installed apart because
@@ -70,20 +70,26 @@ def export(predictor, platforms=None) -> "jax.export.Exported":
 
 
 def save(predictor, path: str, platforms=None, quantization: str | None = None) -> None:
+  """Writes the serialized function to `path` and its description to `path`.json, each whole
+  or not at all (a failure leaves both as they were)."""
   exported = export(predictor, platforms)
   data = exported.serialize()
-
-  def write(tmp):
-    with open(tmp, "wb") as f:
-      f.write(data)
-  replace_atomically(path, write)
   metadata = {"image_shape": list(predictor.image_shape), "dtype": "uint8",
               "class_names": predictor.class_names, "platforms": list(exported.platforms),
-              "workdir": str(predictor.workdir), "step": predictor.step}
+              "workdir": _run_name(predictor), "step": predictor.step}
   if quantization:
     metadata["quantization"] = quantization
-  with open(path + ".json", "w") as f:
-    json.dump(metadata, f, indent=2)
+
+  def write_bytes(tmp):
+    with open(tmp, "wb") as f:
+      f.write(data)
+  write_file_atomically(path, write_bytes)
+  write_atomically(path + ".json", json.dumps(metadata, indent=2))
+
+
+def _run_name(predictor) -> str:
+  """The workdir's name, not its path: an exported file names no folder of this machine."""
+  return os.path.basename(os.path.normpath(str(predictor.workdir)))
 
 
 class ExportedModel:
@@ -183,7 +189,7 @@ def metadata(predictor) -> dict:
       "jaxnet.model": c.model.name,
       "jaxnet.step": str(predictor.step),
       "jaxnet.ema": str(c.ema_decay > 0).lower(),
-      "jaxnet.workdir": str(predictor.workdir),
+      "jaxnet.workdir": _run_name(predictor),
   }
 
 
@@ -303,7 +309,7 @@ def save_onnx(predictor, path: str) -> None:
   """Writes the fp32 ONNX model to path (a temporary file renamed at the end)."""
   (onnx,) = require("onnx", "jax2onnx")[:1]
   model = to_onnx(predictor)
-  replace_atomically(path, lambda tmp: onnx.save_model(model, tmp))
+  write_file_atomically(path, lambda tmp: onnx.save_model(model, tmp))
 
 
 # --- ONNX int8: static quantization ----------------------------------------------------
@@ -326,7 +332,9 @@ class _Subset:
 
 
 def calibration_images(predictor, num_images: int, seed: int = 0) -> np.ndarray:
-  """num_images uint8 images drawn (without replacement, fixed seed) from the train split."""
+  """num_images uint8 images of the train split, preprocessed as eval does: drawn in a fixed
+  random order (seed), unreadable files passed over (and named, in one line) until there are
+  enough. A UserError with the number that would work when the split has too few."""
   from jaxnet.core.data import pipeline, sources
   config = predictor.config
   if num_images < 1:
@@ -334,20 +342,33 @@ def calibration_images(predictor, num_images: int, seed: int = 0) -> np.ndarray:
   source = sources.make_source(config.data, "train", config.image_size)
   if len(source) < num_images:
     raise UserError(f"--calibration-images={num_images}, but the train split of "
-                           f"{predictor.workdir} has only {len(source)} images; pass "
-                           f"--calibration-images={len(source)} or fewer")
-  indices = np.sort(np.random.default_rng(seed).choice(len(source), num_images, replace=False))
-  images = []
-  for batch in pipeline.eval_batches(_Subset(source, indices), global_batch_size=64,
-                                     image_size=config.image_size,
-                                     crop_fraction=config.data.eval_crop_fraction,
-                                     interpolation=config.data.eval_interpolation):
-    images.append(batch["image"][batch["mask"]])  # padding and unreadable JPEGs left out
-  images = np.concatenate(images)
+                    f"{predictor.workdir} has only {len(source)} images; pass "
+                    f"--calibration-images={len(source)} or fewer")
+  order = np.random.default_rng(seed).permutation(len(source))
+  images, unreadable, chunk = [], [], 64
+  for start in range(0, len(order), chunk):
+    indices = order[start:start + chunk]
+    taken = 0
+    for batch in pipeline.eval_batches(_Subset(source, indices), global_batch_size=chunk,
+                                       image_size=config.image_size, warn_corrupt=False,
+                                       crop_fraction=config.data.eval_crop_fraction,
+                                       interpolation=config.data.eval_interpolation):
+      n = min(len(indices) - taken, len(batch["mask"]))  # the rest of the batch is padding
+      images += list(batch["image"][:n][batch["mask"][:n]])
+      unreadable += [getattr(source, "path", str)(int(i)) for i, ok in
+                     zip(indices[taken:taken + n], batch["mask"][:n]) if not ok]
+      taken += n
+    if len(images) >= num_images:
+      break
+  if unreadable:
+    shown = ", ".join(unreadable[:5]) + (f" and {len(unreadable) - 5} more" if len(unreadable) > 5 else "")
+    print(f"note: calibration passed over {len(unreadable)} unreadable train file(s): {shown}", flush=True)
   if len(images) < num_images:
-    raise UserError(f"--calibration-images={num_images}, but only {len(images)} of the drawn "
-                           f"train images could be decoded; pass --calibration-images={len(images)}")
-  return images
+    fix = (f"pass --calibration-images={len(images)} or fewer" if images else
+           "fix or remove the unreadable files")
+    raise UserError(f"--calibration-images={num_images}, but only {len(images)} of the "
+                    f"{len(source)} train images of {predictor.workdir} are readable: {fix}")
+  return np.stack(images[:num_images])
 
 
 class _Reader:
@@ -388,4 +409,4 @@ def save_onnx_int8(predictor, path: str, num_images: int = DEFAULT_CALIBRATION_I
   (onnx,) = require("onnx", "jax2onnx", "onnxruntime.quantization")[:1]
   images = calibration_images(predictor, num_images)  # fails early, before the export
   quantized = quantize_onnx(to_onnx(predictor), images)
-  replace_atomically(path, lambda tmp: onnx.save_model(quantized, tmp))
+  write_file_atomically(path, lambda tmp: onnx.save_model(quantized, tmp))

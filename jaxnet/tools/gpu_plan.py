@@ -22,6 +22,7 @@ import re
 
 from jaxnet.core.adapters import xla
 from jaxnet.core.errors import UserError
+from jaxnet.core.metrics import prepare_output, write_atomically
 
 TARGETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
 PLUGINS = (("jax-cuda12-plugin", "jax-cuda12-pjrt"), ("jax-cuda13-plugin", "jax-cuda13-pjrt"))
@@ -53,14 +54,17 @@ def check_plugin() -> str:
 
 def target_text(target: str) -> tuple[str, str]:
   """(name, GpuTargetConfigProto text) for a known target name or a .txtpb path."""
-  if os.path.isfile(target):
-    return os.path.splitext(os.path.basename(target))[0], open(target).read()
-  path = os.path.join(TARGETS_DIR, f"{target}.txtpb")
+  path = target if os.path.isfile(target) else os.path.join(TARGETS_DIR, f"{target}.txtpb")
   if not os.path.isfile(path):
     known = sorted(f[:-6] for f in os.listdir(TARGETS_DIR) if f.endswith(".txtpb"))
     raise UserError(f"unknown --target={target}: use one of {', '.join(known)}, or the path of a "
                     f"GpuTargetConfigProto text file (see jaxnet/tools/gpu_targets/)")
-  return target, open(path).read()
+  text = open(path).read()
+  missing = [k for k in ("device_memory_size", "memory_bandwidth") if not re.search(rf"{k}:\s*\d+", text)]
+  if missing:
+    raise UserError(f"--target={target}: {path} is no GPU description jaxnet can read (no "
+                    f"{' or '.join(missing)}); start from a file in jaxnet/tools/gpu_targets/")
+  return os.path.splitext(os.path.basename(path))[0] if os.path.isfile(target) else target, text
 
 
 def device_memory(text: str) -> int:
@@ -73,11 +77,19 @@ def bandwidth(text: str) -> float:
 
 def topology_devices(text: str, gpus: int, hosts: int = 1):
   """The devices of `hosts` x (gpus / hosts) GPUs described by `text`, for compiling only."""
+  import jax
   from jax.experimental import topologies
-  if gpus < 1 or hosts < 1 or gpus % hosts:
+  if gpus < 1 or hosts < 1:
+    raise UserError(f"--gpus={gpus} --hosts={hosts}: give at least 1 of each")
+  if gpus % hosts:
     raise UserError(f"--gpus={gpus} does not split over --hosts={hosts}: use a multiple of {hosts}")
-  topology = topologies.get_topology_desc(platform="cuda", target_config=text,
-                                          topology=f"1x{hosts}x{gpus // hosts}")
+  try:
+    topology = topologies.get_topology_desc(platform="cuda", target_config=text,
+                                            topology=f"1x{hosts}x{gpus // hosts}")
+  except jax.errors.JaxRuntimeError as e:  # XLA refused the description
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise UserError(f"XLA cannot compile for this GPU description ({first}); start from a file "
+                    f"in jaxnet/tools/gpu_targets/") from None
   return list(topology.devices)
 
 
@@ -276,6 +288,8 @@ def plan(config, *, target: str = "h100", gpus: int = 8, hosts: int = 1, dump: s
          find_max_batch: bool = False, log=None) -> dict:
   """Compiles `config`'s train and eval steps for `gpus` GPUs of `target`; returns the numbers."""
   from jaxnet.tools import hlo
+  if dump:  # before minutes of compiling
+    prepare_output(os.path.join(dump, "train_step.hlo.txt"))
   check_plugin()
   name, text = target_text(target)
   devices = topology_devices(text, gpus, hosts)
@@ -286,10 +300,8 @@ def plan(config, *, target: str = "h100", gpus: int = 8, hosts: int = 1, dump: s
   eval_batch = config.data.eval_batch_size or config.batch_size
   eval_analysis = analyse_step(evaluation, exp.abstract_state, eval_batch // gpus)
   if dump:
-    os.makedirs(dump, exist_ok=True)
     for step, compiled in (("train", train), ("eval", evaluation)):
-      with open(os.path.join(dump, f"{step}_step.{name}.{gpus}gpu.hlo.txt"), "w") as f:
-        f.write(compiled.hlo)
+      write_atomically(os.path.join(dump, f"{step}_step.{name}.{gpus}gpu.hlo.txt"), compiled.hlo)
   memory = device_memory(text)
   usable = memory * mem_fraction()
   result = {

@@ -27,7 +27,7 @@ from jaxnet.core import checkpoint as ckpt
 from jaxnet.core import config as config_lib
 from jaxnet.core import models, steps
 from jaxnet.core.data.bit_depth import scale_16_to_8, to_8bit
-from jaxnet.core.errors import InvalidValueError
+from jaxnet.core.errors import InvalidValueError, MissingFileError
 from jaxnet.core.state import get_policy
 
 
@@ -36,7 +36,10 @@ class Predictor:
                workdir=None):
     self.config, self.model, self.step, self.workdir = config, model, step, workdir
     self.num_classes = num_classes
-    self.class_names = list(class_names) if class_names else [str(i) for i in range(num_classes)]
+    # A head wider than the dataset (config.model.num_classes above its class count) has
+    # logits past the named classes: they are named by their index.
+    names = list(class_names or [])[:num_classes]
+    self.class_names = names + [str(i) for i in range(len(names), num_classes)]
     self.channels = len(config.data.mean)  # Experiment checks this equals the images' channels
     self.image_shape = (config.image_size, config.image_size, self.channels)
     self.variables = jax.device_put(variables)
@@ -71,6 +74,8 @@ class Predictor:
 
 def restore(workdir: str, step: int | None = None, config=None) -> Predictor:
   """The model of WORKDIR's latest (or given) checkpoint, ready for inference."""
+  if not os.path.isdir(workdir):
+    raise MissingFileError(f"workdir {workdir} not found: give the --workdir of a training run")
   config = config_lib.with_model_options(config or config_lib.load(workdir))
   variables, step = load_eval_variables(workdir, config, step)
   info = _class_info(workdir)

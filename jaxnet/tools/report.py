@@ -14,7 +14,8 @@ import os
 
 import numpy as np
 
-from jaxnet.core.metrics import read_jsonl_counted
+from jaxnet.core.metrics import (prepare_output, read_jsonl_counted, write_atomically,
+                                 write_file_atomically)
 
 # figure name -> (y label, [(metric, line style, legend suffix)])
 PLOTS = {
@@ -65,7 +66,7 @@ def plot(runs: dict[str, list[dict]], out_dir: str) -> list[str]:
       by_step.legend(fontsize=8)
     fig.tight_layout()
     path = os.path.join(out_dir, f"{name}.png")
-    fig.savefig(path, dpi=100)
+    write_file_atomically(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     written.append(path)
   return written
 
@@ -81,6 +82,7 @@ def format_summary(label: str, s: dict) -> str:
 def report(workdirs: list[str], out_dir: str | None = None) -> dict:
   """Writes the plots and summaries; returns {label: summary dict}."""
   out_dir = out_dir or (os.path.join(workdirs[0], "report") if len(workdirs) == 1 else "jaxnet-report")
+  prepare_output(os.path.join(out_dir, "summary.txt"))
   runs = {}
   for label, workdir in zip(labels_for(workdirs), workdirs):
     runs[label], skipped = read_jsonl_counted(workdir)
@@ -90,10 +92,8 @@ def report(workdirs: list[str], out_dir: str | None = None) -> dict:
   plot(runs, out_dir)
   summaries = {label: summary(records) for label, records in runs.items()}
   text = "\n".join(format_summary(label, s) for label, s in summaries.items())
-  with open(os.path.join(out_dir, "summary.txt"), "w") as f:
-    f.write(text + "\n")
-  with open(os.path.join(out_dir, "summary.json"), "w") as f:
-    json.dump(summaries, f, indent=2)
+  write_atomically(os.path.join(out_dir, "summary.txt"), text + "\n")
+  write_atomically(os.path.join(out_dir, "summary.json"), json.dumps(summaries, indent=2))
   print(text)
   print(f"plots and summary in {out_dir}")
   return summaries

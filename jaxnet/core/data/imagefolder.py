@@ -134,7 +134,7 @@ class ImageFolderSource:
   def __getitem__(self, index: int) -> dict:
     with open(self._paths[index], "rb") as f:
       data = f.read()
-    return {"image": data, "label": self._labels[index]}
+    return {"image": data, "label": self._labels[index], "path": self._paths[index]}
 
   def path(self, index: int) -> str:
     """File behind record `index` (for tracking down corrupt images)."""

@@ -35,11 +35,12 @@ def _train_transform(source, image_size: int):
   return TrainDecodeCrop(image_size)
 
 
-def _eval_transform(source, image_size: int, crop_fraction: float, interpolation: str):
+def _eval_transform(source, image_size: int, crop_fraction: float, interpolation: str,
+                    warn_corrupt: bool = True):
   if not source.encoded:
     return ArrayToExample()
   from jaxnet.core.data.transforms import EvalDecodeCrop
-  return EvalDecodeCrop(image_size, crop_fraction, interpolation)
+  return EvalDecodeCrop(image_size, crop_fraction, interpolation, warn=warn_corrupt)
 
 
 def per_process_batch_size(global_batch_size: int, process_count: int) -> int:
@@ -82,7 +83,8 @@ def train_loader(source, *, global_batch_size: int, image_size: int, seed: int, 
 
 def eval_batches(source, *, global_batch_size: int, image_size: int, workers: int = 0,
                  process_index: int = 0, process_count: int = 1,
-                 crop_fraction: float = 0.875, interpolation: str = "bilinear") -> Iterator[dict]:
+                 crop_fraction: float = 0.875, interpolation: str = "bilinear",
+                 warn_corrupt: bool = True) -> Iterator[dict]:
   """Every example of `source` exactly once, in fixed-size batches.
 
   The last batch is padded (mask=False), and a process whose shard is shorter
@@ -101,7 +103,7 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, workers: in
     loader = grain.DataLoader(
         data_source=shard,
         sampler=grain.IndexSampler(len(shard), grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
-        operations=[_eval_transform(source, image_size, crop_fraction, interpolation),
+        operations=[_eval_transform(source, image_size, crop_fraction, interpolation, warn_corrupt),
                     grain.Batch(batch, drop_remainder=False)],
         worker_count=workers)
   num_batches = math.ceil(_shard_bounds(len(source), 0, process_count)[1] / batch)

@@ -66,19 +66,21 @@ class SyntheticSource:
   """Random images, the same for the same index: no disk or decode cost."""
   encoded = False
 
-  def __init__(self, size: int, image_size: int, num_classes: int = 1000, seed: int = 0):
+  def __init__(self, size: int, image_size: int, num_classes: int = 1000, seed: int = 0,
+               channels: int = 3):
     self.size, self.image_size, self.num_classes, self.seed = size, image_size, num_classes, seed
-    self.class_names = None
+    self.channels, self.class_names = channels, None
 
   def __len__(self):
     return self.size
 
   def __repr__(self):
-    return f"SyntheticSource(size={self.size}, image_size={self.image_size}, seed={self.seed})"
+    return (f"SyntheticSource(size={self.size}, image_size={self.image_size}, seed={self.seed}"
+            f"{f', channels={self.channels}' if self.channels != 3 else ''})")
 
   def __getitem__(self, index):
     rng = np.random.default_rng((self.seed, int(index)))
-    image = rng.integers(0, 256, (self.image_size, self.image_size, 3), dtype=np.uint8)
+    image = rng.integers(0, 256, (self.image_size, self.image_size, self.channels), dtype=np.uint8)
     return {"image": image, "label": np.int32(rng.integers(self.num_classes))}
 
 
@@ -115,7 +117,10 @@ def make_source(data_config, split: str, image_size: int):
     return digits_source(split_name, image_size)
   if name == "synthetic":
     size = data_config.synthetic_size if split == "train" else max(data_config.synthetic_size // 10, 1)
-    return SyntheticSource(size, image_size, data_config.num_classes, seed=0 if split == "train" else 1)
+    # As many channels as the normalisation has (the GPU plan stands in synthetic images
+    # for a recipe's own: the digits' are grayscale).
+    return SyntheticSource(size, image_size, data_config.num_classes, seed=0 if split == "train" else 1,
+                           channels=len(data_config.mean))
   if name == "imagefolder":
     from jaxnet.core.data.imagefolder import ImageFolderSource
     return ImageFolderSource(data_config.dir, split_name)

@@ -219,12 +219,16 @@ def _output(image: np.ndarray, label, ok: bool) -> dict[str, np.ndarray]:
           "corrupt": np.int32(not ok)}
 
 
-def _corrupt_output(element: dict[str, Any], image_size: int,
-                    err: Exception) -> dict[str, np.ndarray]:
+_LOG = logging.getLogger("jaxnet")
+
+
+def _corrupt_output(element: dict[str, Any], image_size: int, err: Exception,
+                    warn: bool = True) -> dict[str, np.ndarray]:
   # Keep the batch shape static: the train step masks this example out
   # and counts it, instead of the whole run dying on one bad file.
-  where = {k: element[k] for k in ("index", "path", "label") if k in element}
-  logging.warning("Skipping corrupt image %s: %s", where, err)
+  if warn:
+    where = element.get("path") or f"record {element.get('index', '?')} (label {element.get('label')})"
+    _LOG.warning("skipping an unreadable image, %s: %s", where, err)
   blank = np.zeros((image_size, image_size, 3), np.uint8)
   return _output(blank, element.get("label", -1), ok=False)
 
@@ -259,10 +263,12 @@ class EvalDecodeCrop(grain.MapTransform):
   weights are scored with exactly torchvision's / timm's eval transform.
   """
 
-  def __init__(self, image_size: int, crop_fraction: float = 0.875, interpolation: str = "bilinear"):
+  def __init__(self, image_size: int, crop_fraction: float = 0.875, interpolation: str = "bilinear",
+               warn: bool = True):
     self.image_size = image_size
     self.crop_fraction = crop_fraction
     self.interpolation = interpolation
+    self.warn = warn  # False: the caller names the unreadable images itself
     # Bad values fail here, in the main process, rather than in a Grain worker.
     check_crop_fraction(crop_fraction)
     check_interpolation(interpolation)
@@ -271,6 +277,6 @@ class EvalDecodeCrop(grain.MapTransform):
     try:
       pixels = decode.decode_full(element["image"])
     except CorruptImageError as err:
-      return _corrupt_output(element, self.image_size, err)
+      return _corrupt_output(element, self.image_size, err, self.warn)
     image = eval_resize_crop(pixels, self.image_size, self.crop_fraction, self.interpolation)
     return _output(image, element["label"], ok=True)

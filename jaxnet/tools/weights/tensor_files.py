@@ -42,8 +42,10 @@ def write(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -
   if not path.endswith(SAFETENSORS):
     raise InvalidValueError(f"{path}: weights are written as .safetensors; name the file *.safetensors")
   from safetensors.numpy import save_file
+  from jaxnet.core.metrics import write_file_atomically
   # np.array(order="C"), not ascontiguousarray, which turns 0-d counters into shape (1,).
-  save_file({k: np.array(v, order="C") for k, v in tensors.items()}, path, metadata=metadata)
+  arrays = {k: np.array(v, order="C") for k, v in tensors.items()}
+  write_file_atomically(path, lambda tmp: save_file(arrays, tmp, metadata=metadata))
 
 
 def _check_exists(path: str) -> None:
