@@ -39,7 +39,7 @@ process.apply_xla_flags()
 # `_SHM_NAME_PREFIX` + random hex (a private name of the standard library, stable since 3.8,
 # used by tests only); a sitecustomize on PYTHONPATH sets it in every Python this session
 # starts, this process sets its own below.
-SHM_PREFIX = f"psm_jaxnettest{os.getpid()}_"
+SHM_PREFIX = f"j{os.getpid() & 0xffff:04x}_"  # Python's names are 14 characters at most
 _site = os.path.join(tempfile.gettempdir(), f"jaxnet-test-site-{os.getpid()}")
 os.makedirs(_site, exist_ok=True)
 with open(os.path.join(_site, "sitecustomize.py"), "w") as _f:
