@@ -433,6 +433,9 @@ MUTATIONS = [
     Mutation("read_ahead_batches_dropped_at_close", "jaxnet/core/data/pipeline.py",
              "    self._ahead.clear()\n    grain_adapter.close_iterator", "    grain_adapter.close_iterator",
              (DATA + "test_a_stopped_run_frees_its_shared_memory",)),
+    Mutation("mixup_pairs_within_each_device", "jaxnet/core/steps.py",
+             "    return _partner_in_groups(x, self.groups)\n", "    return jnp.roll(x, 1, axis=0)\n",
+             ("tests/test_augment.py::test_mixup_on_eight_devices_moves_no_image_between_them",), ci=True),
     # --- reliability, fourth round (issue 36) ------------------------------------
     Mutation("eval_refuses_config_changes", "jaxnet/core/train.py",
              "tuple(accept_config_changes), workdir_lib.changes_what_eval_sees)",

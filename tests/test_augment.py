@@ -223,3 +223,38 @@ def test_resume_with_dropout_mixing_randaugment_and_bf16_moments_is_exact(tmp_pa
   loss = lambda w: [r["train/loss"] for r in api.read_metrics(w) if "train/loss" in r]
   assert loss(straight) == loss(resumed)
   assert len(set(loss(straight))) == 6
+
+
+def test_pairs_form_within_groups_of_the_batch():
+  mix = Mix(mixup_alpha=1.0, groups=4)
+  x = jnp.arange(8)
+  np.testing.assert_array_equal(mix.partner(x), [1, 0, 3, 2, 5, 4, 7, 6])  # (2 per group, cyclic)
+  np.testing.assert_array_equal(Mix(mixup_alpha=1.0).partner(x), jnp.roll(x, 1))
+  with pytest.raises(ValueError, match=r"config.mix.groups=3 does not divide a \(micro-\)batch of 8"):
+    Mix(mixup_alpha=1.0, groups=3).apply(jax.random.PRNGKey(0), jnp.zeros((8, 4, 4, 1)),
+                                          jnp.zeros((8, 2)), jnp.ones((8,), bool))
+
+
+def test_mixup_on_eight_devices_moves_no_image_between_them():
+  """Compiled for 8 devices, with 2 micro-batches: each device pairs its own images (no
+  all-to-all, collective permute or all-gather of images); pairing over the whole batch
+  (mix.groups=1) does move them, so the check is not vacuous."""
+  from configs import digits
+  from jaxnet.core import config as config_lib
+  from jaxnet.core import experiment
+
+  def compiled(groups):
+    c = config_lib.switch_model(digits.get_config(), "vit_mini")
+    c.mix.mixup_alpha, c.mix.groups, c.grad_accum_steps, c.batch_size = 0.2, groups, 2, 32
+    exp = experiment.Experiment(c)
+    batch = {"image": jax.ShapeDtypeStruct((32, 16, 16, 1), jnp.uint8, sharding=exp.batch_sharding),
+             "label": jax.ShapeDtypeStruct((32,), jnp.int32, sharding=exp.batch_sharding),
+             "mask": jax.ShapeDtypeStruct((32,), jnp.bool_, sharding=exp.batch_sharding),
+             "corrupt": jax.ShapeDtypeStruct((32,), jnp.int32, sharding=exp.batch_sharding)}
+    return exp.train_step.lower(exp.abstract_state, batch).compile().as_text()
+
+  moving = ("all-to-all", "collective-permute", "all-gather")
+  per_device = compiled(0)
+  assert not [op for op in moving if f" {op}(" in per_device or f" {op}-start(" in per_device]
+  whole_batch = compiled(1)
+  assert [op for op in moving if f" {op}(" in whole_batch or f" {op}-start(" in whole_batch]

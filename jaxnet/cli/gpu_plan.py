@@ -8,7 +8,10 @@
 import argparse
 import json
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 
 from jaxnet.cli import process
 
@@ -24,13 +27,21 @@ def main(argv=None):
                       help="also find the largest per-GPU batch that fits (several compiles)")
   parser.add_argument("--dump", default="", help="write the optimized HLO of both steps here")
   parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
+  parser.add_argument("--install-plugin", action="store_true",
+                      help="first install the CUDA plugin wheels of this jaxlib into jaxnet's cache "
+                           "folder (not into the Python environment), if they are not there")
   with process.one_line_errors():
     from jaxnet.core import config as config_lib
     from jaxnet.tools import gpu_plan
     rest, overrides = config_lib.split_command_line(argv)
     args = parser.parse_args(rest)
-    # Before jax starts: compile on this CPU process, never start the CUDA backend (jax#28376).
+    # Before jax starts: compile on this CPU process, never start the CUDA backend (jax#28376),
+    # with the plugin from jaxnet's cache folder (never installed into the environment).
     os.environ["JAX_PLATFORMS"] = "cpu"
+    if args.install_plugin and not os.path.isdir(gpu_plan.plugin_dir()):
+      install_plugin(gpu_plan.plugin_dir())
+    if os.path.isdir(gpu_plan.plugin_dir()):
+      sys.path.insert(0, gpu_plan.plugin_dir())
     gpu_plan.check_plugin()
     process.apply_xla_flags()
     config = config_lib.load(args.config, overrides)
@@ -38,6 +49,28 @@ def main(argv=None):
     result = gpu_plan.plan(config, target=args.target, gpus=args.gpus, hosts=args.hosts,
                            dump=args.dump, find_max_batch=args.find_max_batch, log=log)
   print(json.dumps(result, indent=1, default=str) if args.json else gpu_plan.table(result))
+
+
+def install_plugin(target: str) -> None:
+  """pip installs the CUDA plugin wheels of this jaxlib (cuda12, else cuda13) into `target`,
+  whole or not at all (a temporary folder beside it, renamed when complete)."""
+  import importlib.metadata
+  from jaxnet.core.errors import UserError
+  version = importlib.metadata.version("jaxlib")
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  for cuda in (12, 13):
+    staging = tempfile.mkdtemp(prefix=".install-", dir=os.path.dirname(target))
+    print(f"installing jax-cuda{cuda}-plugin=={version} and jax-cuda{cuda}-pjrt=={version} into "
+          f"{target} ...", file=sys.stderr, flush=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", staging,
+                           f"jax-cuda{cuda}-plugin=={version}", f"jax-cuda{cuda}-pjrt=={version}"])
+    if done.returncode == 0:
+      os.replace(staging, target)
+      return
+    shutil.rmtree(staging, ignore_errors=True)
+  raise UserError(f"pip could not install the CUDA plugin wheels of jaxlib {version} (see above): "
+                  f"check the network, or install them yourself with pip install --no-deps --target "
+                  f"{target} jax-cuda12-plugin=={version} jax-cuda12-pjrt=={version}")
 
 
 if __name__ == "__main__":

@@ -97,6 +97,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.mix.cutmix_alpha = 0.0         # 0 turns CutMix off
   c.mix.prob = 1.0                 # chance that a batch is mixed
   c.mix.switch_prob = 0.5          # with both on: chance of CutMix instead of mixup
+  c.mix.groups = 0                 # examples pair within this many groups of the batch; 0: one per
+                                   # device (no traffic between devices; the pairs then depend on
+                                   # the device count), 1: the whole batch
 
   c.optim = ml_collections.ConfigDict()
   c.optim.name = "sgd"             # sgd | lars | adamw

@@ -75,9 +75,11 @@ class Experiment:
     # FSDP: how the steps gather the params (None: they are whole on every device already).
     self.fsdp_gather = self._fsdp_gather(abstract_state, norm) if m.fsdp else None
     norm["fsdp"] = self.fsdp_gather
+    # Mixup pairs within each device's share of the batch unless mix.groups says otherwise.
+    mix = steps.Mix(**{**config.mix, "groups": config.mix.groups or sharding.batch_devices(self.mesh)})
     train_step = steps.make_train_step(self.model, self.tx, self.schedule, self.policy,
                                        label_smoothing=config.label_smoothing,
-                                       ema_decay=config.ema_decay, mix=steps.Mix(**config.mix),
+                                       ema_decay=config.ema_decay, mix=mix,
                                        grad_accum_steps=config.grad_accum_steps, **norm)
     eval_step = steps.make_eval_step(self.model, self.policy, use_ema=config.ema_decay > 0, **norm)
     # Jitted once, with explicit shardings; the old state's buffers are donated

@@ -2,8 +2,8 @@
 would do (`python -m jaxnet.cli.gpu_plan`).
 
 XLA can compile for a CUDA target on a machine with no GPU, given the CUDA plugin wheels of
-the installed jaxlib (`pip install --no-deps jax-cuda12-plugin==V jax-cuda12-pjrt==V`, no
-CUDA libraries needed) and a description of the device (jaxnet/tools/gpu_targets/*.txtpb).
+the installed jaxlib (`--install-plugin` puts them in a cache folder, `plugin_dir`; no CUDA
+libraries needed) and a description of the device (jaxnet/tools/gpu_targets/*.txtpb).
 The steps compiled are the ones training runs, built by `jaxnet.core.experiment.Experiment`
 over the target's devices, on synthetic data of the config's shapes (only the batch's shape
 matters; progressive resizing is off: the steps are compiled at config.image_size). The
@@ -29,12 +29,27 @@ PLUGINS = (("jax-cuda12-plugin", "jax-cuda12-pjrt"), ("jax-cuda13-plugin", "jax-
 GIB = 2.0**30
 
 
+def plugin_dir(version: str | None = None) -> str:
+  """Where the CUDA plugin wheels of jaxlib `version` (default: the installed one) live for the
+  plan: a folder of jaxnet's cache (JAXNET_CUDA_PLUGIN_DIR, else
+  ~/.cache/jaxnet/cuda-plugin/VERSION), outside every Python environment, so that no other jax
+  program loads them: installed into an environment, the plugin makes every jax program on a
+  machine without a GPU print jax's plugin configuration error, with tracebacks."""
+  if os.environ.get("JAXNET_CUDA_PLUGIN_DIR"):
+    return os.environ["JAXNET_CUDA_PLUGIN_DIR"]
+  cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(cache, "jaxnet", "cuda-plugin", version or importlib.metadata.version("jaxlib"))
+
+
 def install_hint(version: str) -> str:
-  return f"pip install --no-deps jax-cuda12-plugin=={version} jax-cuda12-pjrt=={version}"
+  return (f"rerun with --install-plugin (it puts jax-cuda12-plugin=={version} and "
+          f"jax-cuda12-pjrt=={version}, about 480 MB installed, in {plugin_dir(version)}, outside "
+          f"your Python environment; no CUDA libraries or GPU needed)")
 
 
 def check_plugin() -> str:
-  """The installed CUDA plugin's name; a UserError naming the fix when none matches jaxlib."""
+  """The CUDA plugin's name, found in the Python environment or in plugin_dir() (which the
+  command line puts on sys.path); a UserError naming the fix when none matches jaxlib."""
   jaxlib = importlib.metadata.version("jaxlib")
   found = []
   for plugin, pjrt in PLUGINS:
@@ -48,8 +63,8 @@ def check_plugin() -> str:
   if found:
     raise UserError(f"the CUDA plugin ({', '.join(found)}) does not match jaxlib {jaxlib}: "
                     f"{install_hint(jaxlib)}")
-  raise UserError(f"compiling for a GPU target needs the CUDA plugin of jaxlib {jaxlib} "
-                  f"(no CUDA libraries or GPU needed): {install_hint(jaxlib)}")
+  raise UserError(f"compiling for a GPU target needs the CUDA plugin of jaxlib {jaxlib}: "
+                  f"{install_hint(jaxlib)}")
 
 
 def target_text(target: str) -> tuple[str, str]:
