@@ -77,7 +77,7 @@ def test_kernels_and_combined_collectives():
   assert s["kernels"] == 3  # two fusions and the cuDNN call; views and collectives are not kernels
   assert s["fusions"] == 2
   assert s["collectives"] == {"all-reduce": {"count": 1, "bytes": 4 * 40, "elements": 40,
-                                             "combined": 1}}
+                                             "combined": 1, "exposed": 1}}
   assert a.collectives[0]["operands"] == ["f32[32]{0}", "f32[8]{0}"]
 
 
@@ -264,26 +264,33 @@ def test_command_line_prints_the_table_or_one_line():
 
 
 def test_largest_batch_doubles_then_bisects(monkeypatch):
-  """The search, with a fake compile: 1 GiB per image per GPU, 20.5 GiB usable -> 20."""
+  """The search, with a fake compile: 1 GiB per image per GPU for the train step (half for the
+  eval step), plus what a run keeps beside it (2 prefetched batches, a 3% margin of the pool)."""
   from jaxnet.tools import gpu_plan as gpu_compile
   compiled = []
 
   def fake_build(config, devices, eval_step=True):
     per_gpu = config.batch_size // len(devices)
     compiled.append(per_gpu)
-    return None, gpu_compile.Compiled("", per_gpu * 2**30, 0, 0, 0, 0), None
+    step = lambda gib: gpu_compile.Compiled("", int(gib * 2**30), 0, 0, 0, 0)
+    return None, step(per_gpu), step(per_gpu / 2) if eval_step else None
 
   monkeypatch.setattr(gpu_compile, "build", fake_build)
   from jaxnet.core import config as config_io
   config = config_io.load("configs/resnet50.py", {})
-  found = gpu_compile.largest_batch(config, devices=[0, 1], usable=20.5 * 2**30, start=4)
+  usable = 21.5 * 2**30  # 20 images: 20 GiB + 0.65 GiB of margin + 6 MB of batches fit; 21 do not
+  found = gpu_compile.largest_batch(config, devices=[0, 1], usable=usable, start=4)
   assert (found["per_gpu_batch"], found["does_not_fit"]) == (20, 22)
-  assert compiled[:4] == [4, 8, 16, 32]  # doubling until it does not fit, then bisecting
-  assert len(compiled) == len(set(compiled)) <= 8
+  search, final = compiled[:-1], compiled[-1]
+  assert search[:4] == [4, 8, 16, 32]  # doubling until it does not fit, then bisecting
+  assert len(search) == len(set(search)) <= 8 and final == 20  # the answer, with its eval step
+  batches = 2 * 20 * (224 * 224 * 3 + 9)
+  assert found["prefetch_bytes"] == batches
+  assert found["headroom_bytes"] == pytest.approx(usable - 20 * 2**30 - batches - 0.03 * usable)
   compiled.clear()
   too_big = gpu_compile.largest_batch(config, devices=[0, 1], usable=2.5 * 2**30, start=64)
   assert (too_big["per_gpu_batch"], too_big["does_not_fit"]) == (2, 3)
-  assert compiled == [64, 32, 16, 8, 4, 2, 3]  # halving until it fits, then between 2 and 4
+  assert compiled[:-1] == [64, 32, 16, 8, 4, 2, 3]  # halving until it fits, then between 2 and 4
 
 
 def test_fp16_max_pool_gradient_stays_sharded_over_8_h100s():
@@ -416,3 +423,58 @@ def test_mixup_with_micro_batches_moves_no_images_between_8_h100s():
   _, train, _ = gpu_compile.build(config, devices, eval_step=False)
   ops = {c["op"] for c in ha.analyse(train.hlo).collectives}
   assert not ops & {"all-to-all", "collective-permute", "all-gather"}, ops
+
+
+OVERLAP_MODULE = """HloModule jit_f, is_scheduled=true
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %add.1 = f32[] add(%x, %y)
+}
+
+%fused_mul (p0: f32[64]) -> f32[64] {
+  %p0 = f32[64]{0} parameter(0)
+  ROOT %m = f32[64]{0} multiply(%p0, %p0)
+}
+
+ENTRY %main (a: f32[32], b: f32[64], c: f32[16]) -> (f32[32], f32[64], f32[16]) {
+  %a = f32[32]{0} parameter(0)
+  %b = f32[64]{0} parameter(1)
+  %c = f32[16]{0} parameter(2)
+  %ar-start = f32[32]{0} all-reduce-start(%a), channel_id=1, replica_groups={{0,1}}, to_apply=%add
+  %work = f32[64]{0} fusion(%b), kind=kLoop, calls=%fused_mul
+  %ar-done = f32[32]{0} all-reduce-done(%ar-start)
+  %ar2-start = f32[16]{0} all-reduce-start(%c), channel_id=2, replica_groups={{0,1}}, to_apply=%add
+  %ar2-done = f32[16]{0} all-reduce-done(%ar2-start)
+  ROOT %t = (f32[32]{0}, f32[64]{0}, f32[16]{0}) tuple(%ar-done, %work, %ar2-done)
+}
+"""
+
+
+def test_a_collective_is_exposed_unless_compute_is_scheduled_between_its_start_and_done():
+  analysis = ha.analyse(OVERLAP_MODULE)
+  assert [c["overlapped"] for c in analysis.collectives] == [True, False]
+  s = ha.summary(analysis)
+  assert s["collectives"]["all-reduce"]["exposed"] == 1 and s["exposed_collectives"] == 1
+  assert ha.summary(ha.analyse(CONV_MODULE))["exposed_collectives"] == 1  # nothing between
+
+
+def test_fsdp_weight_shards_are_weight_sized_not_activations():
+  """Under FSDP a transpose of a weight's shard (f32[1280,160] of ViT-H/14's [1280,1280]) is a
+  weight's, not an activation's: the plan counted 513 such as activation-sized."""
+  import math
+  from configs import digits
+  from jaxnet.core import config as config_lib
+  from jaxnet.core import experiment
+  from jaxnet.tools import gpu_plan
+  c = config_lib.switch_model(digits.get_config(), "vit_mini")
+  c.mesh.fsdp, c.mesh.fsdp_min_size, c.batch_size = True, 1024, 16
+  exp = experiment.Experiment(c)
+  sizes = gpu_plan.weight_elements(exp.abstract_state)
+  import jax
+  split = [x for x in jax.tree.leaves(exp.abstract_state.params) if not x.sharding.is_fully_replicated]
+  assert split, "vit_mini under FSDP splits some params"
+  for x in split:
+    whole, shard = math.prod(x.shape), math.prod(x.sharding.shard_shape(x.shape))
+    assert whole in sizes and shard in sizes and shard < whole

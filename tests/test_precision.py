@@ -236,3 +236,15 @@ def test_eval_in_every_precision_matches_fp32():
   for name in ("bf16", "fp16"):
     loss, top1 = results[name]
     assert abs(loss - loss32) < 0.05 and abs(top1 - top32) < 0.02, results
+
+
+def test_global_norm_in_one_reduction_is_optaxs_norm():
+  import optax
+  from jaxnet.core.steps import global_norm
+  rng = np.random.default_rng(0)
+  tree = {"a": jnp.asarray(rng.standard_normal((3, 5)), jnp.float32),
+          "b": {"c": jnp.asarray(rng.standard_normal((7,)) * 1e3, jnp.float32),
+                "d": jnp.asarray(rng.standard_normal((2, 2, 2)), jnp.bfloat16)}}
+  expected = float(optax.tree.norm(jax.tree.map(lambda x: x.astype(jnp.float32), tree)))
+  assert float(global_norm(tree)) == pytest.approx(expected, rel=1e-6)
+  assert float(global_norm(tree, one_reduction=False)) == pytest.approx(expected, rel=1e-6)

@@ -195,8 +195,15 @@ def param_sizes(abstract_state) -> list:
 
 
 def weight_elements(abstract_state) -> set:
-  """The element counts of the parameters (what a weight-sized transpose moves)."""
-  return set(param_sizes(abstract_state))
+  """The element counts of the parameters and, under FSDP, of each device's shard of them
+  (what a weight-sized transpose moves)."""
+  import jax
+  import numpy as np
+  sizes = set(param_sizes(abstract_state))
+  for x in jax.tree.leaves(abstract_state.params):
+    if getattr(x, "sharding", None) is not None:
+      sizes.add(int(np.prod(x.sharding.shard_shape(x.shape))))
+  return sizes
 
 
 def build(config, devices, *, eval_step: bool = True):
@@ -220,18 +227,38 @@ def analyse_step(compiled: Compiled, state_abstract, per_gpu_batch: int):
                               min_activation_elements=per_gpu_batch * 1024)
 
 
+# What else a run keeps in the pool besides the step: allocator fragmentation and jax's own
+# buffers, a stated guess (not measured on a GPU) of this fraction of the pool.
+MARGIN = 0.03
+
+
+def batch_bytes(config, per_gpu_batch: int, channels: int) -> int:
+  """One batch as it waits on a GPU: uint8 images, int32 label and corrupt, bool mask."""
+  return per_gpu_batch * (config.image_size ** 2 * channels + 4 + 4 + 1)
+
+
+def run_bytes(config, step_bytes: int, per_gpu_batch: int, channels: int, usable: float) -> float:
+  """What a run keeps on each GPU at this per-GPU batch: the step's memory (train or eval,
+  whichever is larger), data.prefetch batches read ahead of it, and the MARGIN."""
+  return (step_bytes + config.data.prefetch * batch_bytes(config, per_gpu_batch, channels)
+          + MARGIN * usable)
+
+
 def largest_batch(config, devices, usable: float, start: int, log=None) -> dict:
-  """The largest per-GPU batch whose train step fits in `usable` bytes, found by compiling:
-  doubling (or halving) from `start`, then bisecting to within 1/8 of the answer."""
-  gpus, tried = len(devices), {}
+  """The largest per-GPU batch a run fits in `usable` bytes (run_bytes: the train step, the
+  batches prefetched beside it, a margin), found by compiling: doubling (or halving) from
+  `start`, then bisecting to within 1/8 of the answer. At the answer the eval step is
+  compiled too, and the headroom left is what remains of the pool beside the larger step."""
+  gpus, tried, channels = len(devices), {}, len(config.data.mean)
 
   def fits(per_gpu):
     if per_gpu not in tried:
       _, train, _ = build(plan_config(config, per_gpu, gpus), devices, eval_step=False)
-      tried[per_gpu] = train.total
+      tried[per_gpu] = run_bytes(config, train.total, per_gpu, channels, usable)
       if log:
-        log(f"  per-GPU batch {per_gpu}: {train.total / GIB:.2f} GiB "
-            f"({'fits' if train.total <= usable else 'does not fit'})")
+        log(f"  per-GPU batch {per_gpu}: step {train.total / GIB:.2f} GiB, with {config.data.prefetch} "
+            f"prefetched batches and the margin {tried[per_gpu] / GIB:.2f} GiB "
+            f"({'fits' if tried[per_gpu] <= usable else 'does not fit'})")
     return tried[per_gpu] <= usable
 
   lo, hi = 0, None
@@ -252,15 +279,24 @@ def largest_batch(config, devices, usable: float, start: int, log=None) -> dict:
         lo = b
       else:
         hi = b
-  if hi is None:
-    return {"per_gpu_batch": lo, "exact": False, "tried": tried}
-  while lo and hi - lo > max(1, lo // 8):
+  while hi is not None and lo and hi - lo > max(1, lo // 8):
     mid = (lo + hi) // 2
     if fits(mid):
       lo = mid
     else:
       hi = mid
-  return {"per_gpu_batch": lo, "does_not_fit": hi, "tried": tried}
+  result = {"per_gpu_batch": lo, "tried": tried}
+  if hi is None:
+    result["exact"] = False
+  else:
+    result["does_not_fit"] = hi
+  if lo:
+    _, train, evaluation = build(plan_config(config, lo, gpus), devices)
+    needed = run_bytes(config, max(train.total, evaluation.total), lo, channels, usable)
+    result.update(headroom_bytes=usable - needed, train_bytes=train.total, eval_bytes=evaluation.total,
+                  prefetch_bytes=config.data.prefetch * batch_bytes(config, lo, channels),
+                  margin_bytes=MARGIN * usable)
+  return result
 
 
 # --- the plan --------------------------------------------------------------------------
@@ -369,7 +405,11 @@ def table(r: dict) -> str:
   if "max_per_gpu_batch" in r:
     mb = r["max_per_gpu_batch"]
     bound = f", {mb['does_not_fit']} does not" if "does_not_fit" in mb else " (search stopped)"
-    lines.append(f"  largest per-GPU batch that fits: {mb['per_gpu_batch']}{bound}")
+    lines.append(f"  largest per-GPU batch a run fits (step, {mb.get('prefetch_bytes', 0) / GIB:.2f} GiB of "
+                 f"prefetched batches, a {MARGIN:.0%} margin): {mb['per_gpu_batch']}{bound}")
+    if "headroom_bytes" in mb:
+      lines.append(f"  at {mb['per_gpu_batch']}: train step {mb['train_bytes'] / GIB:.2f} GiB, eval step "
+                   f"{mb['eval_bytes'] / GIB:.2f} GiB; headroom left {mb['headroom_bytes'] / GIB:.2f} GiB")
   convs = t["convolutions"]
   lines.append("library calls per train step:")
   lines.append(f"  cuDNN convolutions: {sum(convs.values())} "
@@ -393,7 +433,8 @@ def table(r: dict) -> str:
   coll = t["collectives"]
   if coll:
     for op, c in sorted(coll.items()):
-      lines.append(f"collectives: {op} x{c['count']} ({c['combined']} combining several tensors), "
+      lines.append(f"collectives: {op} x{c['count']} ({c['combined']} combining several tensors, "
+                   f"{c['exposed']} exposed: no compute scheduled between start and done), "
                    f"{c['bytes'] / 2**20:.1f} MiB per step (fp32 params: {r['params_bytes'] / 2**20:.1f} MiB)")
   else:
     lines.append("collectives: none")

@@ -281,8 +281,23 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
                        for o in instr.operands if o in comp.by_name
                        for n in called(comp.by_name[o].attrs, "calls") if n in computations)
     result.collectives.append({"op": op, "bytes": size, "elements": values, "operands": operand_shapes,
-                               "combined": len(instr.operands) > 1 or concatenated, "count": count})
+                               "combined": len(instr.operands) > 1 or concatenated, "count": count,
+                               "overlapped": overlapped(comp, instr)})
     result.kernels.append(Kernel(instr.name, "collective", 0, size, "", count))
+
+  def overlapped(comp, start):
+    """Whether the schedule (the order of a scheduled module's instructions) puts a compute
+    kernel between an asynchronous collective's start and its done. A synchronous one, or one
+    with nothing between, is exposed: the GPU waits for it."""
+    if not (start.opcode.endswith("-start") or start.opcode == "async-start"):
+      return False
+    at = comp.instructions.index(start)
+    for i in comp.instructions[at + 1:]:
+      if start.name in i.operands and (i.opcode.endswith("-done") or i.opcode == "async-done"):
+        return False
+      if i.opcode in ("fusion", "custom-call", "convolution", "dot"):
+        return True
+    return False
 
   def inside_fusion(fused, kernel_name, count):
     """FLOPs and dtype of the dots/convolutions in a fused computation; its transposes and copies."""
@@ -426,10 +441,12 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
 
 def summary(analysis: Analysis) -> dict:
   """The numbers of an Analysis as a flat dict (for tables, JSON and tests)."""
-  collectives = collections.defaultdict(lambda: {"count": 0, "bytes": 0, "elements": 0, "combined": 0})
+  collectives = collections.defaultdict(lambda: {"count": 0, "bytes": 0, "elements": 0, "combined": 0,
+                                                 "exposed": 0})
   for c in analysis.collectives:
     entry = collectives[c["op"]]
     entry["count"] += c["count"]
+    entry["exposed"] += 0 if c.get("overlapped") else c["count"]
     entry["bytes"] += c["bytes"] * c["count"]
     entry["elements"] += c["elements"] * c["count"]
     entry["combined"] += c["count"] if c["combined"] else 0
@@ -449,6 +466,7 @@ def summary(analysis: Analysis) -> dict:
       # Whole weight-sized copies (same shape and layout): a buffer duplicated, not re-laid-out.
       "weight_copies": sum(t["count"] for t in analysis.transposes_of("weight") if t["op"] == "copy"),
       "collectives": {k: dict(v) for k, v in collectives.items()},
+      "exposed_collectives": sum(v["exposed"] for v in collectives.values()),
       "flops": analysis.flops,
       "hbm_bytes": analysis.hbm_bytes,
   }
