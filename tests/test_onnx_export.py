@@ -439,3 +439,27 @@ def test_a_head_wider_than_the_dataset_names_its_extra_logits_by_index():
   meta = export.metadata(wide)
   assert json.loads(meta["jaxnet.class_names"]) == wide.class_names
   assert meta["jaxnet.workdir"] == "run7"  # the run's name, no path of this machine
+
+
+def test_int8_calibrates_on_a_folder_of_the_users_images(digits_workdir, tmp_path, capsys):
+  """--calibration-images=DIR: the deployment's own images, any layout, the unreadable ones
+  named once; the training data is not needed."""
+  import onnx
+  from PIL import Image
+  from jaxnet.cli import export as export_command
+  photos = tmp_path / "photos"
+  for i in range(6):
+    where = photos / ("a" if i % 2 else "b/c")
+    where.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.uint8(np.random.default_rng(i).integers(0, 256, (20, 24)))).save(where / f"{i}.png")
+  (photos / "notes.png").write_text("not an image")
+  out = tmp_path / "int8.onnx"
+  assert export_command.main([f"--workdir={digits_workdir}", "--format=onnx", "--int8",
+                              f"--calibration-images={photos}", f"--out={out}"]) == 0
+  props = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+  assert "MinMax calibration on 6 images of photos" in props["jaxnet.quantization"]
+  assert "passed over 1 unreadable file(s)" in capsys.readouterr().out
+  with pytest.raises(SystemExit):
+    export_command.main([f"--workdir={digits_workdir}", "--format=onnx", "--int8",
+                         f"--calibration-images={tmp_path / 'nope'}", f"--out={tmp_path / 'x.onnx'}"])
+  assert "no such folder" in capsys.readouterr().err and not (tmp_path / "x.onnx").exists()

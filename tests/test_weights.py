@@ -145,3 +145,29 @@ def test_hub_spec_reads_timm_preprocessing(tmp_path, monkeypatch):
   assert prep == Preprocessing((0.5, 0.5, 0.5), (0.25, 0.25, 0.25), 0.95, "bicubic")
   assert origin == "timm's pretrained_cfg of hf-hub:timm/resnet18.a1_in1k"
   assert len(pretrained.load("hf-hub:timm/resnet18.a1_in1k", shapes).variables) == 102
+
+
+def test_import_writes_a_workdir_that_evaluates_predicts_and_exports_like_the_original(tmp_path):
+  """`python -m jaxnet.cli.weights import`: torchvision-named weights into a workdir, no
+  training: its eval, predictions and export are the original run's."""
+  import os
+  from jaxnet import api
+  from jaxnet.cli import export as export_command
+  from jaxnet.cli import weights as weights_command
+  from tests.helpers import REPO
+  digits = os.path.join(REPO, "configs", "digits.py")
+  trained = tmp_path / "trained"
+  api.train(api.load_config(digits, total_steps=30, log_every_steps=30, checkpoint_every_steps=30), trained)
+  file = tmp_path / "digits.safetensors"
+  assert export_command.main([f"--workdir={trained}", "--format=torch", f"--out={file}"]) == 0
+  imported = tmp_path / "imported"
+  assert weights_command.main(["import", f"--from={file}", f"--config={digits}", f"--workdir={imported}",
+                               "--config.init.preprocessing=config"]) == 0
+  original, again = api.evaluate(trained), api.evaluate(imported)
+  assert again["eval/top1"] == original["eval/top1"]
+  np.testing.assert_allclose(again["eval/loss"], original["eval/loss"], rtol=1e-6)
+  images = np.random.default_rng(0).integers(0, 256, (3, 16, 16, 1), np.uint8)
+  np.testing.assert_allclose(api.restore(imported).logits(images), api.restore(trained).logits(images),
+                             rtol=1e-5, atol=1e-5)
+  with pytest.raises(SystemExit):  # a workdir that holds checkpoints is not overwritten
+    weights_command.main(["import", f"--from={file}", f"--config={digits}", f"--workdir={imported}"])

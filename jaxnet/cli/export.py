@@ -2,7 +2,7 @@
 
   python -m jaxnet.cli.export --workdir=DIR --out=FILE [--step=N] [--platforms=cpu,cuda] [--int8]
   python -m jaxnet.cli.export --workdir=DIR --format=torch --out=FILE.safetensors
-  python -m jaxnet.cli.export --workdir=DIR --format=onnx --out=FILE.onnx [--int8 [--calibration-images=N]]
+  python -m jaxnet.cli.export --workdir=DIR --format=onnx --out=FILE.onnx [--int8 [--calibration-images=N|DIR]]
 
 --format=jax (the default) serializes the inference function with jax.export, --int8 with
 its convolutions and dense layers in int8 (qwix); --format=torch writes the weights under
@@ -31,9 +31,9 @@ def main(argv=None):
                       help="with --format=onnx: static int8 quantization (onnxruntime, QDQ, "
                            "per-channel weights); with --format=jax: int8 convolutions and dense "
                            "layers (qwix, dynamic activation ranges)")
-  parser.add_argument("--calibration-images", type=int, default=None,
-                      help="with --int8: train images that calibrate the activation ranges "
-                           "(default 256)")
+  parser.add_argument("--calibration-images", default=None, metavar="N|DIR",
+                      help="with --int8: what calibrates the activation ranges: N train images "
+                           "(default 256), or every image in the folder DIR (any layout)")
   parser.add_argument("--platforms", default=None,
                       help="comma-separated backends to lower for, e.g. cpu,cuda (default: this one)")
   args = parser.parse_args(argv)
@@ -66,10 +66,16 @@ def main(argv=None):
       # one whose package (equinox, dm-pix: never used for jaxnet models) is absent.
       logging.getLogger("jax2onnx").setLevel(logging.ERROR)
       if args.int8:
-        n = (export.DEFAULT_CALIBRATION_IMAGES if args.calibration_images is None
-             else args.calibration_images)  # 0 is an error (calibration_images), not the default
-        export.save_onnx_int8(predictor, args.out, n)
-        kind = f"int8, calibrated on {n} train images"
+        given = args.calibration_images
+        if given is None:
+          calibration = export.DEFAULT_CALIBRATION_IMAGES
+        elif given.lstrip("-").isdigit():
+          calibration = int(given)  # 0 is an error (calibration_images), not the default
+        else:
+          calibration = given
+        export.save_onnx_int8(predictor, args.out, calibration)
+        kind = (f"int8, calibrated on the images in {calibration}" if isinstance(calibration, str)
+                else f"int8, calibrated on {calibration} train images")
       else:
         export.save_onnx(predictor, args.out)
         kind = "fp32"

@@ -382,7 +382,7 @@ class _Reader:
     return None if batch is None else {"images": batch}
 
 
-def quantize_onnx(model, images: np.ndarray):
+def quantize_onnx(model, images: np.ndarray, of: str = "train images"):
   """An fp32 onnx.ModelProto -> its int8 QDQ version, calibrated on `images`."""
   onnx, quantization, shape_inference = require(
       "onnx", "onnxruntime.quantization", "onnxruntime.quantization.shape_inference")
@@ -399,14 +399,42 @@ def quantize_onnx(model, images: np.ndarray):
   del quantized.metadata_props[:]
   props = {p.key: p.value for p in model.metadata_props}
   props["jaxnet.quantization"] = (f"int8 QDQ (onnxruntime quantize_static), per-channel weights, "
-                                  f"MinMax calibration on {len(images)} train images")
+                                  f"MinMax calibration on {len(images)} {of}")
   onnx.helper.set_model_props(quantized, props)
   return quantized
 
 
-def save_onnx_int8(predictor, path: str, num_images: int = DEFAULT_CALIBRATION_IMAGES) -> None:
-  """Exports, quantizes and writes the int8 model to path (nothing at path on failure)."""
+def calibration_folder(predictor, folder: str) -> np.ndarray:
+  """Every image file under `folder` (any layout: the deployment's own photos), preprocessed
+  as eval does; unreadable files passed over and named in one line."""
+  from jaxnet.core.data.imagefolder import EXTENSIONS_TEXT, is_image_name
+  from jaxnet.tools.predictor import ImageReadError
+  if not os.path.isdir(folder):
+    raise UserError(f"--calibration-images={folder}: no such folder (give a folder of images, or a count "
+                    f"of train images)")
+  files = sorted(os.path.join(root, name) for root, dirs, names in os.walk(folder)
+                 for name in names if is_image_name(name))
+  images, unreadable = [], []
+  for path in files:
+    try:
+      images.append(predictor.preprocess([path])[0])
+    except ImageReadError:
+      unreadable.append(os.path.relpath(path, folder))
+  if unreadable:
+    shown = ", ".join(unreadable[:5]) + (f" and {len(unreadable) - 5} more" if len(unreadable) > 5 else "")
+    print(f"note: calibration passed over {len(unreadable)} unreadable file(s) of {folder}: {shown}", flush=True)
+  if not images:
+    raise UserError(f"--calibration-images={folder} holds no readable {EXTENSIONS_TEXT} image")
+  return np.stack(images)
+
+
+def save_onnx_int8(predictor, path: str, calibration=DEFAULT_CALIBRATION_IMAGES) -> None:
+  """Exports, quantizes and writes the int8 model to path (nothing at path on failure).
+  `calibration`: a number of train images, or a folder of images."""
   (onnx,) = require("onnx", "jax2onnx", "onnxruntime.quantization")[:1]
-  images = calibration_images(predictor, num_images)  # fails early, before the export
-  quantized = quantize_onnx(to_onnx(predictor), images)
+  from_folder = isinstance(calibration, str)
+  images = (calibration_folder(predictor, calibration) if from_folder
+            else calibration_images(predictor, calibration))  # fails early, before the export
+  of = f"images of {os.path.basename(os.path.normpath(calibration))}" if from_folder else "train images"
+  quantized = quantize_onnx(to_onnx(predictor), images, of)
   write_file_atomically(path, lambda tmp: onnx.save_model(quantized, tmp))

@@ -240,3 +240,42 @@ def initialiser(config, log=print):
     return unflatten_dict({p: _place(values[p], x) if p in values else x for p, x in target.items()})
 
   return init_params
+
+
+def import_to_workdir(config, workdir: str, spec: str, log=print) -> int:
+  """A jaxnet workdir from pretrained weights, without training: `config`'s model and data
+  with its params and BN statistics from `spec` (a .safetensors/.pth file under torchvision/
+  timm names, hf-hub:OWNER/NAME, or another workdir) and the preprocessing they expect,
+  saved as the checkpoint of step 0 with config.json, classes.json and environment.json.
+  Eval, predict and export take it as they take a trained workdir, and training it resumes
+  from step 0, a fine-tune of the weights. Returns the number of variables loaded."""
+  from jaxnet.core import checkpoint as ckpt
+  from jaxnet.core import config as config_lib
+  from jaxnet.core import workdir as workdir_lib
+  from jaxnet.core.errors import UserError
+  from jaxnet.core.experiment import Experiment
+  from jaxnet.core.metrics import write_run_info
+  workdir_lib.check_path(workdir)
+  if ckpt.has_checkpoints(workdir):
+    raise UserError(f"{workdir} already holds checkpoints: import into a new --workdir")
+  os.makedirs(workdir, exist_ok=True)
+  config = config_lib.with_model_options(config).copy_and_resolve_references()
+  with config.unlocked():
+    config.init.weights = spec
+  config.lock()
+  config = fetch_and_record_preprocessing(config, workdir, log)
+  exp = Experiment(config)
+  loaded = []
+  init = initialiser(config, log=lambda line: loaded.append(line) or log(line))
+  state = exp.init_state(init)
+  config_json = config.to_json_best_effort(indent=2)
+  with exp.device_batches() as batches:  # the data position of a run at step 0
+    checkpoints = ckpt.Checkpoints(workdir, async_save=False)
+    try:
+      checkpoints.save(0, state, batches.position, json.loads(config_json))
+    finally:
+      checkpoints.close()
+  workdir_lib.record_config(workdir, config_json, {}, 0)
+  write_run_info(workdir, total_steps=exp.total_steps, steps_per_epoch=exp.steps_per_epoch,
+                 num_classes=exp.num_classes, class_names=exp.class_names)
+  return len(jax.tree.leaves(state.params)) + len(jax.tree.leaves(state.batch_stats))

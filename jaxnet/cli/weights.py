@@ -1,0 +1,41 @@
+"""Pretrained weights into a jaxnet workdir, without training (jaxnet/tools/weights):
+
+  python -m jaxnet.cli.weights import --from=FILE.safetensors|FILE.pth|hf-hub:OWNER/NAME \
+      --config=configs/NAME.py[:ARG] --workdir=DIR [--config.KEY=VALUE ...]
+
+The config names the model (its architecture must be the weights') and the data (its classes,
+and the eval split that eval and predict use; `--config.data.source=synthetic
+--config.data.num_classes=1000` where there is none). The workdir then holds the checkpoint of
+step 0: `--mode=eval`, `jaxnet.cli.predict` and `jaxnet.cli.export` take it as a trained one.
+The way back out is `python -m jaxnet.cli.export --format=torch`.
+"""
+
+import argparse
+import sys
+
+from jaxnet.cli import process
+
+
+def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
+  parser = argparse.ArgumentParser(prog="python -m jaxnet.cli.weights", description=__doc__.split("\n\n")[0])
+  parser.add_argument("action", choices=["import"])
+  parser.add_argument("--from", dest="source", required=True,
+                      help="a .safetensors or .pth file (torchvision/timm names), or hf-hub:OWNER/NAME")
+  parser.add_argument("--config", required=True, help="configs/NAME.py[:ARG]: the model and the data")
+  parser.add_argument("--workdir", required=True, help="a new workdir to write")
+  with process.one_line_errors():
+    from jaxnet.core import config as config_lib
+    rest, overrides = config_lib.split_command_line(argv)
+    args = parser.parse_args(rest)
+    process.setup()
+    config = config_lib.load(args.config, overrides)
+    from jaxnet.tools.weights import pretrained
+    count = pretrained.import_to_workdir(config, args.workdir, args.source)
+  print(f"imported {count} arrays of {args.source} into {args.workdir} (checkpoint of step 0): "
+        f"evaluate it with python -m jaxnet.main --config={args.config} --workdir={args.workdir} --mode=eval")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
