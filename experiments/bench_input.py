@@ -271,6 +271,40 @@ def grain_table(root: str, workers_list: list[int], batch_size: int, seconds: fl
         "single-core PIL loop's images per CPU-second")
 
 
+def dali_table(root: str, threads_list: list[int], batch_size: int, seconds: float,
+               pil_cpu_rate: float) -> None:
+  """jaxnet's DALI train loader (config.data.loader=dali) on DALI's CPU operators, beside the
+  Grain rows: images/s and images per CPU-second for each number of DALI threads."""
+  try:
+    import nvidia.dali  # noqa: F401
+  except ImportError:
+    print("\n3) DALI: not installed (pip install -e '.[dali]'): no rows")
+    return
+  import jax
+  from jaxnet.core.data import dali
+  device = "mixed (GPU decode)" if jax.default_backend() == "gpu" else "cpu"
+  print(f"\n3) jaxnet.core.data.dali.TrainLoader: DALI {nvidia.dali.__version__}, decoders.image_slice "
+        f"device={device}, random-resized crop + resize {IMAGE_SIZE} + flip, batch {batch_size}; "
+        f"{os.cpu_count()} cores; {benchlib.load_line()}")
+  print(f"{'DALI threads':>14s} {'images/s':>9s} {'per thread':>10s} {'img/CPU-s':>9s} {'vs PIL loop':>11s}")
+  source = ImageFolderSource(root, "train")
+  for threads in threads_list:
+    loader = dali.TrainLoader(source, global_batch_size=batch_size, image_size=IMAGE_SIZE, seed=0,
+                              threads=threads)
+    iterator = iter(loader)
+    next(iterator)  # excludes the pipeline's build
+    batches, start, cpu_start = 0, time.perf_counter(), cpu_seconds_of_tree()
+    while time.perf_counter() - start < seconds:
+      batch = next(iterator)
+      batches += 1
+    rate = batches * batch_size / (time.perf_counter() - start)
+    cpu_rate = batches * batch_size / (cpu_seconds_of_tree() - cpu_start)
+    assert batch["image"].shape == (batch_size, IMAGE_SIZE, IMAGE_SIZE, 3)
+    iterator.close()
+    print(f"{threads:>14d} {rate:9.1f} {rate / threads:10.1f} {cpu_rate:9.1f} {rate / pil_cpu_rate:10.2f}x",
+          flush=True)
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--dir", help="image folder root (has train/); generated if omitted")
@@ -313,6 +347,7 @@ def main(argv=None) -> None:
       decoder_table(large_copies(blobs[:20]), seconds, "1b) 1600x1200:")
     grain_table(root, workers, batch_size, 2 * seconds, pil_rate, args.epoch_size,
                 args.read_threads)
+    dali_table(root, sorted({max(w, 1) for w in workers}), batch_size, 2 * seconds, pil_rate)
 
 
 if __name__ == "__main__":

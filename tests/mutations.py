@@ -452,6 +452,9 @@ MUTATIONS = [
              "  return (step_bytes + config.data.prefetch * batch_bytes(config, per_gpu_batch, channels)",
              "  return (step_bytes + 0 * batch_bytes(config, per_gpu_batch, channels)",
              ("tests/test_gpu_plan.py::test_largest_batch_doubles_then_bisects",), ci=True),
+    Mutation("dali_position_restored", "jaxnet/core/data/dali.py",
+             '    self.pipe = self.loader.pipeline(base64.b64decode(saved["dali"]))\n', "    pass\n",
+             ("tests/test_dali.py::test_a_resumed_dali_run_sees_the_batches_an_uninterrupted_one_sees",)),
     # --- reliability, fourth round (issue 36) ------------------------------------
     Mutation("eval_refuses_config_changes", "jaxnet/core/train.py",
              "tuple(accept_config_changes), workdir_lib.changes_what_eval_sees)",

@@ -77,7 +77,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.name = "imagenet2012"     # tfds dataset name
   c.data.train_split = "train"
   c.data.eval_split = "validation"
-  c.data.workers = 0               # Grain worker processes (0: decode in the main process)
+  c.data.loader = "grain"          # grain | dali: NVIDIA DALI decodes and augments (on the GPU where
+                                   # jax computes on one; image folders; pip install -e '.[dali]')
+  c.data.workers = 0               # Grain worker processes (0: decode in the main process);
+                                   # with loader=dali, DALI's CPU threads
   c.data.read_threads = 0          # threads per worker reading records ahead; 0 reads inline,
                                    # cheapest from local disk; raise to ~16 for GCS/NFS
   c.data.eval_batch_size = 0       # 0: batch_size

@@ -43,6 +43,14 @@ class Experiment:
       raise InvalidValueError(f"config.data.mean/std have {len(config.data.mean)} values but images have "
                               f"{channels} channels")
 
+    if config.data.loader not in ("grain", "dali"):
+      raise InvalidValueError(f"config.data.loader={config.data.loader!r}: use grain or dali")
+    if config.data.loader == "dali":
+      from jaxnet.core.data import dali
+      dali.require()
+      for source in (self.train_source, self.eval_source):
+        if source is not None:
+          dali.check_source(source, config.data.source, config.data.randaug_num_ops)
     if config.progressive_resizing and not ref.encoded:
       raise InvalidValueError("config.progressive_resizing needs a JPEG source (imagefolder or tfds): "
                               f"{config.data.source} images have one fixed size")
@@ -121,6 +129,12 @@ class Experiment:
 
   def train_loader(self, image_size: int | None = None):
     c = self.config
+    if c.data.loader == "dali":
+      from jaxnet.core.data import dali
+      return dali.TrainLoader(self.train_source, global_batch_size=c.batch_size,
+                              image_size=image_size or c.image_size, seed=c.seed,
+                              process_index=self.process_index, process_count=self.process_count,
+                              threads=max(c.data.workers, 1))
     return pipeline.train_loader(
         self.train_source, global_batch_size=c.batch_size, image_size=image_size or c.image_size,
         seed=c.seed, workers=c.data.workers, read_threads=c.data.read_threads,
@@ -136,11 +150,15 @@ class Experiment:
   def eval_batches(self):
     """The eval set once, in order, as global batches on the mesh (the last one padded, masked)."""
     c = self.config
-    for local in pipeline.eval_batches(
-        self.eval_source, global_batch_size=c.data.eval_batch_size or c.batch_size,
-        image_size=c.image_size, workers=c.data.workers, process_index=self.process_index,
-        process_count=self.process_count, crop_fraction=c.data.eval_crop_fraction,
-        interpolation=c.data.eval_interpolation):
+    options = dict(global_batch_size=c.data.eval_batch_size or c.batch_size, image_size=c.image_size,
+                   process_index=self.process_index, process_count=self.process_count,
+                   crop_fraction=c.data.eval_crop_fraction, interpolation=c.data.eval_interpolation)
+    if c.data.loader == "dali":
+      from jaxnet.core.data import dali
+      batches = dali.eval_batches(self.eval_source, threads=max(c.data.workers, 1), **options)
+    else:
+      batches = pipeline.eval_batches(self.eval_source, workers=c.data.workers, **options)
+    for local in batches:
       yield sharding.to_global(local, self.batch_sharding)
 
 

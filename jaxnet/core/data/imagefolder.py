@@ -131,6 +131,11 @@ class ImageFolderSource:
   def __len__(self) -> int:
     return len(self._paths)
 
+  def files_and_labels(self) -> tuple[list[str], list[int]]:
+    """Every example's file and label, in the source's order (for loaders that read files
+    themselves: jaxnet/core/data/dali.py)."""
+    return list(self._paths), list(self._labels)
+
   def __getitem__(self, index: int) -> dict:
     with open(self._paths[index], "rb") as f:
       data = f.read()

@@ -1,0 +1,129 @@
+"""The DALI loader (config.data.loader="dali", jaxnet/core/data/dali.py), on DALI's CPU
+operators: the same examples as the Grain loader, eval batches equal within the decoders'
+rounding, train crops drawn from the same distribution, an exact resume, and one line where
+DALI is missing or cannot read the source. Skips, saying so, without NVIDIA DALI (.ci/run
+installs it on the newest leg)."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from jaxnet.core.data.imagefolder import ImageFolderSource
+from jaxnet.core.errors import UserError
+from tests.helpers import REPO
+
+
+def _dali():
+  try:
+    import nvidia.dali  # noqa: F401
+  except ImportError:
+    pytest.skip("NVIDIA DALI is not installed (pip install -e '.[dali]'); .ci/run installs it on one leg")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+  from jaxnet.tools.make_imagefolder import make_imagefolder
+  return make_imagefolder(str(tmp_path_factory.mktemp("folder")), classes=3, per_class=8, val_per_class=5,
+                          seed=0, verbose=False)
+
+
+def test_without_dali_or_with_another_source_it_is_one_line(monkeypatch):
+  import builtins
+  from jaxnet.core.data import dali
+  real_import = builtins.__import__
+
+  def no_dali(name, *args, **kwargs):
+    if name.startswith("nvidia.dali"):
+      raise ImportError(name)
+    return real_import(name, *args, **kwargs)
+  monkeypatch.setattr(builtins, "__import__", no_dali)
+  with pytest.raises(UserError, match=r"loader=dali needs NVIDIA DALI, which is not installed: pip install"):
+    dali.require()
+  monkeypatch.undo()
+  from jaxnet.core.data.sources import digits_source
+  with pytest.raises(UserError, match="reads image folders .* not data.source=digits"):
+    dali.check_source(digits_source("train"), "digits", 0)
+
+
+def test_eval_batches_equal_the_grain_loaders_within_the_decoders_rounding(folder):
+  _dali()
+  from jaxnet.core.data import dali, pipeline
+  source = ImageFolderSource(folder, "val")
+  grain_batches = list(pipeline.eval_batches(source, global_batch_size=4, image_size=32))
+  dali_batches = list(dali.eval_batches(source, global_batch_size=4, image_size=32))
+  assert len(grain_batches) == len(dali_batches) == math.ceil(len(source) / 4)
+  worst, mean = 0, []
+  for g, d in zip(grain_batches, dali_batches):
+    np.testing.assert_array_equal(g["mask"], d["mask"])
+    np.testing.assert_array_equal(g["label"][g["mask"]], d["label"][d["mask"]])
+    difference = np.abs(g["image"][g["mask"]].astype(int) - d["image"][d["mask"]].astype(int))
+    worst, mean = max(worst, int(difference.max())), mean + [difference.mean()]
+  print(f"\nDALI vs Grain eval pixels: max difference {worst}, mean {np.mean(mean):.3f} grey levels")
+  # Measured: max 1 grey level, mean 0.06 (DALI's and PIL's antialiased filters round apart).
+  assert worst <= 2 and np.mean(mean) < 0.2
+
+
+def test_train_crops_are_drawn_as_the_grain_loader_draws_them(folder):
+  """Area fraction and aspect ratio of DALI's crop windows against the Grain loader's
+  random_resized_crop_box, on the same images (two-sample Kolmogorov-Smirnov distances)."""
+  _dali()
+  from jaxnet.core.data import dali
+  from jaxnet.core.data.transforms import random_resized_crop_box
+  source = ImageFolderSource(folder, "train")
+  loader = dali.TrainLoader(source, global_batch_size=8, image_size=32, seed=0)
+  pipe = loader.pipeline(windows=True)
+  rng = np.random.default_rng(0)
+  a1, r1, a2, r2 = [], [], [], []
+  for _ in range(40):
+    _, _, shapes, wholes = pipe.run()
+    for (h, w), (height, width, _) in zip(np.asarray(shapes.as_tensor())[:, :2], np.asarray(wholes.as_tensor())):
+      a1.append(h * w / (height * width))
+      r1.append(math.log(w / h))
+      _, _, gh, gw = random_resized_crop_box(rng, int(height), int(width))  # Grain's, same image
+      a2.append(gh * gw / (height * width))
+      r2.append(math.log(gw / gh))
+  a1, r1, a2, r2 = map(np.array, (a1, r1, a2, r2))
+  ks = lambda x, y: np.max(np.abs(np.searchsorted(np.sort(x), np.sort(np.concatenate([x, y])), "right") / len(x)
+                                  - np.searchsorted(np.sort(y), np.sort(np.concatenate([x, y])), "right") / len(y)))
+  print(f"\ncrop area fraction: DALI mean {a1.mean():.3f}, Grain {a2.mean():.3f}, KS {ks(a1, a2):.3f}; "
+        f"log aspect ratio: DALI {r1.mean():+.3f}, Grain {r2.mean():+.3f}, KS {ks(r1, r2):.3f}")
+  assert ks(a1, a2) < 0.12 and ks(r1, r2) < 0.12  # 320 crops each: 0.12 is p ~ 0.02
+  # DALI clips a window that does not fit the image where Grain draws again: a few crops fall
+  # below the 8% area floor.
+  assert np.mean(a1 < 0.08) < 0.05 and a1.max() <= 1.0
+
+
+def test_a_resumed_dali_run_sees_the_batches_an_uninterrupted_one_sees(folder, tmp_path):
+  _dali()
+  from jaxnet import api
+  from jaxnet.core import checkpoint as ckpt
+  from jaxnet.core.train import RunControl
+  config = lambda: api.load_config(os.path.join(REPO, "configs", "resnet.py:runlocal"), {
+      "data.loader": "dali", "data.source": "imagefolder", "data.dir": folder, "data.eval_split": "val",
+      "image_size": 32, "batch_size": 8, "total_steps": 6, "log_every_steps": 3,
+      "checkpoint_every_steps": 3, "eval_every_steps": 0})
+  api.train(config(), tmp_path / "straight")
+  stop = []
+  control = RunControl(stop_requested=lambda: bool(stop))
+  import jaxnet.core.train as train_lib
+  original = train_lib.check_finite_metrics
+  calls = []
+
+  def stop_after_3(history, step, *args, **kwargs):
+    calls.append(step)
+    if step == 3:
+      stop.append(True)
+    return original(history, step, *args, **kwargs)
+  train_lib.check_finite_metrics = stop_after_3
+  try:
+    assert api.train(config(), tmp_path / "resumed", control=control)["stopped_at_step"] == 3
+  finally:
+    train_lib.check_finite_metrics = original
+  api.train(config(), tmp_path / "resumed")
+  a, _ = ckpt.load_arrays(tmp_path / "straight")
+  b, _ = ckpt.load_arrays(tmp_path / "resumed")
+  import jax
+  for x, y in zip(jax.tree.leaves(a["params"]), jax.tree.leaves(b["params"])):
+    np.testing.assert_array_equal(x, y)
