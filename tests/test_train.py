@@ -110,7 +110,7 @@ def test_nan_bf16_eval_from_the_command_line_is_one_error_line(quick_start):
   workdir, _ = quick_start
   before = read_jsonl(workdir)
   proc = run_main(workdir, "precision=bf16", mode="eval", check=False,
-                  env={"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type=dot,eltwise,reduce"})
+                  flags=("--accept_config_changes=precision",), env={"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type=dot,eltwise,reduce"})
   assert proc.returncode == 1, proc.stdout[-2000:]
   error = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
   assert len(error) == 1 and "Traceback" not in proc.stderr, proc.stderr
