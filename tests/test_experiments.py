@@ -167,8 +167,17 @@ def test_bench_input_quick_prints_both_tables():
   out = run_script("bench_input.py", "--quick", "--workers", "0,1")
   assert "hardware:" in out
   assert "PIL: full decode + crop + resize" in out
-  workers = [line.split()[0] for line in out.splitlines() if re.match(r"^\s*[01]( \(in-process\))?\s+\d", line)]
+  loader_table = out.split("\n2) ")[1].split("\n3) ")[0]  # 3) is DALI's table, where DALI is installed
+  workers = [line.split()[0] for line in loader_table.splitlines()
+             if re.match(r"^\s*[01]( \(in-process\))?\s+\d", line)]
   assert workers == ["0", "1"], out
+  try:
+    import nvidia.dali  # noqa: F401
+  except ImportError:
+    assert "3) DALI: not installed (pip install -e '.[dali]'): no rows" in out
+  else:
+    threads = [line.split()[0] for line in out.split("\n3) ")[1].splitlines() if re.match(r"^\s*1\s+\d", line)]
+    assert threads == ["1"], out
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(REPO, "experiments", "bench_scaling.py")),
