@@ -72,8 +72,9 @@ def base_config() -> ml_collections.ConfigDict:
                                    # become what the weights expect | config: keep the config's
 
   c.data = ml_collections.ConfigDict()
-  c.data.source = "synthetic"      # digits | synthetic | imagefolder | tfds
-  c.data.dir = ""                  # ImageFolder root or tfds data_dir
+  c.data.source = "synthetic"      # digits | synthetic | imagefolder | tfds | coco (a detector's:
+                                   # DIR/annotations/instances_SPLIT.json and DIR/SPLIT/)
+  c.data.dir = ""                  # ImageFolder or COCO-format root, or tfds data_dir
   c.data.name = "imagenet2012"     # tfds dataset name
   c.data.train_split = "train"
   c.data.eval_split = "validation"
@@ -93,6 +94,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.prefetch = 2              # batches placed on the devices ahead of the step
   c.data.randaug_num_ops = 0       # RandAugment: ops per train image (0: off); in the Grain
   c.data.randaug_magnitude = 10    # workers, on uint8 images; magnitude of 0..10
+
+  # Object detection (data.source=coco, a retinanet_* model; jaxnet/core/detection.py).
+  c.detection = ml_collections.ConfigDict()
+  c.detection.max_boxes = 100      # ground-truth boxes per image the batch holds (more: the first)
+  c.detection.scale_jitter = (1.0, 1.0)  # train: the resize's random factor, (low, high)
+  c.detection.max_detections = 100  # per image, after NMS, as torchvision's detections_per_img
+  c.detection.candidates_per_level = 1000  # best scores per pyramid level that reach NMS
 
   # Mixup / CutMix, on the device inside the train step (soft targets); off by default.
   c.mix = ml_collections.ConfigDict()

@@ -8,10 +8,11 @@ Training and evaluation (jaxnet/core/train.py) both start here, and so does the 
 import jax
 import jax.numpy as jnp
 
-from jaxnet.core import models, optim, sharding, steps
+from jaxnet.core import detection, models, optim, sharding, steps
 from jaxnet.core.config import duration_in_steps, with_model_options
 from jaxnet.core.data import pipeline, sources
 from jaxnet.core.errors import InvalidValueError
+from jaxnet.core.models.retinanet import RetinaNet
 from jaxnet.core.state import TrainState, get_policy, init_state
 
 
@@ -29,11 +30,19 @@ class Experiment:
     self.policy = get_policy(config.precision)
     self.process_index, self.process_count = jax.process_index(), jax.process_count()
 
-    self.train_source = sources.make_source(config.data, "train", config.image_size) if need_train_data else None
-    self.eval_source = sources.make_source(config.data, "eval", config.image_size)
+    # A COCO-format source trains a detector (jaxnet/core/detection.py), the others a classifier.
+    self.task = "detection" if config.data.source == "coco" else "classification"
+    if self.task == "detection":
+      detection.check_config(config)
+    self.train_source = (sources.make_source(config.data, "train", config.image_size, config.detection)
+                         if need_train_data else None)
+    self.eval_source = sources.make_source(config.data, "eval", config.image_size, config.detection)
     ref = self.train_source or self.eval_source
-    # What the data sources skipped (hidden folders, Thumbs.db, ...), for the caller to show.
-    self.data_note = sources.ignored_note([self.train_source, self.eval_source])
+    # What the data sources skipped (hidden folders, Thumbs.db, ...) or changed (a detection
+    # source's clipped boxes, ...), for the caller to show.
+    notes = [sources.ignored_note([self.train_source, self.eval_source])]
+    notes += [getattr(s, "note", None) for s in (self.train_source, self.eval_source)]
+    self.data_note = "\n".join(n for n in notes if n) or None
     self.num_classes = _head_size(config.model.num_classes, ref.num_classes, config.data.source)
     self.class_names = getattr(ref, "class_names", None)
     example = ref[0]["image"] if not ref.encoded else None
@@ -63,6 +72,11 @@ class Experiment:
     self.model = models.from_config(config.model, self.num_classes, self.policy.compute_dtype,
                                     sharding.bn_num_groups(config.bn_group_size, self.mesh)
                                     if config.bn_group_size else None)
+    if isinstance(self.model, RetinaNet) != (self.task == "detection"):
+      raise InvalidValueError(
+          f"config.model.name={config.model.name} with config.data.source={config.data.source}: "
+          f"a detector (retinanet_*) trains on COCO-format data (data.source=coco), a classifier "
+          f"on the others")
     self.schedule = optim.learning_rate_schedule(
         config.optim, config.batch_size, self.total_steps,
         warmup_steps=duration_in_steps(config, "warmup", self.steps_per_epoch))
@@ -85,11 +99,18 @@ class Experiment:
     norm["fsdp"] = self.fsdp_gather
     # Mixup pairs within each device's share of the batch unless mix.groups says otherwise.
     mix = steps.Mix(**{**config.mix, "groups": config.mix.groups or sharding.batch_devices(self.mesh)})
-    train_step = steps.make_train_step(self.model, self.tx, self.schedule, self.policy,
-                                       label_smoothing=config.label_smoothing,
-                                       ema_decay=config.ema_decay, mix=mix,
-                                       grad_accum_steps=config.grad_accum_steps, **norm)
-    eval_step = steps.make_eval_step(self.model, self.policy, use_ema=config.ema_decay > 0, **norm)
+    if self.task == "detection":
+      del norm["num_classes"]
+      train_step = detection.make_train_step(self.model, self.tx, self.schedule, self.policy, **norm)
+      eval_step = detection.make_eval_step(self.model, self.policy, **norm,
+                                           max_detections=config.detection.max_detections,
+                                           candidates_per_level=config.detection.candidates_per_level)
+    else:
+      train_step = steps.make_train_step(self.model, self.tx, self.schedule, self.policy,
+                                         label_smoothing=config.label_smoothing,
+                                         ema_decay=config.ema_decay, mix=mix,
+                                         grad_accum_steps=config.grad_accum_steps, **norm)
+      eval_step = steps.make_eval_step(self.model, self.policy, use_ema=config.ema_decay > 0, **norm)
     # Jitted once, with explicit shardings; the old state's buffers are donated
     # so params and optimizer state are updated in place.
     self.train_step = jax.jit(train_step, in_shardings=(self.state_sharding, self.batch_sharding),

@@ -341,8 +341,10 @@ class Progress:
     eta = (self.total_steps - step) * self.batch_size / max(images_per_sec, 1e-9)
     steps = metrics.get("train/window_steps", window)
     note = f"  (mean of {steps} steps)" if window and steps < window else ""
+    # A detector's steps have no accuracy.
+    acc = f"acc {metrics['train/accuracy']:.3f}  " if "train/accuracy" in metrics else ""
     print(f"step {step:>7}/{self.total_steps}  loss {metrics['train/loss']:.4f}  "
-          f"acc {metrics['train/accuracy']:.3f}  lr {metrics['train/learning_rate']:.4g}  "
+          f"{acc}lr {metrics['train/learning_rate']:.4g}  "
           f"{images_per_sec:,.0f} img/s  ETA {_fmt_time(eta)}{note}", flush=True)
 
   def elapsed(self) -> float:

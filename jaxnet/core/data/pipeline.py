@@ -4,7 +4,8 @@ devices (`DeviceBatches`).
 
 Every batch is a dict of host numpy arrays for this process's share of the global
 batch: `image` uint8 NHWC, `label` int32, `mask` bool (False for padding and for
-images that failed to decode) and `corrupt` int32 (1 where a JPEG was unreadable).
+images that failed to decode) and `corrupt` int32 (1 where a JPEG was unreadable);
+a detection source's (jaxnet/core/data/coco.py) has its boxes in place of `label`.
 Normalisation and the cast to the compute dtype happen on the device, in the step.
 """
 
@@ -29,6 +30,8 @@ class ArrayToExample(grain.MapTransform):
 
 
 def _train_transform(source, image_size: int):
+  if hasattr(source, "transform"):  # a detection source moves its boxes with the pixels
+    return source.transform(image_size, train=True)
   if not source.encoded:
     return ArrayToExample()
   from jaxnet.core.data.transforms import TrainDecodeCrop
@@ -37,6 +40,8 @@ def _train_transform(source, image_size: int):
 
 def _eval_transform(source, image_size: int, crop_fraction: float, interpolation: str,
                     warn_corrupt: bool = True):
+  if hasattr(source, "transform"):
+    return source.transform(image_size, train=False)
   if not source.encoded:
     return ArrayToExample()
   from jaxnet.core.data.transforms import EvalDecodeCrop
@@ -147,7 +152,7 @@ class _Slice:
 
 
 def _pad(local: dict, size: int) -> dict:
-  n = len(local["label"])
+  n = len(local["mask"])
   if n == size:
     return local
   out = {}

@@ -8,6 +8,9 @@ processes; `encoded=False` sources hold uint8 HWC arrays of the final size.
   synthetic    random uint8 images made on the host (throughput work)
   imagefolder  DIR/{train,val}/<class>/*.jpg         (jaxnet/core/data/imagefolder.py)
   tfds         tfds ArrayRecord, e.g. imagenet2012   (jaxnet/core/data/tfds_source.py)
+  coco         DIR/annotations/instances_SPLIT.json, DIR/SPLIT/*.jpg: boxes, for a detector
+               (jaxnet/core/data/coco.py; its records hold boxes, and it makes its own
+               examples: `source.transform`)
 """
 
 import numpy as np
@@ -109,8 +112,9 @@ def ignored_note(sources) -> str | None:
           f"{what[2]}{EXTENSIONS_TEXT} {what[3]}: {shown}")
 
 
-def make_source(data_config, split: str, image_size: int):
-  """The source named by `config.data.source` for `split` ("train" or "eval")."""
+def make_source(data_config, split: str, image_size: int, detection=None):
+  """The source named by `config.data.source` for `split` ("train" or "eval");
+  `detection`: config.detection, for a detection source's examples."""
   name = data_config.source
   split_name = data_config.train_split if split == "train" else data_config.eval_split
   if name == "digits":
@@ -127,4 +131,8 @@ def make_source(data_config, split: str, image_size: int):
   if name == "tfds":
     from jaxnet.core.data.tfds_source import TfdsSource
     return TfdsSource(data_config.name, split_name, data_config.dir or None)
-  raise InvalidValueError(f"config.data.source={name!r}: use one of digits, synthetic, imagefolder, tfds")
+  if name == "coco":
+    from jaxnet.core.data.coco import CocoSource
+    options = dict(max_boxes=detection.max_boxes, scale_jitter=detection.scale_jitter) if detection else {}
+    return CocoSource(data_config.dir, split_name, **options)
+  raise InvalidValueError(f"config.data.source={name!r}: use one of digits, synthetic, imagefolder, tfds, coco")

@@ -129,4 +129,4 @@ def from_config(model_config, num_classes: int, dtype, bn_num_groups: int | None
 
 
 # Importing the model files fills the registry.
-from jaxnet.core.models import alexnet, resnet, vit  # noqa: E402,F401
+from jaxnet.core.models import alexnet, resnet, retinanet, vit  # noqa: E402,F401

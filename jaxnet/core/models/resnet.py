@@ -86,6 +86,8 @@ class ResNet(nn.Module):
   bn_num_groups: int = 1
   zero_init_last_bn: bool = True
   freeze_bn_stats: bool = False       # BN normalises with its running statistics in training too
+  features_only: bool = False         # no classifier: the last 3 stages' outputs (C3, C4, C5), for
+                                      # a detector's feature pyramid (models/retinanet.py)
 
   @nn.compact
   def __call__(self, x, train: bool):
@@ -104,11 +106,15 @@ class ResNet(nn.Module):
     else:
       raise InvalidValueError(f"unknown stem {self.stem!r}; use 'imagenet' or 'small'")
 
+    stages = []
     for stage, num_blocks in enumerate(self.stage_sizes):
       for b in range(num_blocks):
         strides = 2 if stage > 0 and b == 0 else 1
         x = self.block(self.width * 2**stage, strides, conv, norm, self.zero_init_last_bn,
                        name=f"stage{stage + 1}_block{b + 1}")(x, train)
+      stages.append(x)
+    if self.features_only:
+      return stages[-3:]
     x = jnp.mean(x, axis=(1, 2), dtype=jnp.float32)
     # The classifier runs in fp32: it is tiny and its logits feed an fp32 loss.
     return nn.Dense(self.num_classes, dtype=jnp.float32, param_dtype=jnp.float32, name="head")(x)

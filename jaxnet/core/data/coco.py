@@ -1,0 +1,211 @@
+"""Detection data in the COCO format: an `instances_*.json` beside a folder of images (the
+layout every detection dataset ships in or converts to), read by Grain workers, and the COCO
+evaluation of a model's detections (pycocotools).
+
+  DIR/annotations/instances_{train,val}.json   COCO's "images", "annotations", "categories"
+  DIR/{train,val}/FILE                          each image's "file_name"
+
+Host-side transforms move the boxes with the pixels: the image is resized so that its longer
+side is image_size (aspect kept; with scale jitter, by a random factor, then cropped or padded)
+and padded to image_size x image_size at the bottom and right, flipped horizontally half the
+time in training. Each example's boxes are padded to `max_boxes` with a mask. What the data
+holds that a detector cannot train on is counted and said once, never trained on silently:
+boxes reaching outside their image are clipped, boxes of no area dropped, crowd boxes left out
+of the targets (COCO's evaluation ignores them), annotations of an unknown category refused,
+images without boxes kept as background, unreadable images masked and counted as for
+classification.
+"""
+
+import collections
+import dataclasses
+import json
+import logging
+import os
+from typing import Any
+
+import grain.python as grain
+import numpy as np
+from PIL import Image
+
+from jaxnet.core.data import decode
+from jaxnet.core.errors import InvalidValueError, MissingFileError
+
+SPLITS = {"train": "train", "eval": "val"}
+
+
+@dataclasses.dataclass
+class Counts:
+  """What the source left out or changed, for the one line a run prints."""
+  clipped: int = 0        # boxes reaching outside their image, clipped to it
+  empty: int = 0          # boxes of no area after clipping, dropped
+  crowd: int = 0          # crowd boxes, left out of the targets
+  background: int = 0     # images without a box, kept as background
+
+  def note(self, where: str) -> str | None:
+    parts = [f"{n} {what}" for n, what in ((self.clipped, "boxes clipped to their image"),
+                                            (self.empty, "boxes of no area dropped"),
+                                            (self.crowd, "crowd boxes left out of the targets"),
+                                            (self.background, "images without a box kept as background"))
+             if n]
+    return f"note: {where}: {', '.join(parts)}" if parts else None
+
+
+class CocoSource:
+  """Random-access records {"image": bytes, "boxes": (n, 4) x0 y0 x1 y1 in the image's pixels,
+  "classes": (n,) contiguous 0..classes-1, "image_id", "path"} of a COCO-format split, and
+  the transforms that make them examples (`transform`): `max_boxes` per example,
+  `scale_jitter` in training."""
+
+  encoded = True
+
+  def __init__(self, root: str, split: str, max_boxes: int = 100, scale_jitter=(1.0, 1.0)):
+    self.root, self.split = root, split
+    self.max_boxes, self.scale_jitter = max_boxes, tuple(scale_jitter)
+    annotations = os.path.join(root, "annotations", f"instances_{split}.json")
+    if not os.path.exists(annotations):
+      raise MissingFileError(f"{annotations} not found: a COCO-format data.dir holds annotations/"
+                             f"instances_{split}.json and the images in {split}/")
+    with open(annotations) as f:
+      coco = json.load(f)
+    categories = sorted(coco["categories"], key=lambda c: c["id"])
+    self.category_ids = [c["id"] for c in categories]
+    self.class_names = [c["name"] for c in categories]
+    self.num_classes = len(categories)
+    label_of = {c: i for i, c in enumerate(self.category_ids)}
+    unknown = sorted({a["category_id"] for a in coco["annotations"]} - set(label_of))
+    if unknown:
+      raise InvalidValueError(f"{annotations}: annotations of category ids {unknown[:5]} that its "
+                              f"\"categories\" do not list; add them there or remove those annotations")
+    self.counts = Counts()
+    self.names = {image["id"]: image["file_name"] for image in coco["images"]}
+    by_image = collections.defaultdict(list)
+    for a in coco["annotations"]:
+      by_image[a["image_id"]].append(a)
+    self._images = []
+    for image in sorted(coco["images"], key=lambda i: i["id"]):
+      width, height = image["width"], image["height"]
+      boxes, classes = [], []
+      for a in by_image[image["id"]]:
+        if a.get("iscrowd", 0):
+          self.counts.crowd += 1
+          continue
+        x, y, w, h = a["bbox"]
+        box = np.array([x, y, x + w, y + h], np.float32)
+        clipped = np.clip(box, 0, [width, height, width, height])
+        if not np.array_equal(clipped, box):
+          self.counts.clipped += 1
+        if clipped[2] <= clipped[0] or clipped[3] <= clipped[1]:
+          self.counts.empty += 1
+          continue
+        boxes.append(clipped)
+        classes.append(label_of[a["category_id"]])
+      if not boxes:
+        self.counts.background += 1
+      self._images.append({"path": os.path.join(root, split, image["file_name"]), "image_id": image["id"],
+                           "boxes": np.asarray(boxes, np.float32).reshape(-1, 4),
+                           "classes": np.asarray(classes, np.int32)})
+    if not self._images:
+      raise MissingFileError(f"{annotations} lists no images")
+    self.annotations = annotations
+    self.note = self.counts.note(annotations)
+
+  def transform(self, image_size: int, train: bool) -> "DetectionTransform":
+    return DetectionTransform(image_size, self.max_boxes, train, self.scale_jitter if train else (1.0, 1.0))
+
+  def __len__(self):
+    return len(self._images)
+
+  def __repr__(self):  # Grain checks a restored iterator against it: no memory addresses
+    return f"CocoSource({self.annotations!r}, n={len(self)})"
+
+  def __getitem__(self, index: int) -> dict:
+    record = self._images[index]
+    try:
+      with open(record["path"], "rb") as f:
+        data = f.read()
+    except OSError:
+      data = b""  # decoded as unreadable: masked and counted, the file named
+    return {**record, "image": data}
+
+
+class DetectionTransform(grain.RandomMapTransform):
+  """Decode, resize (longer side to image_size, aspect kept, a random scale with
+  `scale_jitter` = (low, high)), crop or pad to image_size square, flip (training); boxes
+  moved with the pixels, clipped, those left without area dropped, padded to `max_boxes`."""
+
+  def __init__(self, image_size: int, max_boxes: int, train: bool, scale_jitter=(1.0, 1.0)):
+    self.image_size, self.max_boxes, self.train = image_size, max_boxes, train
+    self.scale_jitter = tuple(scale_jitter)
+
+  def map(self, element: dict[str, Any]):
+    """Eval's transform draws nothing: the same output for any generator."""
+    assert not self.train
+    return self.random_map(element, np.random.default_rng(0))
+
+  def random_map(self, element: dict[str, Any], rng: np.random.Generator):
+    size = self.image_size
+    try:
+      pixels = decode.decode_full(element["image"])
+    except decode.CorruptImageError as err:
+      logging.getLogger("jaxnet").warning("skipping an unreadable image, %s: %s", element["path"], err)
+      return self._output(np.zeros((size, size, 3), np.uint8), np.zeros((0, 4), np.float32),
+                          np.zeros((0,), np.int32), element, 1.0, ok=False)
+    height, width = pixels.shape[:2]
+    scale = size / max(height, width)
+    if self.train and self.scale_jitter != (1.0, 1.0):
+      scale *= rng.uniform(*self.scale_jitter)
+    new_h, new_w = max(1, round(height * scale)), max(1, round(width * scale))
+    resized = np.asarray(Image.fromarray(pixels).resize((new_w, new_h), Image.Resampling.BILINEAR))
+    top = int(rng.integers(0, new_h - size + 1)) if new_h > size else 0
+    left = int(rng.integers(0, new_w - size + 1)) if new_w > size else 0
+    crop = resized[top:top + size, left:left + size]
+    image = np.zeros((size, size, 3), np.uint8)
+    image[:crop.shape[0], :crop.shape[1]] = crop
+    boxes = element["boxes"] * np.float32(scale) - np.array([left, top, left, top], np.float32)
+    boxes = np.clip(boxes, 0, [crop.shape[1], crop.shape[0], crop.shape[1], crop.shape[0]])
+    keep = (boxes[:, 2] - boxes[:, 0] >= 1) & (boxes[:, 3] - boxes[:, 1] >= 1)
+    boxes, classes = boxes[keep], element["classes"][keep]
+    if self.train and rng.random() < 0.5:
+      image = np.ascontiguousarray(image[:, ::-1])
+      boxes = np.stack([size - boxes[:, 2], boxes[:, 1], size - boxes[:, 0], boxes[:, 3]], axis=1)
+    return self._output(image, boxes, classes, element, scale, ok=True)
+
+  def _output(self, image, boxes, classes, element, scale, ok):
+    m = self.max_boxes
+    padded = np.zeros((m, 4), np.float32)
+    labels = np.zeros((m,), np.int32)
+    n = min(len(boxes), m)  # more than max_boxes: the first ones (raise max_boxes to keep all)
+    padded[:n], labels[:n] = boxes[:n], classes[:n]
+    return {"image": image, "boxes": padded, "classes": labels, "box_mask": np.arange(m) < n,
+            "image_id": np.int32(element["image_id"]), "scale": np.float32(scale),
+            "mask": np.bool_(ok), "corrupt": np.int32(not ok)}
+
+
+def evaluate(source: CocoSource, detections: list[dict]) -> dict:
+  """COCO's box AP of `detections` ({"image_id", "boxes" in the source image's pixels,
+  "scores", "classes"}) on the whole split: eval/mAP (AP@[.5:.95]), eval/AP50, eval/AP75,
+  eval/AP_small/medium/large (pycocotools, its printout silenced)."""
+  import contextlib
+  import io
+  from pycocotools.coco import COCO
+  from pycocotools.cocoeval import COCOeval
+  results = []
+  for d in detections:
+    for box, score, label in zip(d["boxes"], d["scores"], d["classes"]):
+      if np.isfinite(score):
+        x0, y0, x1, y1 = (float(v) for v in box)
+        results.append({"image_id": int(d["image_id"]), "category_id": source.category_ids[int(label)],
+                        "bbox": [x0, y0, x1 - x0, y1 - y0], "score": float(score)})
+  names = ("eval/mAP", "eval/AP50", "eval/AP75", "eval/AP_small", "eval/AP_medium", "eval/AP_large")
+  if not results:
+    return {name: 0.0 for name in names}
+  with contextlib.redirect_stdout(io.StringIO()):
+    truth = COCO(source.annotations)
+    found = truth.loadRes(results)
+    evaluation = COCOeval(truth, found, "bbox")
+    evaluation.params.imgIds = sorted({int(d["image_id"]) for d in detections})
+    evaluation.evaluate()
+    evaluation.accumulate()
+    evaluation.summarize()
+  # COCOeval reports -1 for a size class without ground truth: 0 here, as "nothing found".
+  return {name: max(float(v), 0.0) for name, v in zip(names, evaluation.stats[:6])}

@@ -1,0 +1,266 @@
+"""Object detection (RetinaNet, Lin et al. 2017, as torchvision's `retinanet_resnet50_fpn`):
+anchors, matching, the box encoding, the focal loss, decoding and non-maximum suppression,
+and the train and eval steps built from them. Every shape is static: an image's ground-truth
+boxes are padded to a fixed count with a mask, and the detections of an image are a fixed
+number with scores (-inf where there is none), so the steps jit once and shard over the batch.
+
+The batch (jaxnet/core/data/coco.py) holds `image` uint8 NHWC, padded to one size, `boxes`
+float32 (N, M, 4) as (x0, y0, x1, y1) in that image's pixels, `classes` int32 (N, M),
+`box_mask` bool (N, M), and `mask` / `corrupt` per image as for classification.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxnet.core.errors import InvalidValueError
+from jaxnet.core.state import Policy, TrainState, all_finite, select_tree, step_key
+from jaxnet.core.steps import global_norm, normalize
+
+# torchvision's RetinaNet defaults.
+FOREGROUND_IOU, BACKGROUND_IOU = 0.5, 0.4
+FOCAL_ALPHA, FOCAL_GAMMA = 0.25, 2.0
+BOX_CLAMP = math.log(1000.0 / 16)  # the largest exp() argument decoding takes
+SCORE_THRESHOLD, NMS_IOU = 0.05, 0.5
+ANCHOR_RATIOS = (0.5, 1.0, 2.0)
+
+
+def anchor_sizes(base: int) -> tuple:
+  """Per pyramid level P3..P7: three sizes, base * 2^(0, 1/3, 2/3) truncated, base doubling."""
+  return tuple((b, int(b * 2 ** (1 / 3)), int(b * 2 ** (2 / 3))) for b in (base * 2 ** i for i in range(5)))
+
+
+def anchors(image_size: int, level_sizes, base_size: int = 32) -> np.ndarray:
+  """(A, 4) anchors in the order of the heads' outputs: level, then row, column, anchor; per
+  location ratio-major then size, each rounded, as torchvision's AnchorGenerator makes them."""
+  out = []
+  for (h, w), sizes in zip(level_sizes, anchor_sizes(base_size)):
+    scales = np.asarray(sizes, np.float32)
+    h_ratios = np.sqrt(np.asarray(ANCHOR_RATIOS, np.float32))
+    w_ratios = 1 / h_ratios
+    ws = (w_ratios[:, None] * scales[None, :]).reshape(-1)
+    hs = (h_ratios[:, None] * scales[None, :]).reshape(-1)
+    base = np.round(np.stack([-ws, -hs, ws, hs], axis=1) / 2)
+    stride_y, stride_x = image_size // h, image_size // w
+    ys, xs = np.meshgrid(np.arange(h, dtype=np.float32) * stride_y,
+                         np.arange(w, dtype=np.float32) * stride_x, indexing="ij")
+    shifts = np.stack([xs.ravel(), ys.ravel(), xs.ravel(), ys.ravel()], axis=1)
+    out.append((shifts[:, None, :] + base[None, :, :]).reshape(-1, 4))
+  return np.concatenate(out).astype(np.float32)
+
+
+def box_iou(a, b):
+  """(..., P, 4) x (..., Q, 4) -> (..., P, Q) intersection over union."""
+  area = lambda x: (x[..., 2] - x[..., 0]) * (x[..., 3] - x[..., 1])
+  lt = jnp.maximum(a[..., :, None, :2], b[..., None, :, :2])
+  rb = jnp.minimum(a[..., :, None, 2:], b[..., None, :, 2:])
+  wh = jnp.clip(rb - lt, 0)
+  inter = wh[..., 0] * wh[..., 1]
+  return inter / jnp.maximum(area(a)[..., :, None] + area(b)[..., None, :] - inter, 1e-9)
+
+
+def encode(boxes, anchors):
+  """Boxes relative to their anchors: (dx, dy, dw, dh), torchvision's BoxCoder, weights 1."""
+  aw, ah = anchors[..., 2] - anchors[..., 0], anchors[..., 3] - anchors[..., 1]
+  ax, ay = anchors[..., 0] + 0.5 * aw, anchors[..., 1] + 0.5 * ah
+  bw, bh = boxes[..., 2] - boxes[..., 0], boxes[..., 3] - boxes[..., 1]
+  bx, by = boxes[..., 0] + 0.5 * bw, boxes[..., 1] + 0.5 * bh
+  return jnp.stack([(bx - ax) / aw, (by - ay) / ah, jnp.log(jnp.maximum(bw, 1e-6) / aw),
+                    jnp.log(jnp.maximum(bh, 1e-6) / ah)], axis=-1)
+
+
+def decode(deltas, anchors):
+  """The inverse of `encode`, with dw and dh clamped at log(1000/16)."""
+  aw, ah = anchors[..., 2] - anchors[..., 0], anchors[..., 3] - anchors[..., 1]
+  ax, ay = anchors[..., 0] + 0.5 * aw, anchors[..., 1] + 0.5 * ah
+  dx, dy = deltas[..., 0], deltas[..., 1]
+  dw, dh = jnp.minimum(deltas[..., 2], BOX_CLAMP), jnp.minimum(deltas[..., 3], BOX_CLAMP)
+  x, y, w, h = dx * aw + ax, dy * ah + ay, jnp.exp(dw) * aw, jnp.exp(dh) * ah
+  return jnp.stack([x - 0.5 * w, y - 0.5 * h, x + 0.5 * w, y + 0.5 * h], axis=-1)
+
+
+def match(anchors, boxes, box_mask):
+  """Per anchor of one image: the index of its ground-truth box, -1 background, -2 ignored.
+
+  IoU >= 0.5 is foreground, < 0.4 background, in between ignored; each box also keeps the
+  anchors it overlaps best (torchvision's Matcher with allow_low_quality_matches: such an
+  anchor takes its own best box, as there)."""
+  iou = jnp.where(box_mask[:, None], box_iou(boxes, anchors), -1.0)  # (M, A)
+  best_iou, best_box = jnp.max(iou, axis=0), jnp.argmax(iou, axis=0)
+  matches = jnp.where(best_iou >= FOREGROUND_IOU, best_box,
+                      jnp.where(best_iou < BACKGROUND_IOU, -1, -2))
+  best_for_box = jnp.max(iou, axis=1, keepdims=True)  # (M, 1)
+  low_quality = jnp.any((iou == best_for_box) & box_mask[:, None] & (best_for_box > 0), axis=0)
+  return jnp.where(low_quality, best_box, matches)
+
+
+def losses(cls_logits, box_deltas, anchors, boxes, classes, box_mask):
+  """(focal classification loss, L1 box loss) of one image, each over its foreground count."""
+  matches = match(anchors, boxes, box_mask)
+  foreground = matches >= 0
+  valid = matches != -2
+  count = jnp.maximum(jnp.sum(foreground), 1).astype(jnp.float32)
+  num_classes = cls_logits.shape[-1]
+  labels = jnp.where(foreground, classes[jnp.maximum(matches, 0)], -1)
+  targets = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)  # all zero for -1
+  logits = cls_logits.astype(jnp.float32)
+  p = jax.nn.sigmoid(logits)
+  ce = optax.sigmoid_binary_cross_entropy(logits, targets)
+  p_t = p * targets + (1 - p) * (1 - targets)
+  focal = ce * (1 - p_t) ** FOCAL_GAMMA * (FOCAL_ALPHA * targets + (1 - FOCAL_ALPHA) * (1 - targets))
+  cls = jnp.sum(focal * valid[:, None]) / count
+  target_deltas = encode(boxes[jnp.maximum(matches, 0)], anchors)
+  box = jnp.sum(jnp.abs(box_deltas.astype(jnp.float32) - target_deltas) * foreground[:, None]) / count
+  return cls, box
+
+
+def nms(boxes, scores, labels, iou_threshold: float, max_detections: int):
+  """Class-aware greedy non-maximum suppression with static shapes (torchvision's
+  batched_nms: boxes of different classes never suppress each other): the `max_detections`
+  best boxes kept, scores -inf where fewer are kept.
+
+  The boxes are visited best first; a box still kept suppresses the later ones it overlaps
+  by more than `iou_threshold`. One row of IoUs per visit (memory O(n), not O(n^2)), and the
+  loop ends at the first missing score or once `max_detections` boxes are kept."""
+  order = jnp.argsort(-scores)
+  boxes, scores, labels = boxes[order], scores[order], labels[order]
+  n = scores.shape[0]
+  # Boxes of another class moved out of reach: no overlap across classes.
+  shifted = boxes + ((jnp.max(boxes) + 1) * labels.astype(boxes.dtype))[:, None]
+  later = lambda i: jnp.arange(n) > i
+
+  def visit(carry):
+    i, keep, kept = carry
+    overlaps = box_iou(shifted[i][None], shifted)[0] > iou_threshold
+    suppress = keep[i] & overlaps & later(i)
+    return i + 1, keep & ~suppress, kept + keep[i]
+
+  def more(carry):
+    i, _, kept = carry
+    return (i < n) & (kept < max_detections) & jnp.isfinite(scores[jnp.minimum(i, n - 1)])
+
+  i, keep, _ = jax.lax.while_loop(more, visit, (0, jnp.isfinite(scores), 0))
+  keep = keep & ~later(i - 1)  # boxes never visited are not kept
+  top_scores, top = jax.lax.top_k(jnp.where(keep, scores, -jnp.inf), max_detections)
+  return boxes[top], top_scores, labels[top]
+
+
+def detect(cls_logits, box_deltas, anchors, level_counts, image_size: int, *,
+           candidates_per_level: int = 1000, max_detections: int = 100):
+  """One image's detections: per level the best `candidates_per_level` (anchor, class) scores
+  above 0.05, decoded and clipped to the image, then NMS (IoU 0.5) over all levels.
+  Returns (boxes (D, 4), scores (D,), classes (D,)), scores -inf in unused rows."""
+  num_classes = cls_logits.shape[-1]
+  boxes_all, scores_all, labels_all = [], [], []
+  start = 0
+  for count in level_counts:
+    logits = cls_logits[start:start + count].astype(jnp.float32).reshape(-1)
+    scores = jax.nn.sigmoid(logits)
+    scores = jnp.where(scores > SCORE_THRESHOLD, scores, -jnp.inf)
+    k = min(candidates_per_level, logits.shape[0])
+    top_scores, top = jax.lax.top_k(scores, k)
+    anchor = top // num_classes + start
+    boxes = jnp.clip(decode(box_deltas[anchor].astype(jnp.float32), anchors[anchor]), 0, image_size)
+    boxes_all.append(boxes)
+    scores_all.append(top_scores)
+    labels_all.append(top % num_classes)
+    start += count
+  return nms(jnp.concatenate(boxes_all), jnp.concatenate(scores_all), jnp.concatenate(labels_all),
+             NMS_IOU, max_detections)
+
+
+def check_config(config) -> None:
+  """What detection does not build (yet), refused before anything runs."""
+  refused = {"ema_decay": config.ema_decay > 0, "label_smoothing": config.label_smoothing > 0,
+             "grad_accum_steps": config.grad_accum_steps != 1,
+             "mix.mixup_alpha": config.mix.mixup_alpha > 0, "mix.cutmix_alpha": config.mix.cutmix_alpha > 0,
+             "data.randaug_num_ops": config.data.randaug_num_ops > 0}
+  for key, on in refused.items():
+    if on:
+      raise InvalidValueError(f"config.{key} is not built for detection (data.source=coco): "
+                              f"leave it at its default")
+  if config.data.loader != "grain":
+    raise InvalidValueError("config.data.loader=dali reads image folders only: "
+                            "detection data (data.source=coco) loads with data.loader=grain")
+  if config.detection.max_boxes < 1 or config.detection.max_detections < 1:
+    raise InvalidValueError("config.detection.max_boxes and max_detections must be at least 1")
+
+
+def make_train_step(model, tx, schedule, policy: Policy, *, mean, std, fsdp=None):
+  """`train_step(state, batch) -> (state, metrics)` of a RetinaNet: the focal loss and the L1
+  box loss, each the mean over the batch's images of its sum over foreground anchors (the
+  masked-out images count for nothing). Mixed precision, loss scaling, FSDP's gathers and the
+  optimizer as for classification (steps.make_train_step)."""
+  gather = fsdp.params if fsdp else (lambda params: params)
+  scatter = fsdp.grads if fsdp else (lambda grads: grads)
+
+  def loss_fn(params, batch_stats, batch, key, loss_scale):
+    images = normalize(batch["image"], mean, std, policy.compute_dtype)
+    out, updates = model.apply({"params": gather(params), "batch_stats": batch_stats}, images,
+                               train=True, mutable=["batch_stats"], rngs={"dropout": key})
+    anchor_boxes = jnp.asarray(anchors(batch["image"].shape[1], out["levels"], model.anchor_base))
+    cls, box = jax.vmap(losses, in_axes=(0, 0, None, 0, 0, 0))(
+        out["cls"], out["box"], anchor_boxes, batch["boxes"], batch["classes"], batch["box_mask"])
+    weight = batch["mask"].astype(jnp.float32)
+    count = jnp.maximum(jnp.sum(weight), 1.0)
+    cls, box = jnp.sum(cls * weight) / count, jnp.sum(box * weight) / count
+    loss = cls + box
+    scaled = loss * loss_scale if policy.uses_loss_scale else loss
+    return scaled, (loss, cls, box, updates.get("batch_stats", batch_stats))
+
+  def train_step(state: TrainState, batch):
+    grads, (loss, cls, box, new_batch_stats) = jax.grad(loss_fn, has_aux=True)(
+        state.params, state.batch_stats, batch, step_key(state), state.loss_scale.scale)
+    grads = scatter(grads)
+    if policy.uses_loss_scale:
+      grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
+    updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    loss_scale = state.loss_scale
+    if policy.uses_loss_scale:
+      finite = all_finite(grads)
+      new_params = select_tree(finite, new_params, state.params)
+      new_opt_state = select_tree(finite, new_opt_state, state.opt_state)
+      new_batch_stats = select_tree(finite, new_batch_stats, state.batch_stats)
+      loss_scale = loss_scale.update(finite)
+    new_state = state.replace(step=state.step + 1, params=new_params, batch_stats=new_batch_stats,
+                              opt_state=new_opt_state, loss_scale=loss_scale)
+    metrics = {"train/loss": loss, "train/classification_loss": cls, "train/box_loss": box,
+               "train/learning_rate": schedule(state.step),
+               "train/grad_norm": global_norm(grads, one_reduction=fsdp is None),
+               "data/corrupt_images": jnp.sum(batch["corrupt"])}
+    if policy.uses_loss_scale:
+      metrics["train/loss_scale"] = loss_scale.scale
+      metrics["train/skipped_steps"] = loss_scale.skipped_steps
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(model, policy: Policy, *, mean, std, fsdp=None,
+                   max_detections: int = 100, candidates_per_level: int = 1000):
+  """`eval_step(state, batch) -> detections`: per image the boxes (in the batch's padded
+  image's pixels), scores and classes of `max_detections` detections (scores -inf where
+  there are fewer), with the batch's image_id, scale and mask, for the COCO evaluation on
+  the host (coco.evaluate)."""
+  gather = fsdp.params if fsdp else (lambda params: params)
+
+  def eval_step(state: TrainState, batch):
+    variables = {"params": gather(state.params)}
+    if state.batch_stats:
+      variables["batch_stats"] = state.batch_stats
+    out = model.apply(variables, normalize(batch["image"], mean, std, policy.compute_dtype), train=False)
+    image_size = batch["image"].shape[1]
+    anchor_boxes = jnp.asarray(anchors(image_size, out["levels"], model.anchor_base))
+    counts = [h * w * len(ANCHOR_RATIOS) * 3 for h, w in out["levels"]]
+    boxes, scores, classes = jax.vmap(
+        lambda c, b: detect(c, b, anchor_boxes, counts, image_size,
+                            candidates_per_level=candidates_per_level, max_detections=max_detections))(
+        out["cls"], out["box"])
+    return {"boxes": boxes, "scores": scores, "classes": classes, "image_id": batch["image_id"],
+            "scale": batch["scale"], "mask": batch["mask"]}
+
+  return eval_step
