@@ -6,12 +6,15 @@ the shapes recipe's bar in a slow test."""
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from PIL import Image
 
-from tests.helpers import max_abs_diff, run_main
+from tests.helpers import REPO, max_abs_diff, run_main
 from jaxnet.core import checkpoint as ckpt
 from jaxnet.core import detection
 from jaxnet.core.metrics import read_jsonl
@@ -245,6 +248,32 @@ def test_shapes_training_loss_falls_eval_is_exact_and_resume_matches(shapes, tmp
   b, _ = ckpt.load_arrays(resumed)
   assert max_abs_diff(a["params"], b["params"]) <= 1e-6
   assert read_jsonl(resumed)[-1]["eval/mAP"] == pytest.approx(final["eval/mAP"], abs=1e-6)
+
+  # After training: predict prints each image's boxes in its own pixels and draws them;
+  # report plots the mAP.
+  images = [os.path.join(shapes, "val", n) for n in ("val_000000.jpg", "val_000001.jpg")]
+  proc = subprocess.run([sys.executable, "-m", "jaxnet.cli.predict", f"--workdir={straight}", "--min-score=0",
+                         f"--draw={tmp_path / 'drawn'}", *images], capture_output=True, text=True, check=True, cwd=REPO)
+  sizes = {i["file_name"]: (i["width"], i["height"])
+           for i in json.load(open(os.path.join(shapes, "annotations", "instances_val.json")))["images"]}
+  for image in images:
+    rows = proc.stdout.split(f"{image}: ")[1].split("\n")
+    count = int(rows[0].removesuffix(" detections"))  # those past the score threshold and NMS
+    assert 0 < count <= 100  # detection.max_detections
+    width, height = sizes[os.path.basename(image)]
+    scores = [float(row.split()[0]) for row in rows[1:count + 1]]
+    assert scores == sorted(scores, reverse=True) and scores[-1] >= 0.05
+    for row in rows[1:count + 1]:
+      score, name, *box = row.split()
+      x0, y0, x1, y1 = map(float, box)
+      assert name in ("rectangle", "circle", "triangle", "ellipse") and 0 <= float(score) <= 1
+      assert 0 <= x0 <= x1 <= width + 0.1 and 0 <= y0 <= y1 <= height + 0.1
+    drawn = tmp_path / "drawn" / os.path.basename(image).replace(".jpg", ".png")
+    assert Image.open(drawn).size == (width, height)
+  proc = subprocess.run([sys.executable, "-m", "jaxnet.cli.report", str(straight)], capture_output=True,
+                        text=True, check=True, cwd=REPO)
+  assert f"best eval mAP {final['eval/mAP']:.4f} at step 24" in proc.stdout
+  assert (straight / "report" / "mAP.png").exists() and not (straight / "report" / "accuracy.png").exists()
 
 
 @pytest.mark.slow

@@ -1,12 +1,15 @@
-"""Top-5 classes of image files under a trained model.
+"""Top-5 classes of image files under a trained model; a detector's boxes.
 
   python -m jaxnet.cli.predict --workdir=DIR [--step=N] [--top=5] IMAGE|FOLDER [...]
+  python -m jaxnet.cli.predict --workdir=DETECTION_DIR [--min-score=0.3] [--draw=OUT] IMAGE|FOLDER [...]
 
 Images are any file PIL reads; they are preprocessed like the training run's
 eval data (see jaxnet/tools/predictor.py). A folder stands for the image files in it
 (.jpg/.jpeg/.png/.webp, sorted, not hidden, not its subfolders), as ImageFolder
 reads a class folder. Class names come from the dataset, recorded in
-DIR/classes.json at train time.
+DIR/classes.json at train time. A detection workdir (data.source=coco) prints each
+image's boxes (x0 y0 x1 y1 in the image's pixels), classes and scores; --draw writes the
+image with its boxes as PNG: OUT itself for one image, OUT/NAME.png for several.
 """
 
 import argparse
@@ -33,11 +36,23 @@ def _expand_folders(paths: list[str]) -> list[str]:
   return files
 
 
+def _draw_paths(out: str, images: list[str]) -> list[str]:
+  """Where --draw writes each image: OUT for one image, OUT/NAME.png for several."""
+  from jaxnet.core.metrics import prepare_output
+  paths = ([out] if len(images) == 1 else
+           [os.path.join(out, os.path.splitext(os.path.basename(p))[0] + ".png") for p in images])
+  prepare_output(paths[0])
+  return paths
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m jaxnet.cli.predict", description=__doc__.split("\n\n")[0])
   parser.add_argument("--workdir", required=True, help="a training workdir with checkpoints")
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   parser.add_argument("--top", type=int, default=5, help="classes to print per image")
+  parser.add_argument("--min-score", type=float, default=0.3, help="detection: the lowest score shown")
+  parser.add_argument("--draw", default=None, metavar="OUT",
+                      help="detection: write the images with their boxes (a .png for one image, a folder for several)")
   parser.add_argument("images", nargs="+", metavar="IMAGE|FOLDER",
                       help="image files, or folders whose image files to predict")
   args = parser.parse_args(argv)
@@ -45,8 +60,24 @@ def main(argv=None):
   with process.one_line_errors():
     process.setup()
     from jaxnet import api
+    from jaxnet.tools import predictor
     images = _expand_folders(args.images)
     model = api.restore(args.workdir, step=args.step)
+    if isinstance(model, predictor.Detector):
+      outputs = _draw_paths(args.draw, images) if args.draw else None  # checked before the work
+      found = model.detect(images, min_score=args.min_score)
+      for i, (path, detections) in enumerate(zip(images, found)):
+        print(f"{path}: {len(detections)} detections")
+        for name, score, box in detections:
+          print(f"  {score:8.4f}  {name:<16} {' '.join(f'{v:7.1f}' for v in box)}")
+        if outputs:
+          predictor.draw_detections(path, detections, outputs[i])
+      if outputs:
+        print(f"drawn: {args.draw}")
+      return 0
+    if args.draw:
+      from jaxnet.core.errors import UserError
+      raise UserError(f"--draw is for a detection workdir; {args.workdir} holds a classifier")
     results = model.predict(images, top_k=args.top)
   for path, top in zip(images, results):
     print(path)

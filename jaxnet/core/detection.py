@@ -240,27 +240,38 @@ def make_train_step(model, tx, schedule, policy: Policy, *, mean, std, fsdp=None
   return train_step
 
 
-def make_eval_step(model, policy: Policy, *, mean, std, fsdp=None,
-                   max_detections: int = 100, candidates_per_level: int = 1000):
-  """`eval_step(state, batch) -> detections`: per image the boxes (in the batch's padded
-  image's pixels), scores and classes of `max_detections` detections (scores -inf where
-  there are fewer), with the batch's image_id, scale and mask, for the COCO evaluation on
-  the host (coco.evaluate)."""
+def make_detect_fn(model, policy: Policy, *, mean, std, max_detections: int = 100,
+                   candidates_per_level: int = 1000):
+  """`detect_fn(variables, images) -> (boxes, scores, classes)`, the detector in eval mode:
+  per uint8 NHWC image (resized and padded as the eval data) `max_detections` boxes in its
+  pixels, their scores (-inf in unused rows) and classes. The eval step and the Python API's
+  detector (jaxnet/tools/predictor.py) both call it."""
+
+  def detect_fn(variables, images):
+    out = model.apply(variables, normalize(images, mean, std, policy.compute_dtype), train=False)
+    image_size = images.shape[1]
+    anchor_boxes = jnp.asarray(anchors(image_size, out["levels"], model.anchor_base))
+    counts = [h * w * len(ANCHOR_RATIOS) * 3 for h, w in out["levels"]]
+    return jax.vmap(lambda c, b: detect(c, b, anchor_boxes, counts, image_size,
+                                        candidates_per_level=candidates_per_level,
+                                        max_detections=max_detections))(out["cls"], out["box"])
+
+  return detect_fn
+
+
+def make_eval_step(model, policy: Policy, *, mean, std, fsdp=None, **detect_options):
+  """`eval_step(state, batch) -> detections`: `make_detect_fn`'s boxes (in the batch's padded
+  images' pixels), scores and classes, with the batch's image_id, scale and mask, for the
+  COCO evaluation on the host (train.evaluate_detection)."""
   gather = fsdp.params if fsdp else (lambda params: params)
+  detect_fn = make_detect_fn(model, policy, mean=mean, std=std, **detect_options)
 
   def eval_step(state: TrainState, batch):
     variables = {"params": gather(state.params)}
     if state.batch_stats:
       variables["batch_stats"] = state.batch_stats
-    out = model.apply(variables, normalize(batch["image"], mean, std, policy.compute_dtype), train=False)
-    image_size = batch["image"].shape[1]
-    anchor_boxes = jnp.asarray(anchors(image_size, out["levels"], model.anchor_base))
-    counts = [h * w * len(ANCHOR_RATIOS) * 3 for h, w in out["levels"]]
-    boxes, scores, classes = jax.vmap(
-        lambda c, b: detect(c, b, anchor_boxes, counts, image_size,
-                            candidates_per_level=candidates_per_level, max_detections=max_detections))(
-        out["cls"], out["box"])
+    boxes, scores, classes = detect_fn(variables, batch["image"])
     return {"boxes": boxes, "scores": scores, "classes": classes, "image_id": batch["image_id"],
-            "scale": batch["scale"], "mask": batch["mask"]}
+            "scale": batch["scale"], "source_size": batch["source_size"], "mask": batch["mask"]}
 
   return eval_step

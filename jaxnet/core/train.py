@@ -307,8 +307,8 @@ def evaluate_detection(exp: Experiment, state: TrainState) -> dict:
       sharding.compile_then_sync(exp.eval_step, (state, batch), "eval_step compiled")
     out = jax.device_get(exp.eval_step(state, batch))
     for k in np.flatnonzero(out["mask"]):
-      # From the resized, padded image's pixels back to the source image's.
-      found.append({"image_id": out["image_id"][k], "boxes": out["boxes"][k] / out["scale"][k],
+      boxes = coco.to_source_pixels(out["boxes"][k], out["scale"][k], out["source_size"][k])
+      found.append({"image_id": out["image_id"][k], "boxes": boxes,
                     "scores": out["scores"][k], "classes": out["classes"][k]})
   return {**coco.evaluate(exp.eval_source, found), "eval/examples": len(found)}
 

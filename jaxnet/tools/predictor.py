@@ -72,8 +72,70 @@ class Predictor:
     return [[(self.class_names[i], float(p[i])) for i in row] for p, row in zip(probs, top)]
 
 
-def restore(workdir: str, step: int | None = None, config=None) -> Predictor:
-  """The model of WORKDIR's latest (or given) checkpoint, ready for inference."""
+class Detector:
+  """A detector (a detection workdir's model): `detect(images)` gives each image's boxes in
+  its own pixels, classes and scores. Images are resized and padded as the eval data
+  (jaxnet/core/data/coco.py); `detect_fn` is the eval step's (detection.make_detect_fn)."""
+
+  def __init__(self, config, model, variables, *, num_classes: int, class_names=None, step=None,
+               workdir=None):
+    from jaxnet.core import detection
+    self.config, self.model, self.step, self.workdir = config, model, step, workdir
+    names = list(class_names or [])[:num_classes]
+    self.class_names = names + [str(i) for i in range(len(names), num_classes)]
+    self.variables = jax.device_put(variables)
+    self.detect_fn = detection.make_detect_fn(
+        model, get_policy(config.precision), mean=tuple(config.data.mean), std=tuple(config.data.std),
+        max_detections=config.detection.max_detections,
+        candidates_per_level=config.detection.candidates_per_level)
+    self._detect = jax.jit(self.detect_fn)
+
+  def preprocess(self, images) -> tuple[np.ndarray, np.ndarray]:
+    """Files, bytes, PIL images or arrays -> (the uint8 batch eval would have seen, each
+    image's (scale from its own pixels to the batch's, its (height, width)))."""
+    from jaxnet.core.data.coco import DetectionTransform
+    transform = DetectionTransform(self.config.image_size, 1, train=False)
+    examples = []
+    for image in images:
+      example = transform.map({"image": _to_bytes(image), "boxes": np.zeros((0, 4), np.float32),
+                               "classes": np.zeros((0,), np.int32), "image_id": 0,
+                               "path": image if isinstance(image, str) else "an image"})
+      if not example["mask"]:
+        raise ImageReadError(f"could not decode image {image if isinstance(image, str) else ''}".strip())
+      examples.append(example)
+    return np.stack([e["image"] for e in examples]), [(e["scale"], e["source_size"]) for e in examples]
+
+  def detect(self, images, min_score: float = 0.3) -> list[list[tuple[str, float, tuple]]]:
+    """Per image [(class name, score, (x0, y0, x1, y1) in the image's pixels)], best first,
+    those scoring at least `min_score`."""
+    from jaxnet.core.data.coco import to_source_pixels
+    batch, sizes = self.preprocess(images)
+    boxes, scores, classes = jax.device_get(self._detect(self.variables, batch))
+    return [[(self.class_names[c], float(s), tuple(float(v) for v in b))
+             for b, s, c in zip(to_source_pixels(boxes[i], *sizes[i]), scores[i], classes[i]) if s >= min_score]
+            for i in range(len(sizes))]
+
+
+def draw_detections(image, detections, path: str) -> None:
+  """Writes `image` (a path, bytes, PIL image or array) with `detections` (Detector.detect's
+  for it) drawn, as PNG at `path`, whole or not at all."""
+  from PIL import ImageDraw
+  from jaxnet.core.metrics import write_file_atomically
+  picture = _to_pil(image).convert("RGB")
+  pen = ImageDraw.Draw(picture)
+  for k, (name, score, box) in enumerate(detections):
+    colour = tuple(int(255 * c) for c in _PALETTE[k % len(_PALETTE)])
+    pen.rectangle(box, outline=colour, width=2)
+    pen.text((box[0] + 2, box[1] + 1), f"{name} {score:.2f}", fill=colour)
+  write_file_atomically(path, lambda tmp: picture.save(tmp, format="PNG"))
+
+
+_PALETTE = ((0.9, 0.1, 0.1), (0.1, 0.6, 0.1), (0.1, 0.3, 0.9), (0.9, 0.6, 0.0), (0.6, 0.1, 0.7))
+
+
+def restore(workdir: str, step: int | None = None, config=None) -> "Predictor | Detector":
+  """The model of WORKDIR's latest (or given) checkpoint, ready for inference: a Predictor,
+  or a Detector for a detection run (data.source=coco)."""
   if not os.path.isdir(workdir):
     raise MissingFileError(f"workdir {workdir} not found: give the --workdir of a training run")
   config = config_lib.with_model_options(config or config_lib.load(workdir))
@@ -82,8 +144,9 @@ def restore(workdir: str, step: int | None = None, config=None) -> Predictor:
   model = models.from_config(config.model, info["num_classes"], get_policy(config.precision).compute_dtype)
   _check_matches_model(model, variables, (1, config.image_size, config.image_size,
                                           len(config.data.mean)), workdir)
-  return Predictor(config, model, variables, num_classes=info["num_classes"],
-                   class_names=info.get("class_names"), step=step, workdir=workdir)
+  kind = Detector if config.data.source == "coco" else Predictor
+  return kind(config, model, variables, num_classes=info["num_classes"],
+              class_names=info.get("class_names"), step=step, workdir=workdir)
 
 
 def load_eval_variables(workdir: str, config, step: int | None = None) -> tuple[dict, int]:

@@ -21,11 +21,12 @@ from jaxnet.core.metrics import (prepare_output, read_jsonl_counted, write_atomi
 PLOTS = {
     "loss": ("loss", [("train/loss", "-", "train"), ("eval/loss", "o--", "eval")]),
     "accuracy": ("accuracy", [("train/accuracy", "-", "train"), ("eval/top1", "o--", "eval top-1")]),
+    "mAP": ("COCO box AP", [("eval/mAP", "o--", "mAP"), ("eval/AP50", "o:", "AP50")]),  # detection
     "learning_rate": ("learning rate", [("train/learning_rate", "-", "")]),
     "throughput": ("train images/s", [("train/images_per_sec", "-", "")]),
     "loss_scale": ("fp16 loss scale", [("train/loss_scale", "-", "")]),
 }
-OPTIONAL = {"loss_scale"}  # only drawn when some run logged it
+OPTIONAL = {"loss_scale", "accuracy", "mAP"}  # only drawn when some run logged them
 
 
 def labels_for(workdirs: list[str]) -> list[str]:
@@ -73,7 +74,9 @@ def plot(runs: dict[str, list[dict]], out_dir: str) -> list[str]:
 
 def format_summary(label: str, s: dict) -> str:
   fmt = lambda v, spec: "n/a" if v is None else format(v, spec)
-  return (f"{label}: best eval top-1 {fmt(s['best_eval_top1'], '.4f')} at step "
+  best = (f"best eval mAP {fmt(s['best_eval_mAP'], '.4f')}" if "best_eval_mAP" in s else
+          f"best eval top-1 {fmt(s['best_eval_top1'], '.4f')}")
+  return (f"{label}: {best} at step "
           f"{fmt(s['best_eval_step'], 'd')} after {fmt(s['time_to_best_sec'], '.1f')} s; "
           f"median {fmt(s['median_images_per_sec'], ',.0f')} train images/s; "
           f"last step {s['final_step']}")
@@ -145,16 +148,19 @@ def series(records: list[dict], key: str) -> Series:
 
 
 def summary(records: list[dict]) -> dict:
-  """Best eval top-1 (its step and wall time), median train throughput, last step."""
-  top1 = series(records, "eval/top1")
+  """Best eval top-1 (a detector's: mAP), its step and wall time, median train throughput,
+  last step."""
+  metric = "eval/mAP" if any("eval/mAP" in r for r in records) else "eval/top1"
+  key = "best_" + metric.replace("/", "_")  # best_eval_top1 | best_eval_mAP
+  evals = series(records, metric)
   rate = series(records, "train/images_per_sec")
   out = {"final_step": max((r["step"] for r in records), default=0),
-         "best_eval_top1": None, "best_eval_step": None, "time_to_best_sec": None,
+         key: None, "best_eval_step": None, "time_to_best_sec": None,
          "median_images_per_sec": float(np.median(rate.values)) if len(rate.values) else None}
-  if len(top1.values):
-    best = int(np.argmax(top1.values))  # the first step that reached the best value
-    out["best_eval_top1"] = float(top1.values[best])
-    out["best_eval_step"] = int(top1.steps[best])
-    if np.isfinite(top1.times[best]):
-      out["time_to_best_sec"] = float(top1.times[best])
+  if len(evals.values):
+    best = int(np.argmax(evals.values))  # the first step that reached the best value
+    out[key] = float(evals.values[best])
+    out["best_eval_step"] = int(evals.steps[best])
+    if np.isfinite(evals.times[best]):
+      out["time_to_best_sec"] = float(evals.times[best])
   return out

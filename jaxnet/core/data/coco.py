@@ -149,7 +149,7 @@ class DetectionTransform(grain.RandomMapTransform):
     except decode.CorruptImageError as err:
       logging.getLogger("jaxnet").warning("skipping an unreadable image, %s: %s", element["path"], err)
       return self._output(np.zeros((size, size, 3), np.uint8), np.zeros((0, 4), np.float32),
-                          np.zeros((0,), np.int32), element, 1.0, ok=False)
+                          np.zeros((0,), np.int32), element, 1.0, (0, 0), ok=False)
     height, width = pixels.shape[:2]
     scale = size / max(height, width)
     if self.train and self.scale_jitter != (1.0, 1.0):
@@ -168,9 +168,9 @@ class DetectionTransform(grain.RandomMapTransform):
     if self.train and rng.random() < 0.5:
       image = np.ascontiguousarray(image[:, ::-1])
       boxes = np.stack([size - boxes[:, 2], boxes[:, 1], size - boxes[:, 0], boxes[:, 3]], axis=1)
-    return self._output(image, boxes, classes, element, scale, ok=True)
+    return self._output(image, boxes, classes, element, scale, (height, width), ok=True)
 
-  def _output(self, image, boxes, classes, element, scale, ok):
+  def _output(self, image, boxes, classes, element, scale, source_size, ok):
     m = self.max_boxes
     padded = np.zeros((m, 4), np.float32)
     labels = np.zeros((m,), np.int32)
@@ -178,7 +178,14 @@ class DetectionTransform(grain.RandomMapTransform):
     padded[:n], labels[:n] = boxes[:n], classes[:n]
     return {"image": image, "boxes": padded, "classes": labels, "box_mask": np.arange(m) < n,
             "image_id": np.int32(element["image_id"]), "scale": np.float32(scale),
-            "mask": np.bool_(ok), "corrupt": np.int32(not ok)}
+            "source_size": np.array(source_size, np.int32), "mask": np.bool_(ok), "corrupt": np.int32(not ok)}
+
+
+def to_source_pixels(boxes, scale, source_size) -> np.ndarray:
+  """Boxes in an example's pixels (resized, padded: its `scale`) -> in its source image's
+  (height, width) = `source_size`, clipped to that image (not to the padding)."""
+  height, width = source_size
+  return np.clip(np.asarray(boxes) / scale, 0, [width, height, width, height])
 
 
 def evaluate(source: CocoSource, detections: list[dict]) -> dict:
