@@ -288,3 +288,35 @@ def test_shapes_recipe_reaches_map50_of_half_in_ten_minutes(tmp_path):
   print({k: round(v, 4) for k, v in final.items() if k.startswith("eval/") or k == "train/elapsed_sec"})
   assert final["eval/AP50"] >= 0.5
   assert final["train/elapsed_sec"] <= 600
+
+
+def test_imagenet_classifier_weights_initialise_the_backbone(shapes, tmp_path):
+  """config.init.weights: a torchvision-named ResNet file (its fc included) fills the
+  detector's backbone, variable for variable; the pyramid and heads start fresh."""
+  import jax
+  from flax.traverse_util import flatten_dict
+  from jaxnet import api
+  from jaxnet.core.experiment import Experiment
+  from jaxnet.tools.weights import pretrained, tensor_files
+  from jaxnet.tools.weights.export import torch_tensors
+  config = api.load_config(os.path.join(REPO, "configs", "retinanet.py:shapes"),
+                           **{"data.dir": shapes, "mesh.num_devices": 1})
+  exp = Experiment(config, need_train_data=False)
+  fresh = exp.init_state()
+  rng = np.random.default_rng(0)
+  backbone = {"params": jax.tree.map(lambda x: rng.normal(size=x.shape), fresh.params["backbone"]),
+              "batch_stats": jax.tree.map(lambda x: rng.uniform(0.5, 1, x.shape), fresh.batch_stats["backbone"])}
+  tensors = torch_tensors(backbone, "resnet")
+  tensors.update({"fc.weight": np.zeros((1000, 128), np.float32), "fc.bias": np.zeros(1000, np.float32)})
+  weights = str(tmp_path / "imagenet.safetensors")
+  tensor_files.write(weights, tensors, {})
+  config = api.with_overrides(config, **{"init.weights": weights, "init.preprocessing": "config"})
+  lines = []
+  state = exp.init_state(pretrained.initialiser(config, log=lines.append))
+  total = len(flatten_dict({"params": fresh.params, "batch_stats": fresh.batch_stats}))
+  got = flatten_dict({"params": state.params, "batch_stats": state.batch_stats})
+  want = flatten_dict(backbone)
+  assert lines == [f"init: {len(want)} of {total} variables (the backbone's) from {weights}"]
+  for path, value in want.items():
+    np.testing.assert_allclose(got[path[:1] + ("backbone",) + path[1:]], value, rtol=1e-6)
+  np.testing.assert_array_equal(state.params["fpn_inner0"]["kernel"], fresh.params["fpn_inner0"]["kernel"])

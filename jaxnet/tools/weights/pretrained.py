@@ -231,12 +231,29 @@ def initialiser(config, log=print):
 
   def init_params(variables):
     target = flatten_dict(variables)
+    if any(p[1] == "backbone" for p in target):
+      return init_backbone(target)
     shapes = {p: x.shape for p, x in target.items()}
     source = load(spec, shapes, config.model.name)
     values, reason = fill(shapes, source, config.init.keep_head, f"init.weights={spec}")
     if jax.process_index() == 0:
       head = f"; classifier head re-initialised: {reason}" if reason else ""
       log(f"init: {len(values)} of {len(target)} variables from {spec}{head}")
+    return unflatten_dict({p: _place(values[p], x) if p in values else x for p, x in target.items()})
+
+  def init_backbone(target):
+    """A detector (models/retinanet.py): its backbone from a classifier's weights (ImageNet's,
+    under the backbone's own names), the classifier's head left out, the rest fresh."""
+    shapes = {p[:1] + p[2:]: x.shape for p, x in target.items() if p[1] == "backbone"}
+    source = load(spec, shapes, "resnet")  # every RetinaNet's backbone is a ResNet
+    head = {p for p in source.variables if p[1] == "head"}
+    head_names = {names_of("resnet").torch_name(("params", "head", leaf)) for leaf in ("kernel", "bias")}
+    source = dataclasses.replace(source, variables={p: v for p, v in source.variables.items() if p not in head},
+                                 unknown=[n for n in source.unknown if n not in head_names])
+    values, _ = fill(shapes, source, keep_head=False, spec=f"init.weights={spec}")
+    values = {p[:1] + ("backbone",) + p[1:]: v for p, v in values.items()}
+    if jax.process_index() == 0:
+      log(f"init: {len(values)} of {len(target)} variables (the backbone's) from {spec}")
     return unflatten_dict({p: _place(values[p], x) if p in values else x for p, x in target.items()})
 
   return init_params
