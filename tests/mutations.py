@@ -46,6 +46,7 @@ EXPERIMENTS = "tests/test_experiments.py::"
 RECIPE = "tests/test_imagenet_recipe.py::"
 DATA = "tests/test_data_reliability.py::"
 ONNX = "tests/test_onnx_export.py::"
+DETECTION = "tests/test_detection.py::"
 
 MUTATIONS = [
     # --- the training loop -------------------------------------------------------
@@ -467,6 +468,27 @@ MUTATIONS = [
              "        if step is not None or attempt or not rotated:\n", "        if True:\n",
              ("tests/test_reliability.py::test_a_checkpoint_rotated_away_while_it_is_read_is_not_damaged",),
              ci=True),
+    # --- detection (issue 32) ------------------------------------------------------
+    Mutation("nms_per_class", "jaxnet/core/detection.py",
+             "  shifted = boxes + ((jnp.max(boxes) + 1) * labels.astype(boxes.dtype))[:, None]\n",
+             "  shifted = boxes\n",
+             (DETECTION + "test_nms_keeps_what_greedy_nms_keeps",), ci=True),
+    Mutation("detection_low_quality_matches", "jaxnet/core/detection.py",
+             "  return jnp.where(low_quality, best_box, matches)\n", "  return matches\n",
+             (DETECTION + "test_matching_thresholds_and_best_anchor_of_each_box",), ci=True),
+    Mutation("detection_ignored_anchors_out_of_the_loss", "jaxnet/core/detection.py",
+             "  cls = jnp.sum(focal * valid[:, None]) / count\n", "  cls = jnp.sum(focal) / count\n",
+             (DETECTION + "test_focal_and_box_losses_follow_their_formulas",), ci=True),
+    Mutation("detection_boxes_move_with_flip", "jaxnet/core/data/coco.py",
+             "      boxes = np.stack([size - boxes[:, 2], boxes[:, 1], size - boxes[:, 0], boxes[:, 3]], axis=1)\n",
+             "      pass\n", (DETECTION + "test_transform_moves_boxes_with_the_pixels",), ci=True),
+    Mutation("detection_boxes_in_source_pixels", "jaxnet/core/data/coco.py",
+             "  return np.clip(np.asarray(boxes) / scale, 0, [width, height, width, height])",
+             "  return np.asarray(boxes)",
+             (DETECTION + "test_transform_moves_boxes_with_the_pixels",), ci=True),
+    Mutation("crowd_boxes_left_out", "jaxnet/core/data/coco.py",
+             "        if a.get(\"iscrowd\", 0):\n", "        if False:\n",
+             (DETECTION + "test_coco_source_counts_what_it_changes_and_refuses_unknown_categories",), ci=True),
 ]
 
 

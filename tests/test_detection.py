@@ -163,7 +163,7 @@ def test_coco_source_counts_what_it_changes_and_refuses_unknown_categories(tmp_p
 def test_transform_moves_boxes_with_the_pixels(tmp_path):
   """A red rectangle's pixels and its box stay together through resize, pad, jitter and flip;
   an unreadable image is masked and counted."""
-  from jaxnet.core.data.coco import CocoSource
+  from jaxnet.core.data.coco import CocoSource, to_source_pixels
   root = str(tmp_path)
   pixels = np.full((90, 150, 3), 255, np.uint8)
   pixels[20:50, 100:140] = (255, 0, 0)
@@ -188,6 +188,11 @@ def test_transform_moves_boxes_with_the_pixels(tmp_path):
   ex = source.transform(64, train=False).map(source[0])  # eval: longer side to 64, no jitter or flip
   np.testing.assert_allclose(ex["boxes"][0], np.array([100, 20, 140, 50]) * 64 / 150, rtol=1e-6)
   assert ex["scale"] == pytest.approx(64 / 150)
+  # And back (the eval's and predict's way to the image's own pixels), clipped to the image.
+  np.testing.assert_allclose(to_source_pixels(ex["boxes"][0], ex["scale"], ex["source_size"]),
+                             [100, 20, 140, 50], rtol=1e-5)
+  np.testing.assert_allclose(to_source_pixels(np.array([-3, 10, 70, 40.0]), ex["scale"], ex["source_size"]),
+                             [0, 10 * 150 / 64, 150, 90], rtol=1e-5)  # 40 * 150/64 is past the bottom
   bad = source.transform(64, train=False).map(source[1])
   assert not bad["mask"] and bad["corrupt"] == 1 and not bad["box_mask"].any()
 

@@ -55,6 +55,11 @@ def main(argv=None):
     from jaxnet import api
     from jaxnet.tools import export
     predictor = api.restore(args.workdir, step=args.step)
+    from jaxnet.tools.predictor import Detector
+    if isinstance(predictor, Detector):
+      from jaxnet.core.errors import UserError
+      raise UserError(f"{args.workdir} holds a detector: exporting detectors is not built yet "
+                      f"(docs/detection.md); predict runs them: python -m jaxnet.cli.predict")
     shape = f"(batch, {', '.join(map(str, predictor.image_shape))})"
     if args.format == "torch":
       from jaxnet.tools.weights import export as weights_export, pretrained

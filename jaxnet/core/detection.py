@@ -9,6 +9,7 @@ float32 (N, M, 4) as (x0, y0, x1, y1) in that image's pixels, `classes` int32 (N
 `box_mask` bool (N, M), and `mask` / `corrupt` per image as for classification.
 """
 
+import importlib.util
 import math
 
 import jax
@@ -185,6 +186,9 @@ def check_config(config) -> None:
   if config.data.loader != "grain":
     raise InvalidValueError("config.data.loader=dali reads image folders only: "
                             "detection data (data.source=coco) loads with data.loader=grain")
+  if importlib.util.find_spec("pycocotools") is None:
+    raise InvalidValueError("a detection run scores its evals with pycocotools, which is not "
+                            "installed: pip install -e '.[detection]'")
   if config.detection.max_boxes < 1 or config.detection.max_detections < 1:
     raise InvalidValueError("config.detection.max_boxes and max_detections must be at least 1")
 
