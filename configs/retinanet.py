@@ -66,6 +66,7 @@ def get_config(arg: str = ""):
     c.optim.warmup_epochs = 1
     c.detection.max_boxes = 8
     c.detection.candidates_per_level = 300
+    c.detection.max_detections = 100  # COCO's AP counts 100 per image
     c.log_every_steps = 50
     c.eval_every_steps, c.eval_every_epochs = 0, 10
     c.checkpoint_every_steps, c.checkpoint_every_epochs = 0, 10

@@ -28,10 +28,11 @@ SEED = 20260518
 INPUT_SHAPE = (2, 3, 64, 64)   # 64 px: even sizes at every stride-2 layer, where padding matters
 
 
-def draw(shapes: dict[str, tuple[int, ...]], seed: int = SEED) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def draw(shapes: dict[str, tuple[int, ...]], seed: int = SEED,
+         input_shape=INPUT_SHAPE) -> tuple[np.ndarray, dict[str, np.ndarray]]:
   """(input NCHW, {name: tensor}) for a state dict with these names and shapes."""
   rng = np.random.default_rng(seed)
-  images = rng.standard_normal(INPUT_SHAPE).astype(np.float32)
+  images = rng.standard_normal(input_shape).astype(np.float32)
   small_bns = _small_bns(shapes)
   tensors = {}
   for name in sorted(shapes):
@@ -63,3 +64,31 @@ def _small_bns(names) -> set[str]:
       blocks.setdefault(".".join(parts[:2]), []).append(int(parts[2][2:]))
   return ({f"{block}.bn{max(ks)}" for block, ks in blocks.items()} |
           {f"{block}.downsample.1" for block in blocks})
+
+
+RETINANET_INPUT_SHAPE = (2, 3, 128, 128)  # P3-P7 of 16x16 down to 1x1
+
+
+def draw_retinanet(shapes: dict[str, tuple[int, ...]], seed: int = SEED):
+  """(input NCHW, {name: tensor}) for torchvision's RetinaNet state dict: its ResNet
+  (`backbone.body.*`) drawn by `draw`'s rules with `seed`, then the pyramid's and heads'
+  tensors in sorted name order from a second generator (seed + 1): conv weights
+  normal(0, sqrt(1 / fan_in)), biases normal(0, 0.1), but the class logits' bias
+  normal(-2, 0.5), so that scores fall on both sides of the 0.05 threshold."""
+  body = "backbone.body."
+  images, tensors = draw({n[len(body):]: s for n, s in shapes.items() if n.startswith(body)}, seed,
+                         RETINANET_INPUT_SHAPE)
+  tensors = {body + n: t for n, t in tensors.items()}
+  rng = np.random.default_rng(seed + 1)
+  for name in sorted(n for n in shapes if not n.startswith(body)):
+    shape = tuple(shapes[name])
+    if name.endswith(".weight"):
+      value = rng.normal(0.0, np.sqrt(1.0 / np.prod(shape[1:])), shape)
+    elif name == "head.classification_head.cls_logits.bias":
+      value = rng.normal(-2.0, 0.5, shape)
+    elif name.endswith(".bias"):
+      value = rng.normal(0.0, 0.1, shape)
+    else:
+      raise ValueError(f"no drawing rule for {name}")
+    tensors[name] = value.astype(np.float32)
+  return images, tensors

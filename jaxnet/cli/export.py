@@ -56,10 +56,10 @@ def main(argv=None):
     from jaxnet.tools import export
     predictor = api.restore(args.workdir, step=args.step)
     from jaxnet.tools.predictor import Detector
-    if isinstance(predictor, Detector):
+    if isinstance(predictor, Detector) and args.format != "torch":
       from jaxnet.core.errors import UserError
-      raise UserError(f"{args.workdir} holds a detector: exporting detectors is not built yet "
-                      f"(docs/detection.md); predict runs them: python -m jaxnet.cli.predict")
+      raise UserError(f"{args.workdir} holds a detector: --format={args.format} is not built for "
+                      f"detectors yet (docs/detection.md); --format=torch writes its weights")
     shape = f"(batch, {', '.join(map(str, predictor.image_shape))})"
     if args.format == "torch":
       from jaxnet.tools.weights import export as weights_export, pretrained

@@ -99,7 +99,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.detection = ml_collections.ConfigDict()
   c.detection.max_boxes = 100      # ground-truth boxes per image the batch holds (more: the first)
   c.detection.scale_jitter = (1.0, 1.0)  # train: the resize's random factor, (low, high)
-  c.detection.max_detections = 100  # per image, after NMS, as torchvision's detections_per_img
+  c.detection.max_detections = 300  # per image, after NMS: torchvision RetinaNet's detections_per_img
+                                   # (COCO's AP counts the best 100 of them)
   c.detection.candidates_per_level = 1000  # best scores per pyramid level that reach NMS
 
   # Mixup / CutMix, on the device inside the train step (soft targets); off by default.

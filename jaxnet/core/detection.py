@@ -150,7 +150,7 @@ def nms(boxes, scores, labels, iou_threshold: float, max_detections: int):
 
 
 def detect(cls_logits, box_deltas, anchors, level_counts, image_size: int, *,
-           candidates_per_level: int = 1000, max_detections: int = 100):
+           candidates_per_level: int = 1000, max_detections: int = 300):
   """One image's detections: per level the best `candidates_per_level` (anchor, class) scores
   above 0.05, decoded and clipped to the image, then NMS (IoU 0.5) over all levels.
   Returns (boxes (D, 4), scores (D,), classes (D,)), scores -inf in unused rows."""
@@ -244,7 +244,7 @@ def make_train_step(model, tx, schedule, policy: Policy, *, mean, std, fsdp=None
   return train_step
 
 
-def make_detect_fn(model, policy: Policy, *, mean, std, max_detections: int = 100,
+def make_detect_fn(model, policy: Policy, *, mean, std, max_detections: int = 300,
                    candidates_per_level: int = 1000):
   """`detect_fn(variables, images) -> (boxes, scores, classes)`, the detector in eval mode:
   per uint8 NHWC image (resized and padded as the eval data) `max_detections` boxes in its

@@ -81,8 +81,10 @@ class Detector:
                workdir=None):
     from jaxnet.core import detection
     self.config, self.model, self.step, self.workdir = config, model, step, workdir
+    self.num_classes = num_classes
     names = list(class_names or [])[:num_classes]
     self.class_names = names + [str(i) for i in range(len(names), num_classes)]
+    self.image_shape = (config.image_size, config.image_size, len(config.data.mean))
     self.variables = jax.device_put(variables)
     self.detect_fn = detection.make_detect_fn(
         model, get_policy(config.precision), mean=tuple(config.data.mean), std=tuple(config.data.std),

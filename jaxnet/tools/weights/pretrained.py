@@ -26,8 +26,8 @@ import jax
 import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 
-from jaxnet.tools.weights import (alexnet_names, hub, preprocessing, resnet_names, tensor_files,
-                            torch_names, vit_names)
+from jaxnet.tools.weights import (alexnet_names, hub, preprocessing, resnet_names, retinanet_names,
+                                  tensor_files, torch_names, vit_names)
 from jaxnet.tools.weights.preprocessing import Preprocessing
 from jaxnet.core.errors import InvalidValueError, MissingFileError
 
@@ -46,7 +46,8 @@ class Source:
 
 
 # Model-name prefix -> that family's PyTorch names and layouts.
-FAMILIES = {"resnet": resnet_names.FAMILY, "vit": vit_names.FAMILY, "alexnet": alexnet_names.FAMILY}
+FAMILIES = {"resnet": resnet_names.FAMILY, "vit": vit_names.FAMILY, "alexnet": alexnet_names.FAMILY,
+            "retinanet": retinanet_names.FAMILY}
 
 
 def names_of(model: str) -> torch_names.Family:
@@ -231,10 +232,11 @@ def initialiser(config, log=print):
 
   def init_params(variables):
     target = flatten_dict(variables)
-    if any(p[1] == "backbone" for p in target):
-      return init_backbone(target)
     shapes = {p: x.shape for p, x in target.items()}
     source = load(spec, shapes, config.model.name)
+    in_backbone = lambda paths: any(p[1] == "backbone" for p in paths)
+    if in_backbone(target) and not in_backbone(source.variables):
+      return init_backbone(target)  # a classifier's weights for a detector
     values, reason = fill(shapes, source, config.init.keep_head, f"init.weights={spec}")
     if jax.process_index() == 0:
       head = f"; classifier head re-initialised: {reason}" if reason else ""
