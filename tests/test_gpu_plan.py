@@ -478,3 +478,22 @@ def test_fsdp_weight_shards_are_weight_sized_not_activations():
   for x in split:
     whole, shard = math.prod(x.shape), math.prod(x.sharding.shard_shape(x.shape))
     assert whole in sizes and shard in sizes and shard < whole
+
+
+def test_retinanet_on_8_h100s_is_cudnn_nhwc_without_activation_transposes():
+  """configs/retinanet.py (ResNet-50-FPN, bf16) at 512 px, 4 images per GPU: every convolution a
+  cuDNN NHWC call, no activation-sized transpose (the pyramid's upsampling is a broadcast,
+  whose gradient is a sum, not a scatter), the gradients all-reduced."""
+  from jaxnet.core import config as config_io
+  from jaxnet.tools import gpu_plan
+  _require_plugin()
+  config = config_io.load("configs/retinanet.py", {"image_size": 512, "batch_size": 32})
+  r = gpu_plan.plan(config, target="h100", gpus=8)
+  train = r["train"]
+  assert r["model"] == "retinanet_resnet50" and r["per_gpu_batch"] == 4
+  assert set(train["conv_layouts"]) == {"NHWC"}
+  # 111 convolutions a step: the backbone's 53, the pyramid's 8, and the heads' 2 x 5 at each of
+  # the 5 levels; each with its filter gradient.
+  assert train["convolutions"]["backward-filter"] == 111
+  assert train["transposes"]["activation"] == 0
+  assert set(train["collectives"]) == {"all-reduce"}

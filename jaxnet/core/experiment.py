@@ -12,7 +12,6 @@ from jaxnet.core import detection, models, optim, sharding, steps
 from jaxnet.core.config import duration_in_steps, with_model_options
 from jaxnet.core.data import pipeline, sources
 from jaxnet.core.errors import InvalidValueError
-from jaxnet.core.models.retinanet import RetinaNet
 from jaxnet.core.state import TrainState, get_policy, init_state
 
 
@@ -30,13 +29,21 @@ class Experiment:
     self.policy = get_policy(config.precision)
     self.process_index, self.process_count = jax.process_index(), jax.process_count()
 
-    # A COCO-format source trains a detector (jaxnet/core/detection.py), the others a classifier.
-    self.task = "detection" if config.data.source == "coco" else "classification"
+    # A detector (jaxnet/core/detection.py) trains on COCO-format data (or synthetic boxes),
+    # a classifier on the other sources.
+    self.task = models.task(config.model.name)
+    if (self.task == "detection") != (config.data.source == "coco") and config.data.source != "synthetic":
+      raise InvalidValueError(
+          f"config.model.name={config.model.name} with config.data.source={config.data.source}: "
+          f"a detector (retinanet_*) trains on COCO-format data (data.source=coco), a classifier "
+          f"on the others")
+    detection_options = None
     if self.task == "detection":
       detection.check_config(config)
-    self.train_source = (sources.make_source(config.data, "train", config.image_size, config.detection)
+      detection_options = config.detection
+    self.train_source = (sources.make_source(config.data, "train", config.image_size, detection_options)
                          if need_train_data else None)
-    self.eval_source = sources.make_source(config.data, "eval", config.image_size, config.detection)
+    self.eval_source = sources.make_source(config.data, "eval", config.image_size, detection_options)
     ref = self.train_source or self.eval_source
     # What the data sources skipped (hidden folders, Thumbs.db, ...) or changed (a detection
     # source's clipped boxes, ...), for the caller to show.
@@ -72,11 +79,6 @@ class Experiment:
     self.model = models.from_config(config.model, self.num_classes, self.policy.compute_dtype,
                                     sharding.bn_num_groups(config.bn_group_size, self.mesh)
                                     if config.bn_group_size else None)
-    if isinstance(self.model, RetinaNet) != (self.task == "detection"):
-      raise InvalidValueError(
-          f"config.model.name={config.model.name} with config.data.source={config.data.source}: "
-          f"a detector (retinanet_*) trains on COCO-format data (data.source=coco), a classifier "
-          f"on the others")
     self.schedule = optim.learning_rate_schedule(
         config.optim, config.batch_size, self.total_steps,
         warmup_steps=duration_in_steps(config, "warmup", self.steps_per_epoch))

@@ -181,10 +181,14 @@ def abstract_batch(exp, batch_size: int) -> dict:
   import jax
   import jax.numpy as jnp
   s = exp.batch_sharding
-  return {"image": jax.ShapeDtypeStruct((batch_size,) + exp.image_shape, jnp.uint8, sharding=s),
-          "label": jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=s),
-          "mask": jax.ShapeDtypeStruct((batch_size,), jnp.bool_, sharding=s),
-          "corrupt": jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=s)}
+  shape = lambda *dims, dtype=jnp.int32: jax.ShapeDtypeStruct((batch_size,) + dims, dtype, sharding=s)
+  batch = {"image": shape(*exp.image_shape, dtype=jnp.uint8), "mask": shape(dtype=jnp.bool_), "corrupt": shape()}
+  if exp.task == "detection":  # jaxnet/core/data/coco.py: example
+    boxes = exp.config.detection.max_boxes
+    return {**batch, "boxes": shape(boxes, 4, dtype=jnp.float32), "classes": shape(boxes),
+            "box_mask": shape(boxes, dtype=jnp.bool_), "image_id": shape(), "scale": shape(dtype=jnp.float32),
+            "source_size": shape(2)}
+  return {**batch, "label": shape()}
 
 
 def param_sizes(abstract_state) -> list:

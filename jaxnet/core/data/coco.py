@@ -109,6 +109,11 @@ class CocoSource:
     self.annotations = annotations
     self.note = self.counts.note(annotations)
 
+  def ground_truth(self) -> dict:
+    """The annotation file as it is (COCO's evaluation reads the boxes unclipped)."""
+    with open(self.annotations) as f:
+      return json.load(f)
+
   def transform(self, image_size: int, train: bool) -> "DetectionTransform":
     return DetectionTransform(image_size, self.max_boxes, train, self.scale_jitter if train else (1.0, 1.0))
 
@@ -148,8 +153,8 @@ class DetectionTransform(grain.RandomMapTransform):
       pixels = decode.decode_full(element["image"])
     except decode.CorruptImageError as err:
       logging.getLogger("jaxnet").warning("skipping an unreadable image, %s: %s", element["path"], err)
-      return self._output(np.zeros((size, size, 3), np.uint8), np.zeros((0, 4), np.float32),
-                          np.zeros((0,), np.int32), element, 1.0, (0, 0), ok=False)
+      return example(np.zeros((size, size, 3), np.uint8), np.zeros((0, 4), np.float32),
+                     np.zeros((0,), np.int32), element["image_id"], 1.0, (0, 0), self.max_boxes, ok=False)
     height, width = pixels.shape[:2]
     scale = size / max(height, width)
     if self.train and self.scale_jitter != (1.0, 1.0):
@@ -168,17 +173,19 @@ class DetectionTransform(grain.RandomMapTransform):
     if self.train and rng.random() < 0.5:
       image = np.ascontiguousarray(image[:, ::-1])
       boxes = np.stack([size - boxes[:, 2], boxes[:, 1], size - boxes[:, 0], boxes[:, 3]], axis=1)
-    return self._output(image, boxes, classes, element, scale, (height, width), ok=True)
+    return example(image, boxes, classes, element["image_id"], scale, (height, width), self.max_boxes, ok=True)
 
-  def _output(self, image, boxes, classes, element, scale, source_size, ok):
-    m = self.max_boxes
-    padded = np.zeros((m, 4), np.float32)
-    labels = np.zeros((m,), np.int32)
-    n = min(len(boxes), m)  # more than max_boxes: the first ones (raise max_boxes to keep all)
-    padded[:n], labels[:n] = boxes[:n], classes[:n]
-    return {"image": image, "boxes": padded, "classes": labels, "box_mask": np.arange(m) < n,
-            "image_id": np.int32(element["image_id"]), "scale": np.float32(scale),
-            "source_size": np.array(source_size, np.int32), "mask": np.bool_(ok), "corrupt": np.int32(not ok)}
+
+def example(image, boxes, classes, image_id, scale, source_size, max_boxes: int, ok: bool) -> dict:
+  """A detection example as the steps take it: the boxes padded to `max_boxes` with a mask
+  (more than that: the first ones; raise detection.max_boxes to keep all)."""
+  padded = np.zeros((max_boxes, 4), np.float32)
+  labels = np.zeros((max_boxes,), np.int32)
+  n = min(len(boxes), max_boxes)
+  padded[:n], labels[:n] = boxes[:n], classes[:n]
+  return {"image": image, "boxes": padded, "classes": labels, "box_mask": np.arange(max_boxes) < n,
+          "image_id": np.int32(image_id), "scale": np.float32(scale),
+          "source_size": np.array(source_size, np.int32), "mask": np.bool_(ok), "corrupt": np.int32(not ok)}
 
 
 def to_source_pixels(boxes, scale, source_size) -> np.ndarray:
@@ -188,10 +195,63 @@ def to_source_pixels(boxes, scale, source_size) -> np.ndarray:
   return np.clip(np.asarray(boxes) / scale, 0, [width, height, width, height])
 
 
-def evaluate(source: CocoSource, detections: list[dict]) -> dict:
+class SyntheticDetections:
+  """Random images with 1 to `max_boxes` random boxes each, the same for the same index: a
+  detector's throughput, and its GPU plan, without a dataset (config.data.source=synthetic
+  with a retinanet_* model)."""
+  encoded = False
+
+  def __init__(self, size: int, image_size: int, num_classes: int, max_boxes: int, seed: int = 0):
+    self.size, self.image_size, self.num_classes = size, image_size, num_classes
+    self.max_boxes, self.seed, self.class_names = max_boxes, seed, None
+    self.category_ids = list(range(1, num_classes + 1))
+
+  def __len__(self):
+    return self.size
+
+  def __repr__(self):
+    return f"SyntheticDetections(size={self.size}, image_size={self.image_size}, seed={self.seed})"
+
+  def __getitem__(self, index: int) -> dict:
+    rng = np.random.default_rng((self.seed, int(index)))
+    s = self.image_size
+    corner = rng.uniform(0, 0.75 * s, (int(rng.integers(1, self.max_boxes + 1)), 2))
+    boxes = np.concatenate([corner, corner + rng.uniform(0.1 * s, 0.25 * s, corner.shape)], 1)
+    return {"image": rng.integers(0, 256, (s, s, 3), dtype=np.uint8), "boxes": boxes.astype(np.float32),
+            "classes": rng.integers(0, self.num_classes, len(boxes)).astype(np.int32), "image_id": index + 1}
+
+  def transform(self, image_size: int, train: bool):
+    return _SyntheticExample(self.max_boxes)
+
+  def ground_truth(self) -> dict:
+    """The whole split in COCO's format, for `evaluate`."""
+    annotations = []
+    for i in range(len(self)):
+      record = self[i]
+      for box, label in zip(record["boxes"], record["classes"]):
+        x0, y0, x1, y1 = (float(v) for v in box)
+        annotations.append({"id": len(annotations) + 1, "image_id": record["image_id"], "iscrowd": 0,
+                            "category_id": int(label) + 1, "bbox": [x0, y0, x1 - x0, y1 - y0],
+                            "area": (x1 - x0) * (y1 - y0)})
+    return {"images": [{"id": i + 1, "width": self.image_size, "height": self.image_size} for i in range(len(self))],
+            "annotations": annotations, "categories": [{"id": c} for c in self.category_ids]}
+
+
+class _SyntheticExample(grain.MapTransform):
+  def __init__(self, max_boxes: int):
+    self.max_boxes = max_boxes
+
+  def map(self, element):
+    size = element["image"].shape[0]
+    return example(element["image"], element["boxes"], element["classes"], element["image_id"], 1.0,
+                   (size, size), self.max_boxes, ok=True)
+
+
+def evaluate(source, detections: list[dict]) -> dict:
   """COCO's box AP of `detections` ({"image_id", "boxes" in the source image's pixels,
-  "scores", "classes"}) on the whole split: eval/mAP (AP@[.5:.95]), eval/AP50, eval/AP75,
-  eval/AP_small/medium/large (pycocotools, its printout silenced)."""
+  "scores", "classes"}) on the whole split of `source` (its `ground_truth()`): eval/mAP
+  (AP@[.5:.95]), eval/AP50, eval/AP75, eval/AP_small/medium/large (pycocotools, its printout
+  silenced)."""
   import contextlib
   import io
   from pycocotools.coco import COCO
@@ -207,7 +267,9 @@ def evaluate(source: CocoSource, detections: list[dict]) -> dict:
   if not results:
     return {name: 0.0 for name in names}
   with contextlib.redirect_stdout(io.StringIO()):
-    truth = COCO(source.annotations)
+    truth = COCO()
+    truth.dataset = source.ground_truth()
+    truth.createIndex()
     found = truth.loadRes(results)
     evaluation = COCOeval(truth, found, "bbox")
     evaluation.params.imgIds = sorted({int(d["image_id"]) for d in detections})

@@ -121,6 +121,10 @@ def make_source(data_config, split: str, image_size: int, detection=None):
     return digits_source(split_name, image_size)
   if name == "synthetic":
     size = data_config.synthetic_size if split == "train" else max(data_config.synthetic_size // 10, 1)
+    if detection:  # random boxes on random images, for a detector's throughput and GPU plan
+      from jaxnet.core.data.coco import SyntheticDetections
+      return SyntheticDetections(size, image_size, data_config.num_classes, detection.max_boxes,
+                                 seed=0 if split == "train" else 1)
     # As many channels as the normalisation has (the GPU plan stands in synthetic images
     # for a recipe's own: the digits' are grayscale).
     return SyntheticSource(size, image_size, data_config.num_classes, seed=0 if split == "train" else 1,

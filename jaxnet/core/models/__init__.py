@@ -105,6 +105,14 @@ def options(name: str) -> dict:
   return out
 
 
+def task(name: str) -> str:
+  """What model `name` does: "classification", or "detection" (a module whose class says
+  TASK = "detection": its batches hold boxes, jaxnet/core/detection.py)."""
+  factory = _REGISTRY.get(name)
+  cls = factory.func if isinstance(factory, functools.partial) else factory
+  return getattr(cls, "TASK", "classification")
+
+
 def from_config(model_config, num_classes: int, dtype, bn_num_groups: int | None = None) -> nn.Module:
   """The model `config.model` describes: `name`, and the rest as keyword arguments.
 

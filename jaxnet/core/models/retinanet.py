@@ -27,12 +27,20 @@ head_init = nn.initializers.normal(0.01)
 
 def _upsample_nearest(x, shape):
   """x (N, h, w, C) to (N, H, W, C) as torch's interpolate(mode="nearest"): source floor(i * h / H)."""
+  n, h, w, c = x.shape
+  if shape[0] % h == 0 and shape[1] % w == 0:
+    # Whole factors (every even input size): a broadcast, whose gradient is a sum, where a
+    # gather's is a scatter that XLA lays out with activation-sized transposes on a GPU.
+    fy, fx = shape[0] // h, shape[1] // w
+    return jnp.broadcast_to(x[:, :, None, :, None], (n, h, fy, w, fx, c)).reshape(n, shape[0], shape[1], c)
   rows = (jnp.arange(shape[0]) * x.shape[1]) // shape[0]
   cols = (jnp.arange(shape[1]) * x.shape[2]) // shape[1]
   return x[:, rows][:, :, cols]
 
 
 class RetinaNet(nn.Module):
+  TASK = "detection"  # models.task: trained on boxes (jaxnet/core/detection.py)
+
   stage_sizes: Sequence[int]
   block: type
   num_classes: int = 91
