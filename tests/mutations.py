@@ -115,7 +115,7 @@ MUTATIONS = [
              "grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)", "grads = grads",
              ("tests/test_precision.py::test_fp16_finite_steps_update_and_grow_the_scale",), ci=True),
     Mutation("loss_scale_skips_non_finite_steps", "jaxnet/core/steps.py",
-             "      new_params = select_tree(finite, new_params, state.params)\n", "",
+             "    params = select_tree(finite, params, state.params)\n", "",
              ("tests/test_precision.py::test_fp16_non_finite_step_is_skipped",), ci=True),
     Mutation("loss_scale_halves_on_overflow", "jaxnet/core/state.py",
              "jnp.maximum(self.scale / 2, 1.0)", "jnp.maximum(self.scale, 1.0)",

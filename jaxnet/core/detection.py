@@ -18,8 +18,8 @@ import numpy as np
 import optax
 
 from jaxnet.core.errors import InvalidValueError
-from jaxnet.core.state import Policy, TrainState, all_finite, select_tree, step_key
-from jaxnet.core.steps import global_norm, normalize
+from jaxnet.core.state import Policy, TrainState, step_key
+from jaxnet.core.steps import apply_gradients, global_norm, normalize
 
 # torchvision's RetinaNet defaults.
 FOREGROUND_IOU, BACKGROUND_IOU = 0.5, 0.4
@@ -218,20 +218,8 @@ def make_train_step(model, tx, schedule, policy: Policy, *, mean, std, fsdp=None
   def train_step(state: TrainState, batch):
     grads, (loss, cls, box, new_batch_stats) = jax.grad(loss_fn, has_aux=True)(
         state.params, state.batch_stats, batch, step_key(state), state.loss_scale.scale)
-    grads = scatter(grads)
-    if policy.uses_loss_scale:
-      grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
-    updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    loss_scale = state.loss_scale
-    if policy.uses_loss_scale:
-      finite = all_finite(grads)
-      new_params = select_tree(finite, new_params, state.params)
-      new_opt_state = select_tree(finite, new_opt_state, state.opt_state)
-      new_batch_stats = select_tree(finite, new_batch_stats, state.batch_stats)
-      loss_scale = loss_scale.update(finite)
-    new_state = state.replace(step=state.step + 1, params=new_params, batch_stats=new_batch_stats,
-                              opt_state=new_opt_state, loss_scale=loss_scale)
+    new_state, grads, _ = apply_gradients(state, scatter(grads), new_batch_stats, tx, policy)
+    loss_scale = new_state.loss_scale
     metrics = {"train/loss": loss, "train/classification_loss": cls, "train/box_loss": box,
                "train/learning_rate": schedule(state.step),
                "train/grad_norm": global_norm(grads, one_reduction=fsdp is None),

@@ -142,31 +142,17 @@ def make_train_step(model, tx, schedule, policy: Policy, *, num_classes: int,
   def train_step(state: TrainState, batch):
     count = jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0)  # real examples
     grads, loss, correct, new_batch_stats = gradients(state, batch, count)
-    grads = scatter(grads)
-    if policy.uses_loss_scale:
-      grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
-    updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-
-    loss_scale = state.loss_scale
-    if policy.uses_loss_scale:
-      # fp16: a step with inf/nan gradients changes nothing but the scale.
-      finite = all_finite(grads)
-      new_params = select_tree(finite, new_params, state.params)
-      new_opt_state = select_tree(finite, new_opt_state, state.opt_state)
-      new_batch_stats = select_tree(finite, new_batch_stats, state.batch_stats)
-      loss_scale = loss_scale.update(finite)
+    new_state, grads, finite = apply_gradients(state, scatter(grads), new_batch_stats, tx, policy)
+    loss_scale = new_state.loss_scale
 
     if ema_decay:
-      ema = jax.tree.map(lambda e, p: ema_decay * e + (1 - ema_decay) * p, state.ema_params, new_params)
+      ema = jax.tree.map(lambda e, p: ema_decay * e + (1 - ema_decay) * p, state.ema_params, new_state.params)
       if policy.uses_loss_scale:
         # A skipped step must not pull the EMA towards the (unchanged) params either.
         ema = select_tree(finite, ema, state.ema_params)
     else:
       ema = None  # no EMA: no second copy of the params
-
-    new_state = state.replace(step=state.step + 1, params=new_params, batch_stats=new_batch_stats,
-                              opt_state=new_opt_state, loss_scale=loss_scale, ema_params=ema)
+    new_state = new_state.replace(ema_params=ema)
     metrics = {
         "train/loss": loss,
         "train/accuracy": correct / count,
@@ -180,6 +166,27 @@ def make_train_step(model, tx, schedule, policy: Policy, *, num_classes: int,
     return new_state, metrics
 
   return train_step
+
+
+def apply_gradients(state: TrainState, grads, batch_stats, tx, policy: Policy):
+  """The update every train step ends with (classification here, detection.py's too):
+  gradients unscaled under loss scaling, the optimizer's step, the step count. Returns
+  (the new state, the unscaled gradients, `finite`: under loss scaling whether they were all
+  finite, else None). fp16: a step with inf/nan gradients changes nothing but the scale."""
+  if policy.uses_loss_scale:
+    grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  loss_scale, finite = state.loss_scale, None
+  if policy.uses_loss_scale:
+    finite = all_finite(grads)
+    params = select_tree(finite, params, state.params)
+    opt_state = select_tree(finite, opt_state, state.opt_state)
+    batch_stats = select_tree(finite, batch_stats, state.batch_stats)
+    loss_scale = loss_scale.update(finite)
+  new_state = state.replace(step=state.step + 1, params=params, batch_stats=batch_stats,
+                            opt_state=opt_state, loss_scale=loss_scale)
+  return new_state, grads, finite
 
 
 def make_eval_step(model, policy: Policy, *, num_classes: int, mean, std,

@@ -31,15 +31,19 @@ from jaxnet.core.errors import InvalidValueError, MissingFileError
 from jaxnet.core.state import get_policy
 
 
+def head_class_names(class_names, num_classes: int) -> list[str]:
+  """A name for each of the head's classes: a head wider than the dataset (config.model.num_classes
+  above its class count) has classes past the named ones, named by their index."""
+  names = list(class_names or [])[:num_classes]
+  return names + [str(i) for i in range(len(names), num_classes)]
+
+
 class Predictor:
   def __init__(self, config, model, variables, *, num_classes: int, class_names=None, step=None,
                workdir=None):
     self.config, self.model, self.step, self.workdir = config, model, step, workdir
     self.num_classes = num_classes
-    # A head wider than the dataset (config.model.num_classes above its class count) has
-    # logits past the named classes: they are named by their index.
-    names = list(class_names or [])[:num_classes]
-    self.class_names = names + [str(i) for i in range(len(names), num_classes)]
+    self.class_names = head_class_names(class_names, num_classes)
     self.channels = len(config.data.mean)  # Experiment checks this equals the images' channels
     self.image_shape = (config.image_size, config.image_size, self.channels)
     self.variables = jax.device_put(variables)
@@ -82,8 +86,7 @@ class Detector:
     from jaxnet.core import detection
     self.config, self.model, self.step, self.workdir = config, model, step, workdir
     self.num_classes = num_classes
-    names = list(class_names or [])[:num_classes]
-    self.class_names = names + [str(i) for i in range(len(names), num_classes)]
+    self.class_names = head_class_names(class_names, num_classes)
     self.image_shape = (config.image_size, config.image_size, len(config.data.mean))
     self.variables = jax.device_put(variables)
     self.detect_fn = detection.make_detect_fn(
