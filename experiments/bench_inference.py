@@ -1,18 +1,25 @@
 """Inference latency and throughput of the deploy formats, on this machine.
 
-  python experiments/bench_inference.py [--model resnet50] [--image-size 224] [--batches 1,32]
-                                        [--iterations 20] [--workdir DIR]
+  python experiments/bench_inference.py [--model resnet50] [--image-size 224] [--batches 1,16]
+                                        [--iterations 20] [--workdir DIR] [--torch] [--no-jax]
 
-Rows: jaxnet's `jax.export` function in fp32, in bf16 and in int8 (`--int8`: qwix,
-dynamic activation ranges), each called under jax.jit as a server embedding it would,
-and onnxruntime (CPU execution provider) running the
-`--format=onnx` export in fp32 and its `--int8` quantization. Each cell calls the
-model `--iterations` times on one uint8 batch after 2 warm-up calls and reports the
-median (p50) and 99th-percentile latency of a call and images/s at the median.
+Rows: jaxnet's `jax.export` function in fp32, in bf16 and in int8 (qwix, dynamic activation
+ranges), each called under jax.jit as a server embedding it would, and onnxruntime (CPU
+execution provider) running the `--format=onnx` export in fp32 and its `--int8`
+quantization. With --torch (where torch and torchvision are installed; not a jaxnet
+dependency), the peer: torchvision's model of the same name with the same weights (through
+jaxnet's torchvision-name export), exported by `torch.onnx.export` (opset 17, dynamic
+batch) and quantized by the same onnxruntime call on the same calibration images, run in
+the same onnxruntime. Its input is the float NCHW tensor torchvision's models take (the
+uint8 decode-to-normalised step is done for it, outside the timing); jaxnet's graph takes
+the uint8 NHWC images and normalises inside. Each cell calls the model `--iterations` times
+on one batch after 2 warm-up calls, interleaving the engines round by round, and reports
+the median (p50) and 99th-percentile latency and images/s at the median; the nodes of each
+ONNX graph as written are counted.
 
-Weights: the workdir's model with --workdir, else random weights (speed does not
-depend on them); the int8 model is then calibrated on random images, so only its
-speed means something. Prints one markdown table with the hardware and versions.
+Weights: the workdir's model with --workdir, else random weights (BN statistics drawn too;
+speed does not depend on them); the int8 models are calibrated on random images, so only
+their speed means something. Prints one markdown table with the hardware and versions.
 """
 
 import argparse
@@ -31,10 +38,12 @@ def random_predictor(name: str, image_size: int, precision: str):
   import jax.numpy as jnp
   from jaxnet.core import config as config_base
   from jaxnet.core import models
+  from jaxnet.core.state import get_policy
   from jaxnet.tools.predictor import Predictor
   config = config_base.base_config()
   config.model.name, config.image_size, config.precision = name, image_size, precision
-  model = models.from_config(config, 1000)
+  config = config_base.with_model_options(config)
+  model = models.from_config(config.model, 1000, get_policy(precision).compute_dtype)
   variables = jax.jit(lambda: model.init(jax.random.PRNGKey(0),
                                          jnp.zeros((1, image_size, image_size, 3)), train=False))()
   return Predictor(config, model, variables, num_classes=1000, step=0, workdir="random weights")
@@ -42,10 +51,11 @@ def random_predictor(name: str, image_size: int, precision: str):
 
 def with_precision(predictor, precision: str):
   from jaxnet.core import models
+  from jaxnet.core.state import get_policy
   from jaxnet.tools.predictor import Predictor
   config = predictor.config.copy_and_resolve_references()
   config.precision = precision
-  model = models.from_config(config, predictor.num_classes)
+  model = models.from_config(config.model, predictor.num_classes, get_policy(precision).compute_dtype)
   return Predictor(config, model, predictor.variables, num_classes=predictor.num_classes,
                    step=predictor.step, workdir=predictor.workdir)
 
@@ -61,14 +71,57 @@ def time_calls(call, images, iterations: int) -> list[float]:
   return seconds
 
 
+def randomise_bn_statistics(predictor, seed: int = 0):
+  """Running means and variances drawn at random (a trained model's are not 0 and 1), so that
+  BN folding is exercised as it would be."""
+  import jax
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  draw = lambda path, x: (rng.uniform(0.5, 1.5, x.shape) if path[-1].key == "var"
+                          else rng.normal(0, 0.1, x.shape)).astype(np.float32)
+  predictor.variables = {**predictor.variables,
+                         "batch_stats": jax.tree_util.tree_map_with_path(draw, predictor.variables["batch_stats"])}
+  return predictor
+
+
+def torch_peer(predictor, calibration_nchw, onnx_quantization):
+  """(fp32, int8) ONNX models of torchvision's model with the predictor's weights, exported by
+  torch.onnx.export, and the function that makes its input from uint8 NHWC images."""
+  import io
+  import numpy as np
+  import onnx
+  import torch
+  import torchvision
+  from jaxnet.tools.weights.export import torch_tensors
+  name = predictor.config.model.name
+  model = getattr(torchvision.models, name)(num_classes=predictor.num_classes)
+  model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in
+                         torch_tensors(predictor.variables, name).items()}, strict=True)
+  model.eval()
+  size = predictor.config.image_size
+  buffer = io.BytesIO()
+  with torch.no_grad():
+    torch.onnx.export(model, torch.zeros(1, 3, size, size), buffer, opset_version=17, dynamo=False,
+                      input_names=["images"], output_names=["logits"],
+                      dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
+  fp32 = onnx.load_from_string(buffer.getvalue())
+  mean = np.asarray(predictor.config.data.mean, np.float32).reshape(1, 3, 1, 1)
+  std = np.asarray(predictor.config.data.std, np.float32).reshape(1, 3, 1, 1)
+  to_input = lambda images: ((images.transpose(0, 3, 1, 2).astype(np.float32) / 255 - mean) / std)
+  return fp32, onnx_quantization(fp32, to_input(calibration_nchw)), to_input
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--model", default="resnet50")
   parser.add_argument("--image-size", type=int, default=224)
-  parser.add_argument("--batches", default="1,32")
+  parser.add_argument("--batches", default="1,16")
   parser.add_argument("--iterations", type=int, default=20)
   parser.add_argument("--workdir", default=None, help="a trained workdir (default: random weights)")
-  parser.add_argument("--calibration-images", type=int, default=64)
+  parser.add_argument("--calibration-images", type=int, default=32)
+  parser.add_argument("--torch", action="store_true", help="add torch.onnx.export's graph of the same model")
+  parser.add_argument("--no-jax", action="store_true", help="leave out the jax.export rows")
+  parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: its default)")
   args = parser.parse_args()
 
   import jax
@@ -76,57 +129,95 @@ def main():
   import onnxruntime as ort
   from jaxnet import api
   from jaxnet.tools import export
-  from jaxnet.tools import export as onnx_export
-  from jaxnet.tools import export as onnx_quantize
-  from jaxnet.tools import export as qwix_quantize
-  onnx_export.quiet_converter_logs()
   batches = [int(b) for b in args.batches.split(",")]
 
   if args.workdir:
     fp32 = with_precision(api.restore(args.workdir), "fp32")
   else:
-    fp32 = random_predictor(args.model, args.image_size, "fp32")
-  bf16 = with_precision(fp32, "bf16")
+    fp32 = randomise_bn_statistics(random_predictor(args.model, args.image_size, "fp32"))
   shape = fp32.image_shape
   rng = np.random.default_rng(0)
+  calibration = (export.calibration_images(fp32, args.calibration_images) if args.workdir else
+                 rng.integers(0, 256, (args.calibration_images, *shape), dtype=np.uint8))
 
-  engines = {}
-  for label, predictor in (("jax.export fp32", fp32), ("jax.export bf16", bf16),
-                           ("jax.export int8 (qwix)", qwix_quantize.quantize(fp32))):
-    engines[label] = jax.jit(export.export(predictor).call)
-  onnx_fp32 = onnx_export.to_onnx(fp32)
-  if args.workdir:
-    calibration = onnx_quantize.calibration_images(fp32, args.calibration_images)
-  else:
-    calibration = rng.integers(0, 256, (args.calibration_images, *shape), dtype=np.uint8)
-  onnx_int8 = onnx_quantize.quantize(onnx_fp32, calibration)
-  for label, model in (("onnxruntime fp32", onnx_fp32), ("onnxruntime int8", onnx_int8)):
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    engines[label] = (lambda s: lambda images: s.run(["logits"], {"images": images})[0])(session)
+  engines, inputs, nodes = {}, {}, {}
+  if not args.no_jax:
+    for label, predictor in (("jax.export fp32", fp32), ("jax.export bf16", with_precision(fp32, "bf16")),
+                             ("jax.export int8 (qwix)", export.qwix_quantize(fp32))):
+      call = jax.jit(export.export(predictor).call)
+      engines[label] = (lambda c: lambda x: jax.block_until_ready(c(x)))(call)
+  options = ort.SessionOptions()
+  if args.threads:
+    options.intra_op_num_threads = args.threads
+  onnx_models = {"jaxnet ONNX fp32": export.to_onnx(fp32)}
+  onnx_models["jaxnet ONNX int8"] = export.quantize_onnx(onnx_models["jaxnet ONNX fp32"], calibration)
+  if args.torch:
+    def quantization(model, images):  # the same onnxruntime call on the torch graph's own input
+      import tempfile
+      import onnx
+      from onnxruntime import quantization as q
+      from onnxruntime.quantization import shape_inference
 
-  rows = []
+      class Reader:
+        def __init__(self):
+          self.batches = iter([images[i:i + 32] for i in range(0, len(images), 32)])
+
+        def get_next(self):
+          batch = next(self.batches, None)
+          return None if batch is None else {"images": batch}
+      with tempfile.TemporaryDirectory() as tmp:
+        paths = [os.path.join(tmp, n) for n in ("fp32.onnx", "prepared.onnx", "int8.onnx")]
+        onnx.save_model(model, paths[0])
+        shape_inference.quant_pre_process(paths[0], paths[1])
+        q.quantize_static(paths[1], paths[2], Reader(), quant_format=q.QuantFormat.QDQ, per_channel=True,
+                          activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8,
+                          calibrate_method=q.CalibrationMethod.MinMax)
+        return onnx.load_model(paths[2])
+    torch_fp32, torch_int8, to_input = torch_peer(fp32, calibration, quantization)
+    onnx_models["torch.onnx.export fp32"], onnx_models["torch.onnx.export int8"] = torch_fp32, torch_int8
+    inputs["torch.onnx.export fp32"] = inputs["torch.onnx.export int8"] = to_input
+  for label, model in onnx_models.items():
+    nodes[label] = len(model.graph.node)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    engines[label] = (lambda s: lambda x: s.run(["logits"], {"images": x})[0])(session)
+
+  rows = {}
   for batch in batches:
     images = rng.integers(0, 256, (batch, *shape), dtype=np.uint8)
-    for label, call in engines.items():
-      block = (lambda c: lambda x: jax.block_until_ready(c(x)))(call) if label.startswith("jax") else call
-      seconds = np.array(time_calls(block, images, args.iterations))
-      p50, p99 = np.percentile(seconds, 50), np.percentile(seconds, 99)
-      rows.append((label, batch, p50 * 1e3, p99 * 1e3, batch / p50))
+    feeds = {label: inputs.get(label, lambda x: x)(images) for label in engines}
+    if args.torch:  # the same model: the same logits (up to rounding)
+      a, b = engines["jaxnet ONNX fp32"](images), engines["torch.onnx.export fp32"](feeds["torch.onnx.export fp32"])
+      print(f"  batch {batch}: jaxnet ONNX vs torch ONNX fp32 logits: max abs difference "
+            f"{np.abs(a - b).max():.2e}", file=sys.stderr, flush=True)
+    for label, call in engines.items():  # warm-up
+      call(feeds[label])
+      call(feeds[label])
+    seconds = {label: [] for label in engines}
+    for _ in range(args.iterations):  # interleaved: load changes hit every engine alike
+      for label, call in engines.items():
+        start = time.perf_counter()
+        call(feeds[label])
+        seconds[label].append(time.perf_counter() - start)
+    for label in engines:
+      p50, p99 = np.percentile(seconds[label], 50), np.percentile(seconds[label], 99)
+      rows[label, batch] = (p50 * 1e3, p99 * 1e3, batch / p50)
       print(f"  {label}, batch {batch}: p50 {p50 * 1e3:.1f} ms", file=sys.stderr, flush=True)
 
-  weights = f"{args.workdir}" if args.workdir else "random weights"
+  weights = f"{args.workdir}" if args.workdir else "random weights, BN statistics drawn"
   print(f"### Inference: `bench_inference.py` ({fp32.config.model.name}, {shape[0]}px, {weights}, "
-        f"{args.iterations} calls per cell)\n")
+        f"{args.iterations} interleaved calls per cell)\n")
   print(benchlib.cpu_line())
   print(benchlib.load_line())
-  print(benchlib.versions_line("onnx", "onnxruntime", "jax2onnx", "qwix"))
-  print(f"jax devices: {', '.join(str(d) for d in jax.devices())}; onnxruntime: CPUExecutionProvider")
+  print(benchlib.versions_line("onnx", "onnxruntime", "jax2onnx", "qwix", *(("torch", "torchvision") if args.torch else ())))
+  print(f"jax devices: {', '.join(str(d) for d in jax.devices())}; onnxruntime: CPUExecutionProvider, "
+        f"{args.threads or 'default'} intra-op threads")
   print(benchlib.date_line() + "\n")
-  base = {batch: ips for label, batch, _, _, ips in rows if label == "jax.export fp32"}
-  print("| engine | batch | p50 ms | p99 ms | images/s | vs jax.export fp32 |")
-  print("|---|---:|---:|---:|---:|---:|")
-  for label, batch, p50, p99, ips in rows:
-    print(f"| {label} | {batch} | {p50:.1f} | {p99:.1f} | {ips:.1f} | {ips / base[batch]:.2f}x |")
+  peer = {"jaxnet ONNX fp32": "torch.onnx.export fp32", "jaxnet ONNX int8": "torch.onnx.export int8"}
+  print("| engine | ONNX nodes | batch | p50 ms | p99 ms | images/s | latency vs torch's graph |")
+  print("|---|---:|---:|---:|---:|---:|---:|")
+  for (label, batch), (p50, p99, ips) in rows.items():
+    versus = (f"{p50 / rows[peer[label], batch][0]:.2f}x" if args.torch and label in peer else "")
+    print(f"| {label} | {nodes.get(label, '')} | {batch} | {p50:.1f} | {p99:.1f} | {ips:.1f} | {versus} |")
   return 0
 
 

@@ -194,7 +194,15 @@ def metadata(predictor) -> dict:
 
 
 def to_onnx(predictor):
-  """The predictor's eval-mode fp32 function as an onnx.ModelProto with a dynamic batch."""
+  """The predictor's eval-mode fp32 function as an onnx.ModelProto with a dynamic batch:
+  a ResNet's graph written directly (`resnet_onnx`), any other model through jax2onnx."""
+  from jaxnet.core.models.resnet import ResNet
+  if isinstance(predictor.model, ResNet):
+    (onnx,) = require("onnx")
+    model = resnet_onnx(predictor, onnx)
+    onnx.helper.set_model_props(model, metadata(predictor))
+    onnx.checker.check_model(model)
+    return model
   import jax.extend
   (jax2onnx, onnx) = require("jax2onnx", "onnx")
   fn = fp32_logits_fn(predictor)
@@ -218,6 +226,85 @@ def to_onnx(predictor):
   onnx.helper.set_model_props(model, metadata(predictor))
   onnx.checker.check_model(model)
   return model
+
+
+# --- a ResNet's graph, written as a runtime wants it ---------------------------------------
+
+def resnet_onnx(predictor, onnx):
+  """A jaxnet ResNet as ONNX in the form runtimes run fastest (and torch.onnx.export writes):
+  NCHW throughout after one Transpose of the uint8 NHWC input, each BN folded into its
+  convolution's weights and bias (eval mode: running statistics), the normalisation one Mul
+  and one Add per channel, then Conv/Relu/Add/MaxPool, GlobalAveragePool, Flatten, Gemm.
+  The same computation as the eval step's, in another order of rounding (logits within
+  1e-4: tests/test_onnx_export.py)."""
+  from onnx import TensorProto, helper, numpy_helper
+  model, config = predictor.model, predictor.config
+  params = jax.device_get(predictor.variables["params"])
+  stats = jax.device_get(predictor.variables["batch_stats"])
+  nodes, weights = [], []
+
+  def constant(name, value):
+    weights.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+    return name
+
+  def node(op, inputs, name, **attrs):
+    nodes.append(helper.make_node(op, inputs, [name], name=name, **attrs))
+    return name
+
+  def conv_bn(x, path, bn_path, stride=1):
+    """conv (HWIO kernel, padded k // 2 per side) then BN folded in: W * s, b - mean * s."""
+    kernel = np.asarray(_at(params, path)["kernel"], np.float32)
+    bn, running = _at(params, bn_path), _at(stats, bn_path)
+    s = np.asarray(bn["scale"]) / np.sqrt(np.asarray(running["var"]) + model.bn_epsilon)
+    name = "/".join(path)
+    k = kernel.shape[0]
+    return node("Conv", [x, constant(name + "/W", (kernel * s).transpose(3, 2, 0, 1)),
+                         constant(name + "/B", np.asarray(bn["bias"]) - np.asarray(running["mean"]) * s)],
+                name, kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4)
+
+  mean, std = np.asarray(config.data.mean, np.float32), np.asarray(config.data.std, np.float32)
+  channels = len(mean)
+  x = node("Cast", ["images"], "images_float", to=TensorProto.FLOAT)
+  x = node("Transpose", [x], "images_nchw", perm=[0, 3, 1, 2])
+  x = node("Mul", [x, constant("normalize/scale", (1 / (255 * std)).reshape(1, channels, 1, 1))], "normalize/mul")
+  x = node("Add", [x, constant("normalize/shift", (-mean / std).reshape(1, channels, 1, 1))], "normalize/add")
+  x = node("Relu", [conv_bn(x, ("stem_conv",), ("stem_bn",), stride=2 if model.stem == "imagenet" else 1)],
+           "stem_relu")
+  if model.stem == "imagenet":
+    x = node("MaxPool", [x], "stem_pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+  bottleneck = "Conv_2" in params["stage1_block1"]  # BottleneckBlock: three convolutions
+  for stage, blocks in enumerate(model.stage_sizes):
+    for b in range(blocks):
+      block = f"stage{stage + 1}_block{b + 1}"
+      stride = 2 if stage > 0 and b == 0 else 1
+      convs = 3 if bottleneck else 2
+      y = x
+      for i in range(convs):  # v1.5: the stride on the 3x3 (a bottleneck's second) convolution
+        conv_stride = stride if i == (1 if bottleneck else 0) else 1
+        y = conv_bn(y, (block, f"Conv_{i}"), (block, f"BatchNorm_{i}"), conv_stride)
+        if i < convs - 1:
+          y = node("Relu", [y], f"{block}/relu_{i}")
+      shortcut = (conv_bn(x, (block, "proj_conv"), (block, "proj_bn"), stride) if "proj_conv" in params[block]
+                  else x)
+      x = node("Relu", [node("Add", [y, shortcut], f"{block}/add")], f"{block}/out")
+  x = node("GlobalAveragePool", [x], "pool")
+  x = node("Flatten", [x], "flatten", axis=1)
+  head = params["head"]
+  node("Gemm", [x, constant("head/W", head["kernel"]), constant("head/B", head["bias"])], "logits")
+  size = config.image_size
+  graph = helper.make_graph(
+      nodes, config.model.name,
+      [helper.make_tensor_value_info("images", TensorProto.UINT8, ["batch", size, size, channels])],
+      [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", predictor.num_classes])],
+      initializer=weights)
+  return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                           producer_name="jaxnet")
+
+
+def _at(tree, path):
+  for key in path:
+    tree = tree[key]
+  return tree
 
 
 def _repair_max_pools(model, onnx) -> None:
