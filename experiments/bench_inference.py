@@ -8,14 +8,15 @@ ranges), each called under jax.jit as a server embedding it would, and onnxrunti
 execution provider) running the `--format=onnx` export in fp32 and its `--int8`
 quantization. With --torch (where torch and torchvision are installed; not a jaxnet
 dependency), the peer: torchvision's model of the same name with the same weights (through
-jaxnet's torchvision-name export), exported by `torch.onnx.export` (opset 17, dynamic
-batch) and quantized by the same onnxruntime call on the same calibration images, run in
-the same onnxruntime. Its input is the float NCHW tensor torchvision's models take (the
-uint8 decode-to-normalised step is done for it, outside the timing); jaxnet's graph takes
-the uint8 NHWC images and normalises inside. Each cell calls the model `--iterations` times
-on one batch after 2 warm-up calls, interleaving the engines round by round, and reports
-the median (p50) and 99th-percentile latency and images/s at the median; the nodes of each
-ONNX graph as written are counted.
+jaxnet's torchvision-name export; for a ViT, torchvision's VisionTransformer of the same
+shape with its own random weights, torchvision having no timm-style ViT), exported by
+`torch.onnx.export` (opset 17, dynamic batch) and quantized by the same onnxruntime call
+on the same calibration images, run in the same onnxruntime. Its input is the float NCHW
+tensor torchvision's models take (the uint8 decode-to-normalised step is done for it,
+outside the timing); jaxnet's graph takes the uint8 NHWC images and normalises inside.
+Each cell calls the model `--iterations` times on one batch after 2 warm-up calls,
+interleaving the engines round by round, and reports the median (p50) and 99th-percentile
+latency and images/s at the median; the nodes of each ONNX graph as written are counted.
 
 Weights: the workdir's model with --workdir, else random weights (BN statistics drawn too;
 speed does not depend on them); the int8 models are calibrated on random images, so only
@@ -93,10 +94,16 @@ def torch_peer(predictor, calibration_nchw, onnx_quantization):
   import torch
   import torchvision
   from jaxnet.tools.weights.export import torch_tensors
-  name = predictor.config.model.name
-  model = getattr(torchvision.models, name)(num_classes=predictor.num_classes)
-  model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in
-                         torch_tensors(predictor.variables, name).items()}, strict=True)
+  name, jax_model = predictor.config.model.name, predictor.model
+  if name.startswith("vit"):  # torchvision's ViT of the same shape, its own random weights
+    model = torchvision.models.VisionTransformer(
+        image_size=predictor.config.image_size, patch_size=jax_model.patch_size, num_layers=jax_model.depth,
+        num_heads=jax_model.num_heads, hidden_dim=jax_model.width, mlp_dim=jax_model.mlp_dim,
+        num_classes=predictor.num_classes)
+  else:
+    model = getattr(torchvision.models, name)(num_classes=predictor.num_classes)
+    model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in
+                           torch_tensors(predictor.variables, name).items()}, strict=True)
   model.eval()
   size = predictor.config.image_size
   buffer = io.BytesIO()
@@ -185,7 +192,7 @@ def main():
   for batch in batches:
     images = rng.integers(0, 256, (batch, *shape), dtype=np.uint8)
     feeds = {label: inputs.get(label, lambda x: x)(images) for label in engines}
-    if args.torch:  # the same model: the same logits (up to rounding)
+    if args.torch and not args.model.startswith("vit"):  # the same weights: the same logits
       a, b = engines["jaxnet ONNX fp32"](images), engines["torch.onnx.export fp32"](feeds["torch.onnx.export fp32"])
       print(f"  batch {batch}: jaxnet ONNX vs torch ONNX fp32 logits: max abs difference "
             f"{np.abs(a - b).max():.2e}", file=sys.stderr, flush=True)

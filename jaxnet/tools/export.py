@@ -19,19 +19,20 @@ kept an EMA) are inside: it is `steps.make_logits_fn`, the function the eval ste
 - ONNX (`save_onnx`), for onnxruntime, TensorRT, OpenVINO or Triton: the same function in
   fp32 whatever precision the run trained in, input "images", output "logits"; the model's
   metadata_props record how to make the input (image size, channels, mean/std, the eval
-  crop and interpolation) and the class names (METADATA_KEYS). The converter is jax2onnx
-  (docs/deploy.md says why it is installed with --no-deps), handed the model as a jaxpr of
-  lax primitives rather than as Flax modules, so its Flax-level rewrites are never
-  involved. Its output is then adjusted: NHWC max pools onnxruntime can run
-  (_repair_max_pools), BN and ReLU in the forms onnxruntime fuses into convolutions
-  (_make_fusable), no scalar Gemm biases, which onnxruntime's quantizer rejects
+  crop and interpolation) and the class names (METADATA_KEYS). ResNets and ViTs are
+  written op by op in the form runtimes run fastest (`resnet_onnx`, `vit_onnx`: NCHW, BN
+  folded, MatMul, LayerNormalization, fusable GELU); other models (AlexNet) go through
+  jax2onnx (docs/deploy.md says why it is installed with --no-deps), handed the model as a
+  jaxpr of lax primitives, whose output is then adjusted: NHWC max pools onnxruntime can
+  run (_repair_max_pools), ReLU in the form onnxruntime fuses into convolutions
+  (_relus_as_relu), no scalar Gemm biases, which onnxruntime's quantizer rejects
   (_drop_zero_scalar_gemm_biases).
 - ONNX int8 (`save_onnx_int8`): onnxruntime's quantize_static in the QDQ format: int8
   weights with one scale per output channel, uint8 activations (onnxruntime's recommended
   pair on x86 CPUs) whose ranges come from running the fp32 model on N images of the
-  workdir's train split, preprocessed as eval preprocesses (no augmentation). Before
-  quantizing, onnxruntime's pre-processing folds the graph (BN into the convolutions,
-  constants, shapes), so fewer tensors need quantizing.
+  workdir's train split (or a folder of the user's images), preprocessed as eval
+  preprocesses (no augmentation); LayerNorms stay fp32. onnxruntime's pre-processing
+  (shape inference, constant folding) runs first.
 Every file is written under a temporary name beside its target and renamed when complete.
 """
 
@@ -197,9 +198,11 @@ def to_onnx(predictor):
   """The predictor's eval-mode fp32 function as an onnx.ModelProto with a dynamic batch:
   a ResNet's graph written directly (`resnet_onnx`), any other model through jax2onnx."""
   from jaxnet.core.models.resnet import ResNet
-  if isinstance(predictor.model, ResNet):
+  from jaxnet.core.models.vit import ViT
+  writers = {ResNet: resnet_onnx, ViT: vit_onnx}
+  if type(predictor.model) in writers:
     (onnx,) = require("onnx")
-    model = resnet_onnx(predictor, onnx)
+    model = writers[type(predictor.model)](predictor)
     onnx.helper.set_model_props(model, metadata(predictor))
     onnx.checker.check_model(model)
     return model
@@ -221,35 +224,67 @@ def to_onnx(predictor):
     raise UserError(f"model {predictor.config.model.name} cannot be exported to ONNX: "
                            f"jax2onnx says: {first_line}; --format=jax exports any model") from None
   _repair_max_pools(model, onnx)
-  _make_fusable(model, onnx)
+  _relus_as_relu(model, onnx)
   _drop_zero_scalar_gemm_biases(model, onnx)  # also drops the initializers left unused
   onnx.helper.set_model_props(model, metadata(predictor))
   onnx.checker.check_model(model)
   return model
 
 
-# --- a ResNet's graph, written as a runtime wants it ---------------------------------------
+# --- graphs written as a runtime wants them: ResNets and ViTs ------------------------------
 
-def resnet_onnx(predictor, onnx):
+class _Graph:
+  """An ONNX graph being written: nodes in order, weights as fp32 initializers."""
+
+  def __init__(self):
+    from onnx import helper, numpy_helper
+    self.helper, self.numpy_helper = helper, numpy_helper
+    self.nodes, self.weights = [], []
+
+  def constant(self, name, value, dtype=np.float32):
+    self.weights.append(self.numpy_helper.from_array(np.asarray(value, dtype), name))
+    return name
+
+  def node(self, op, inputs, name, **attrs):
+    self.nodes.append(self.helper.make_node(op, list(inputs), [name], name=name, **attrs))
+    return name
+
+  def model(self, predictor, channels: int):
+    from onnx import TensorProto
+    size, helper = predictor.config.image_size, self.helper
+    graph = helper.make_graph(
+        self.nodes, predictor.config.model.name,
+        [helper.make_tensor_value_info("images", TensorProto.UINT8, ["batch", size, size, channels])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", predictor.num_classes])],
+        initializer=self.weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="jaxnet")
+
+
+def _nchw_input(g: _Graph) -> str:
+  """The uint8 NHWC images as float NCHW: one Cast, one Transpose."""
+  from onnx import TensorProto
+  return g.node("Transpose", [g.node("Cast", ["images"], "images_float", to=TensorProto.FLOAT)],
+                "images_nchw", perm=[0, 3, 1, 2])
+
+
+def _normalization(config):
+  """normalize(x) = x * scale + shift per channel, on uint8 pixel values (steps.normalize)."""
+  mean, std = np.asarray(config.data.mean, np.float32), np.asarray(config.data.std, np.float32)
+  return 1 / (255 * std), -mean / std
+
+
+def resnet_onnx(predictor):
   """A jaxnet ResNet as ONNX in the form runtimes run fastest (and torch.onnx.export writes):
   NCHW throughout after one Transpose of the uint8 NHWC input, each BN folded into its
   convolution's weights and bias (eval mode: running statistics), the normalisation one Mul
-  and one Add per channel, then Conv/Relu/Add/MaxPool, GlobalAveragePool, Flatten, Gemm.
-  The same computation as the eval step's, in another order of rounding (logits within
-  1e-4: tests/test_onnx_export.py)."""
-  from onnx import TensorProto, helper, numpy_helper
+  and one Add per channel (not folded into the stem: its zero padding is of normalised
+  pixels), then Conv/Relu/Add/MaxPool, GlobalAveragePool, Flatten, Gemm. The same
+  computation as the eval step's, in another order of rounding (logits within 1e-4:
+  tests/test_onnx_export.py)."""
   model, config = predictor.model, predictor.config
   params = jax.device_get(predictor.variables["params"])
   stats = jax.device_get(predictor.variables["batch_stats"])
-  nodes, weights = [], []
-
-  def constant(name, value):
-    weights.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
-    return name
-
-  def node(op, inputs, name, **attrs):
-    nodes.append(helper.make_node(op, inputs, [name], name=name, **attrs))
-    return name
+  g = _Graph()
 
   def conv_bn(x, path, bn_path, stride=1):
     """conv (HWIO kernel, padded k // 2 per side) then BN folded in: W * s, b - mean * s."""
@@ -258,20 +293,19 @@ def resnet_onnx(predictor, onnx):
     s = np.asarray(bn["scale"]) / np.sqrt(np.asarray(running["var"]) + model.bn_epsilon)
     name = "/".join(path)
     k = kernel.shape[0]
-    return node("Conv", [x, constant(name + "/W", (kernel * s).transpose(3, 2, 0, 1)),
-                         constant(name + "/B", np.asarray(bn["bias"]) - np.asarray(running["mean"]) * s)],
-                name, kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4)
+    return g.node("Conv", [x, g.constant(name + "/W", (kernel * s).transpose(3, 2, 0, 1)),
+                           g.constant(name + "/B", np.asarray(bn["bias"]) - np.asarray(running["mean"]) * s)],
+                  name, kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4)
 
-  mean, std = np.asarray(config.data.mean, np.float32), np.asarray(config.data.std, np.float32)
-  channels = len(mean)
-  x = node("Cast", ["images"], "images_float", to=TensorProto.FLOAT)
-  x = node("Transpose", [x], "images_nchw", perm=[0, 3, 1, 2])
-  x = node("Mul", [x, constant("normalize/scale", (1 / (255 * std)).reshape(1, channels, 1, 1))], "normalize/mul")
-  x = node("Add", [x, constant("normalize/shift", (-mean / std).reshape(1, channels, 1, 1))], "normalize/add")
-  x = node("Relu", [conv_bn(x, ("stem_conv",), ("stem_bn",), stride=2 if model.stem == "imagenet" else 1)],
-           "stem_relu")
+  scale, shift = _normalization(config)
+  channels = len(scale)
+  x = g.node("Mul", [_nchw_input(g), g.constant("normalize/scale", scale.reshape(1, channels, 1, 1))],
+             "normalize/mul")
+  x = g.node("Add", [x, g.constant("normalize/shift", shift.reshape(1, channels, 1, 1))], "normalize/add")
+  x = g.node("Relu", [conv_bn(x, ("stem_conv",), ("stem_bn",), stride=2 if model.stem == "imagenet" else 1)],
+             "stem_relu")
   if model.stem == "imagenet":
-    x = node("MaxPool", [x], "stem_pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    x = g.node("MaxPool", [x], "stem_pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
   bottleneck = "Conv_2" in params["stage1_block1"]  # BottleneckBlock: three convolutions
   for stage, blocks in enumerate(model.stage_sizes):
     for b in range(blocks):
@@ -283,22 +317,99 @@ def resnet_onnx(predictor, onnx):
         conv_stride = stride if i == (1 if bottleneck else 0) else 1
         y = conv_bn(y, (block, f"Conv_{i}"), (block, f"BatchNorm_{i}"), conv_stride)
         if i < convs - 1:
-          y = node("Relu", [y], f"{block}/relu_{i}")
+          y = g.node("Relu", [y], f"{block}/relu_{i}")
       shortcut = (conv_bn(x, (block, "proj_conv"), (block, "proj_bn"), stride) if "proj_conv" in params[block]
                   else x)
-      x = node("Relu", [node("Add", [y, shortcut], f"{block}/add")], f"{block}/out")
-  x = node("GlobalAveragePool", [x], "pool")
-  x = node("Flatten", [x], "flatten", axis=1)
+      x = g.node("Relu", [g.node("Add", [y, shortcut], f"{block}/add")], f"{block}/out")
+  x = g.node("Flatten", [g.node("GlobalAveragePool", [x], "pool")], "flatten", axis=1)
   head = params["head"]
-  node("Gemm", [x, constant("head/W", head["kernel"]), constant("head/B", head["bias"])], "logits")
-  size = config.image_size
-  graph = helper.make_graph(
-      nodes, config.model.name,
-      [helper.make_tensor_value_info("images", TensorProto.UINT8, ["batch", size, size, channels])],
-      [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", predictor.num_classes])],
-      initializer=weights)
-  return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                           producer_name="jaxnet")
+  g.node("Gemm", [x, g.constant("head/W", head["kernel"]), g.constant("head/B", head["bias"])], "logits")
+  return g.model(predictor, channels)
+
+
+def vit_onnx(predictor):
+  """A jaxnet ViT as ONNX in the ops runtimes fuse: the normalisation folded into the patch
+  convolution (unpadded, so exactly), MatMul+Add for every dense layer, LayerNormalization
+  (opset 17), attention as MatMul/Softmax/MatMul with 1/sqrt(head_dim) folded into the
+  query weights, and GELU in the erf form onnxruntime fuses into one Gelu kernel. Dense
+  layers stay MatMuls, which onnxruntime's static quantizer turns into int8 MatMuls."""
+  from jaxnet.core.models.vit import LN_EPS, posemb_sincos_2d
+  model, config = predictor.model, predictor.config
+  params = jax.device_get(predictor.variables["params"])
+  width, heads = model.width, model.num_heads
+  head_dim = width // heads
+  g = _Graph()
+
+  def dense(x, path, layer=None):
+    layer, name = layer or _at(params, path), "/".join(path)
+    y = g.node("MatMul", [x, g.constant(name + "/W", layer["kernel"])], name + "/matmul")
+    return g.node("Add", [y, g.constant(name + "/B", layer["bias"])], name)
+
+  def layer_norm(x, path):
+    layer, name = _at(params, path), "/".join(path)
+    return g.node("LayerNormalization", [x, g.constant(name + "/scale", layer["scale"]),
+                                         g.constant(name + "/bias", layer["bias"])],
+                  name, axis=-1, epsilon=LN_EPS)
+
+  shape = lambda name, dims: g.constant(name, dims, np.int64)
+  scale, shift = _normalization(config)
+  embed = params["patch_embed"]
+  kernel = np.asarray(embed["kernel"], np.float32)  # (p, p, C, D)
+  bias = np.asarray(embed["bias"], np.float32) + np.einsum("ijcd,c->d", kernel, shift)
+  p = kernel.shape[0]
+  x = g.node("Conv", [_nchw_input(g), g.constant("patch_embed/W", (kernel * scale[:, None]).transpose(3, 2, 0, 1)),
+                      g.constant("patch_embed/B", bias)],
+             "patch_embed", kernel_shape=[p, p], strides=[p, p])
+  x = g.node("Reshape", [x, shape("shape/b_d_n", [0, width, -1])], "patches")
+  x = g.node("Transpose", [x], "tokens", perm=[0, 2, 1])  # (batch, patches, width)
+  if model.flavour == "timm":
+    batch = g.node("Shape", [x], "batch_size", start=0, end=1)
+    cls_shape = g.node("Concat", [batch, shape("shape/1_d", [1, width])], "cls_shape", axis=0)
+    cls = g.node("Expand", [g.constant("cls_token", params["cls_token"]), cls_shape], "cls_tokens")
+    x = g.node("Concat", [cls, x], "with_cls", axis=1)
+    position = params["pos_embed"]
+  else:
+    side = config.image_size // p
+    position = posemb_sincos_2d(side, side, width)
+  x = g.node("Add", [x, g.constant("pos_embed", position)], "embedded")
+
+  # q's columns scaled by 1/sqrt(head_dim): the attention's scaling, done on the weights.
+  for i in range(model.depth):
+    block = f"block{i}"
+    qkv = params[block]["attn"]["qkv"]
+    q_scale = np.concatenate([np.full(width, head_dim ** -0.5), np.ones(2 * width)]).astype(np.float32)
+    y = dense(layer_norm(x, (block, "norm1")), (block, "attn", "qkv"),
+              {"kernel": np.asarray(qkv["kernel"]) * q_scale, "bias": np.asarray(qkv["bias"]) * q_scale})
+    y = g.node("Reshape", [y, shape(f"{block}/shape_qkv", [0, 0, 3, heads, head_dim])], f"{block}/attn/split_heads")
+    y = g.node("Transpose", [y], f"{block}/attn/qkv_heads", perm=[2, 0, 3, 1, 4])  # (3, b, heads, n, dh)
+    q, k, v = (g.node("Gather", [y, shape(f"{block}/index_{part}", part)], f"{block}/attn/{name}", axis=0)
+               for part, name in enumerate("qkv"))
+    k = g.node("Transpose", [k], f"{block}/attn/k_transposed", perm=[0, 1, 3, 2])
+    weights = g.node("Softmax", [g.node("MatMul", [q, k], f"{block}/attn/scores")], f"{block}/attn/weights", axis=-1)
+    y = g.node("MatMul", [weights, v], f"{block}/attn/mixed")
+    y = g.node("Transpose", [y], f"{block}/attn/merge_heads", perm=[0, 2, 1, 3])
+    y = g.node("Reshape", [y, shape(f"{block}/shape_merged", [0, 0, width])], f"{block}/attn/merged")
+    x = g.node("Add", [x, dense(y, (block, "attn", "proj"))], f"{block}/attn_out")
+    y = dense(layer_norm(x, (block, "norm2")), (block, "fc1"))
+    # exact GELU, x * 0.5 * (1 + erf(x / sqrt(2))), in the order onnxruntime's fusion matches
+    erf = g.node("Erf", [g.node("Div", [y, g.constant(f"{block}/sqrt2", np.sqrt(2.0))], f"{block}/gelu/div")],
+                 f"{block}/gelu/erf")
+    one_plus = g.node("Add", [erf, g.constant(f"{block}/one", 1.0)], f"{block}/gelu/add")
+    y = g.node("Mul", [g.node("Mul", [y, one_plus], f"{block}/gelu/mul"), g.constant(f"{block}/half", 0.5)],
+               f"{block}/gelu")
+    x = g.node("Add", [x, dense(y, (block, "fc2"))], f"{block}/out")
+  x = layer_norm(x, ("norm",))
+  if model.flavour == "timm":
+    x = g.node("Gather", [x, shape("index_cls", 0)], "cls_out", axis=1)
+  else:
+    x = g.node("ReduceMean", [x, shape("axes_tokens", [1])], "pooled", keepdims=0)
+    pre = params["pre_logits"]
+    x = g.node("Tanh", [g.node("Gemm", [x, g.constant("pre_logits/W", pre["kernel"]),
+                                         g.constant("pre_logits/B", pre["bias"])], "pre_logits/gemm")],
+               "pre_logits")
+  head = params["head"]
+  g.node("Gemm", [x, g.constant("head/W", head["kernel"]), g.constant("head/B", head["bias"])], "logits")
+  return g.model(predictor, len(scale))
 
 
 def _at(tree, path):
@@ -351,26 +462,13 @@ def _repair_max_pools(model, onnx) -> None:
   del graph.value_info[:]
 
 
-def _make_fusable(model, onnx) -> None:
-  """Rewrites two jax spellings into the ones onnxruntime fuses into a convolution:
-  BN's x - mean (Sub of a constant) becomes x + (-mean), an Add it folds into the Conv's
-  bias like the Mul and Add after it; ReLU's max(x, 0) becomes Relu, which it fuses into
-  the Conv. Exact: x - m and x + (-m) round alike, and max(x, 0) is relu(x)."""
-  graph = model.graph
-  initializers = {i.name: i for i in graph.initializer}
-  array = onnx.numpy_helper.to_array
-  for node in graph.node:
-    constant = initializers.get(node.input[-1]) if len(node.input) == 2 else None
-    if constant is None:
-      continue
-    if node.op_type == "Sub":
-      negated = onnx.numpy_helper.from_array(-array(constant), name=constant.name + "_negated")
-      if negated.name not in initializers:
-        graph.initializer.append(negated)
-        initializers[negated.name] = negated
-      node.op_type = "Add"
-      node.input[1] = negated.name
-    elif node.op_type == "Max" and array(constant).ndim == 0 and array(constant) == 0:
+def _relus_as_relu(model, onnx) -> None:
+  """jax spells ReLU max(x, 0); as Relu onnxruntime fuses it into the convolution before it.
+  Exact: max(x, 0) is relu(x)."""
+  initializers = {i.name: i for i in model.graph.initializer}
+  for node in model.graph.node:
+    zero = initializers.get(node.input[-1]) if node.op_type == "Max" and len(node.input) == 2 else None
+    if zero is not None and onnx.numpy_helper.to_array(zero).ndim == 0 and onnx.numpy_helper.to_array(zero) == 0:
       node.op_type = "Relu"
       del node.input[1]
 
@@ -481,7 +579,10 @@ def quantize_onnx(model, images: np.ndarray, of: str = "train images"):
         prepared, int8, _Reader(images),
         quant_format=quantization.QuantFormat.QDQ, per_channel=True,
         activation_type=quantization.QuantType.QUInt8, weight_type=quantization.QuantType.QInt8,
-        calibrate_method=quantization.CalibrationMethod.MinMax)
+        calibrate_method=quantization.CalibrationMethod.MinMax,
+        # LayerNorm stays fp32: its statistics lose too much in 8 bits, and the quantizer
+        # has no per-channel axis for its 1-D scale
+        nodes_to_exclude=[n.name for n in model.graph.node if n.op_type == "LayerNormalization"])
     quantized = onnx.load_model(int8)
   del quantized.metadata_props[:]
   props = {p.key: p.value for p in model.metadata_props}
