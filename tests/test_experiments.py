@@ -193,3 +193,22 @@ def test_bench_scaling_quick():
     expected = float(rate) / (int(devices) * float(rows[0][2]))
     assert abs(int(efficiency[:-1]) - 100 * expected) <= 1, (rows, expected)
   assert "says nothing about GPU scaling" in out
+
+
+def test_bench_inference_smallest_prints_every_engine_and_node_counts():
+  """resnet18 at 32px, batch 1, 2 calls a cell: every engine's row (torch's peer needs torch,
+  not a test dependency, so it is left out here)."""
+  for name in ("onnx", "onnxruntime", "jax2onnx", "qwix"):
+    pytest.importorskip(name, reason="the onnx extra is not installed")
+  out = run_script("bench_inference.py", "--model", "resnet18", "--image-size", "32", "--batches", "1",
+                   "--iterations", "2", "--calibration-images", "8")
+  rows = {line.split("|")[1].strip(): line.split("|")[2:] for line in out.splitlines()
+          if line.startswith("| ") and not line.startswith("| engine")}
+  assert list(rows) == ["jax.export fp32", "jax.export bf16", "jax.export int8 (qwix)",
+                        "jaxnet ONNX fp32", "jaxnet ONNX int8"], out
+  # resnet18 as written: input 4 (Transpose, Cast, Mul, Add), stem 3, 8 blocks of 5 and 3
+  # projections, head 3 (GlobalAveragePool, Flatten, Gemm)
+  assert rows["jaxnet ONNX fp32"][0].strip() == "53"
+  for cells in rows.values():
+    assert float(cells[2]) > 0 and float(cells[4]) > 0  # p50 ms, images/s
+  assert "CPU:" in out and "onnxruntime" in out
