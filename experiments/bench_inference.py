@@ -239,7 +239,7 @@ def main():
       rows[label, batch] = (p50 * 1e3, p99 * 1e3, batch / p50)
       print(f"  {label}, batch {batch}: p50 {p50 * 1e3:.1f} ms", file=sys.stderr, flush=True)
 
-  weights = f"{args.workdir}" if args.workdir else "random weights, BN statistics drawn"
+  weights = args.workdir or ("random weights" + (", BN statistics drawn" if "batch_stats" in fp32.variables else ""))
   print(f"### Inference: `bench_inference.py` ({fp32.config.model.name}, {shape[0]}px, {weights}, "
         f"{args.iterations} interleaved calls per cell)\n")
   print(benchlib.cpu_line())
