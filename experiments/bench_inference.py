@@ -183,7 +183,7 @@ def main():
   onnx_models = {"jaxnet ONNX fp32": export.to_onnx(fp32)}
   onnx_models["jaxnet ONNX int8"] = export.quantize_onnx(onnx_models["jaxnet ONNX fp32"], calibration)
   if args.torch:
-    def quantization(model, images):  # the same onnxruntime call on the torch graph's own input
+    def quantization(model, images):  # export.quantize_onnx's call, on the torch graph's own input
       import tempfile
       import onnx
       from onnxruntime import quantization as q
@@ -207,7 +207,8 @@ def main():
           shape_inference.quant_pre_process(paths[0], paths[1], skip_symbolic_shape=True)
         q.quantize_static(paths[1], paths[2], Reader(), quant_format=q.QuantFormat.QDQ, per_channel=True,
                           activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8,
-                          calibrate_method=q.CalibrationMethod.MinMax)
+                          calibrate_method=q.CalibrationMethod.MinMax,
+                          nodes_to_exclude=export.fp32_nodes(onnx.load_model(paths[1])))
         return onnx.load_model(paths[2])
     peers, to_input = torch_peer(fp32, calibration, quantization)
     onnx_models.update(peers)

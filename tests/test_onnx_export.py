@@ -143,15 +143,16 @@ def test_onnxruntime_matches_fp32_eval(name, size, overrides):
 
 def test_a_resnet_graph_is_written_as_runtimes_run_it(tmp_path):
   """resnet50's graph as written: NCHW after one Transpose of the input, every BN folded into
-  its convolution, the normalisation one Mul and one Add: 126 nodes, where torch.onnx.export
-  writes 122 for torchvision's resnet50 (within the 1.2x the deploy issue asks). onnxruntime
-  then fuses the ReLU behind each convolution into it (docs/deploy.md)."""
+  its convolution, the normalisation one Add (its scale folded into the stem): 125 nodes, where
+  torch.onnx.export writes 146 for torchvision's resnet50 (torch 2.13; 122 in older ones: within
+  the 1.2x the deploy issue asks either way). onnxruntime then fuses the ReLU behind each
+  convolution into it (docs/deploy.md)."""
   import collections
   model = onnx_export.to_onnx(random_predictor("resnet50", 32))
   ops = collections.Counter(n.op_type for n in model.graph.node)
-  assert ops == {"Cast": 1, "Transpose": 1, "Mul": 1, "Add": 1 + 16, "Conv": 53, "Relu": 49, "MaxPool": 1,
+  assert ops == {"Cast": 1, "Transpose": 1, "Add": 1 + 16, "Conv": 53, "Relu": 49, "MaxPool": 1,
                  "GlobalAveragePool": 1, "Flatten": 1, "Gemm": 1}
-  assert sum(ops.values()) == 126 <= 1.2 * 122
+  assert sum(ops.values()) == 125 <= 1.2 * 122
   options = ort.SessionOptions()
   options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
   # (the level below the default one, whose NCHWc layout would rename the fused ops)

@@ -276,9 +276,10 @@ def _normalization(config):
 def resnet_onnx(predictor):
   """A jaxnet ResNet as ONNX in the form runtimes run fastest (and torch.onnx.export writes):
   NCHW throughout after one Transpose of the uint8 NHWC input, each BN folded into its
-  convolution's weights and bias (eval mode: running statistics), the normalisation one Mul
-  and one Add per channel (not folded into the stem: its zero padding is of normalised
-  pixels), then Conv/Relu/Add/MaxPool, GlobalAveragePool, Flatten, Gemm. The same
+  convolution's weights and bias (eval mode: running statistics), the normalisation one Add
+  per channel with its scale folded into the stem convolution (the shift cannot fold: the
+  stem pads with zeros of normalised pixels), then Conv/Relu/Add/MaxPool,
+  GlobalAveragePool, Flatten, Gemm. The same
   computation as the eval step's, in another order of rounding (logits within 1e-4:
   tests/test_onnx_export.py)."""
   model, config = predictor.model, predictor.config
@@ -286,9 +287,11 @@ def resnet_onnx(predictor):
   stats = jax.device_get(predictor.variables["batch_stats"])
   g = _Graph()
 
-  def conv_bn(x, path, bn_path, stride=1):
-    """conv (HWIO kernel, padded k // 2 per side) then BN folded in: W * s, b - mean * s."""
+  def conv_bn(x, path, bn_path, stride=1, input_scale=1.0):
+    """conv (HWIO kernel, padded k // 2 per side) then BN folded in: W * s, b - mean * s;
+    `input_scale` (per input channel) multiplies the input first, folded into W."""
     kernel = np.asarray(_at(params, path)["kernel"], np.float32)
+    kernel = kernel * np.broadcast_to(np.asarray(input_scale, np.float32), kernel.shape[2:3])[:, None]
     bn, running = _at(params, bn_path), _at(stats, bn_path)
     s = np.asarray(bn["scale"]) / np.sqrt(np.asarray(running["var"]) + model.bn_epsilon)
     name = "/".join(path)
@@ -297,13 +300,14 @@ def resnet_onnx(predictor):
                            g.constant(name + "/B", np.asarray(bn["bias"]) - np.asarray(running["mean"]) * s)],
                   name, kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4)
 
+  # normalize(x) = scale * (x + shift / scale): the Add stays, the scale folds into the stem's
+  # weights (exactly: the stem's zero padding is of scale * (...), zero either way).
   scale, shift = _normalization(config)
   channels = len(scale)
-  x = g.node("Mul", [_nchw_input(g), g.constant("normalize/scale", scale.reshape(1, channels, 1, 1))],
-             "normalize/mul")
-  x = g.node("Add", [x, g.constant("normalize/shift", shift.reshape(1, channels, 1, 1))], "normalize/add")
-  x = g.node("Relu", [conv_bn(x, ("stem_conv",), ("stem_bn",), stride=2 if model.stem == "imagenet" else 1)],
-             "stem_relu")
+  x = g.node("Add", [_nchw_input(g), g.constant("normalize/shift", (shift / scale).reshape(1, channels, 1, 1))],
+             "normalize/add")
+  x = g.node("Relu", [conv_bn(x, ("stem_conv",), ("stem_bn",), stride=2 if model.stem == "imagenet" else 1,
+                              input_scale=scale)], "stem_relu")
   if model.stem == "imagenet":
     x = g.node("MaxPool", [x], "stem_pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
   bottleneck = "Conv_2" in params["stage1_block1"]  # BottleneckBlock: three convolutions
@@ -582,7 +586,7 @@ def quantize_onnx(model, images: np.ndarray, of: str = "train images"):
         quant_format=quantization.QuantFormat.QDQ, per_channel=True,
         activation_type=quantization.QuantType.QUInt8, weight_type=quantization.QuantType.QInt8,
         calibrate_method=quantization.CalibrationMethod.MinMax,
-        nodes_to_exclude=_fp32_nodes(model))
+        nodes_to_exclude=fp32_nodes(model))
     quantized = onnx.load_model(int8)
   del quantized.metadata_props[:]
   props = {p.key: p.value for p in model.metadata_props}
@@ -592,7 +596,7 @@ def quantize_onnx(model, images: np.ndarray, of: str = "train images"):
   return quantized
 
 
-def _fp32_nodes(model) -> list[str]:
+def fp32_nodes(model) -> list[str]:
   """The nodes an int8 model keeps in fp32: the input's cast and normalisation (everything
   before the first Conv, MatMul or Gemm: quantized, they would cost a requantization of the
   whole image and its precision) and LayerNorms (their statistics lose too much in 8 bits,
