@@ -196,6 +196,43 @@ def test_a_vit_graph_is_written_as_runtimes_run_it(tmp_path):
   assert optimized["Gelu"] + optimized["BiasGelu"] == 12 and optimized["Erf"] == 0, optimized
 
 
+@pytest.mark.parametrize("size", [64, 72])  # 72: pyramid levels 9, 5, 3 (no whole upsampling factor)
+def test_a_detectors_graph_gives_its_head_outputs_and_anchors(size):
+  """retinanet_tiny with random weights (BN statistics drawn too): onnxruntime's class logits
+  and box deltas against jaxnet's fp32 model on the same images, within 1e-5 of their
+  largest magnitude; the anchors output is jaxnet's."""
+  from jaxnet.core import config as config_base
+  from jaxnet.core import detection, models, steps
+  from jaxnet.tools.predictor import Detector
+  config = _with(config_base.base_config(), **{"model.name": "retinanet_tiny", "image_size": size,
+                                                 "precision": "fp32"})
+  model = models.from_config(config.model, 5, jnp.float32)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)), train=False))
+  rng = np.random.default_rng(0)
+
+  def draw(path, leaf):
+    key = jax.tree_util.keystr(path)
+    if "var" in key or "scale" in key:
+      return rng.uniform(0.5, 1.5, leaf.shape).astype(np.float32)
+    if len(leaf.shape) <= 1:
+      return rng.normal(0, 0.2, leaf.shape).astype(np.float32)
+    return rng.normal(0, np.sqrt(2 / np.prod(leaf.shape[:-1])), leaf.shape).astype(np.float32)
+  variables = jax.tree_util.tree_map_with_path(draw, shapes)
+  detector = Detector(config, model, variables, num_classes=5, step=0, workdir="random")
+  graph = onnx_export.to_onnx(detector)
+  assert [o.name for o in graph.graph.output] == ["class_logits", "box_deltas", "anchors"]
+  images = eval_split(size)
+  class_logits, box_deltas, anchors = session(graph).run(None, {"images": images})
+  expected = model.apply(variables, steps.normalize(images, config.data.mean, config.data.std, jnp.float32),
+                         train=False)
+  for got, want in ((class_logits, expected["cls"]), (box_deltas, expected["box"])):
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (np.abs(got - want).max(), np.abs(want).max())
+  np.testing.assert_array_equal(anchors, detection.anchors(size, expected["levels"], model.anchor_base))
+  props = {p.key: p.value for p in graph.metadata_props}
+  assert "longer side is image_size" in props["jaxnet.input"] and "log(1000/16)" in props["jaxnet.outputs"]
+
+
 def test_vit_int8_quantizes_its_matmuls_and_keeps_top1(tmp_path):
   """A plain ViT trained on the digits (600 steps, ~10 s), exported with --int8: every
   MatMul's weights int8 with one scale per output column, LayerNorm left in fp32, top-1

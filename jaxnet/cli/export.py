@@ -56,10 +56,12 @@ def main(argv=None):
     from jaxnet.tools import export
     predictor = api.restore(args.workdir, step=args.step)
     from jaxnet.tools.predictor import Detector
-    if isinstance(predictor, Detector) and args.format != "torch":
+    detector = isinstance(predictor, Detector)
+    if detector and (args.format == "jax" or args.int8):
       from jaxnet.core.errors import UserError
-      raise UserError(f"{args.workdir} holds a detector: --format={args.format} is not built for "
-                      f"detectors yet (docs/detection.md); --format=torch writes its weights")
+      asked = "--int8" if args.int8 else f"--format={args.format}"
+      raise UserError(f"{args.workdir} holds a detector: {asked} is not built for detectors yet "
+                      f"(docs/detection.md); --format=onnx writes its fp32 graph, --format=torch its weights")
     shape = f"(batch, {', '.join(map(str, predictor.image_shape))})"
     if args.format == "torch":
       from jaxnet.tools.weights import export as weights_export, pretrained
@@ -84,7 +86,8 @@ def main(argv=None):
       else:
         export.save_onnx(predictor, args.out)
         kind = "fp32"
-      what = f"ONNX {kind}; input uint8 {shape} named images, output logits"
+      outputs = "outputs class_logits, box_deltas and anchors" if detector else "output logits"
+      what = f"ONNX {kind}; input uint8 {shape} named images, {outputs}"
     else:
       platforms = args.platforms.split(",") if args.platforms else None
       quantization = None

@@ -177,11 +177,11 @@ def fp32_logits_fn(predictor):
 
 def metadata(predictor) -> dict:
   c = predictor.config
-  return {
+  props = {
       "jaxnet.input": "images: uint8 NHWC (batch, image_size, image_size, channels), "
                       "resized and center-cropped as in jaxnet/tools/predictor.py; normalization is inside",
       "jaxnet.image_size": str(c.image_size),
-      "jaxnet.channels": str(predictor.channels),
+      "jaxnet.channels": str(predictor.image_shape[-1]),
       "jaxnet.mean": json.dumps(list(c.data.mean)),
       "jaxnet.std": json.dumps(list(c.data.std)),
       "jaxnet.eval_crop_fraction": str(c.data.eval_crop_fraction),
@@ -192,14 +192,30 @@ def metadata(predictor) -> dict:
       "jaxnet.ema": str(c.ema_decay > 0).lower(),
       "jaxnet.workdir": _run_name(predictor),
   }
+  if getattr(predictor.model, "TASK", None) == "detection":
+    props["jaxnet.input"] = ("images: uint8 NHWC (batch, image_size, image_size, channels), each image "
+                             "resized (bilinear, aspect kept) so its longer side is image_size, at the "
+                             "top left, zero padding after, as jaxnet/core/data/coco.py's eval "
+                             "transform; normalization is inside")
+    props["jaxnet.eval_crop_fraction"] = props["jaxnet.eval_interpolation"] = "not used"
+    props["jaxnet.outputs"] = (
+        "class_logits (batch, anchors, classes): sigmoid logits; box_deltas (batch, anchors, 4): "
+        "dx, dy, dw, dh against anchors (x0, y0, x1, y1 in the input's pixels) as torchvision's "
+        "BoxCoder with weights (1, 1, 1, 1), dw and dh clamped at log(1000/16) before exp; anchors "
+        "(anchors, 4). jaxnet's detections (jaxnet/core/detection.py detect): per pyramid level the "
+        f"best {c.detection.candidates_per_level} (anchor, class) sigmoid scores above 0.05, their boxes "
+        f"decoded and clipped to the image, NMS per class at IoU 0.5, at most "
+        f"{c.detection.max_detections} detections")
+  return props
 
 
 def to_onnx(predictor):
   """The predictor's eval-mode fp32 function as an onnx.ModelProto with a dynamic batch:
-  a ResNet's graph written directly (`resnet_onnx`), any other model through jax2onnx."""
+  ResNets', ViTs' and RetinaNets' graphs written directly, any other model through jax2onnx."""
   from jaxnet.core.models.resnet import ResNet
+  from jaxnet.core.models.retinanet import RetinaNet
   from jaxnet.core.models.vit import ViT
-  writers = {ResNet: resnet_onnx, ViT: vit_onnx}
+  writers = {ResNet: resnet_onnx, ViT: vit_onnx, RetinaNet: retinanet_onnx}
   if type(predictor.model) in writers:
     (onnx,) = require("onnx")
     model = writers[type(predictor.model)](predictor)
@@ -236,26 +252,32 @@ def to_onnx(predictor):
 class _Graph:
   """An ONNX graph being written: nodes in order, weights as fp32 initializers."""
 
-  def __init__(self):
+  def __init__(self, config):
     from onnx import helper, numpy_helper
     self.helper, self.numpy_helper = helper, numpy_helper
-    self.nodes, self.weights = [], []
+    self.nodes, self.weights, self.names = [], [], set()
+    self.normalization = _normalization(config)
 
   def constant(self, name, value, dtype=np.float32):
-    self.weights.append(self.numpy_helper.from_array(np.asarray(value, dtype), name))
+    """An initializer, written once however many nodes use it (a detector's shared heads)."""
+    if name not in self.names:
+      self.names.add(name)
+      self.weights.append(self.numpy_helper.from_array(np.asarray(value, dtype), name))
     return name
 
   def node(self, op, inputs, name, **attrs):
     self.nodes.append(self.helper.make_node(op, list(inputs), [name], name=name, **attrs))
     return name
 
-  def model(self, predictor, channels: int):
+  def model(self, predictor, outputs):
+    """The graph as a model: input uint8 "images" (batch, size, size, channels); `outputs`
+    [(name, shape)], float32."""
     from onnx import TensorProto
-    size, helper = predictor.config.image_size, self.helper
+    size, helper, channels = predictor.config.image_size, self.helper, len(self.normalization[0])
     graph = helper.make_graph(
         self.nodes, predictor.config.model.name,
         [helper.make_tensor_value_info("images", TensorProto.UINT8, ["batch", size, size, channels])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", predictor.num_classes])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in outputs],
         initializer=self.weights)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="jaxnet")
 
@@ -273,20 +295,12 @@ def _normalization(config):
   return 1 / (255 * std), -mean / std
 
 
-def resnet_onnx(predictor):
-  """A jaxnet ResNet as ONNX in the form runtimes run fastest (and torch.onnx.export writes):
-  NCHW throughout after one Transpose of the uint8 NHWC input, each BN folded into its
-  convolution's weights and bias (eval mode: running statistics), the normalisation one Add
+def _resnet_layers(g: _Graph, model, params, stats, prefix: str = "") -> list[str]:
+  """A ResNet (its stem and stages, parameters under `params`) on the images: each stage's
+  output. The uint8 NHWC input transposed once and cast; each BN folded into its
+  convolution's weights and bias (eval mode: running statistics); the normalisation one Add
   per channel with its scale folded into the stem convolution (the shift cannot fold: the
-  stem pads with zeros of normalised pixels), then Conv/Relu/Add/MaxPool,
-  GlobalAveragePool, Flatten, Gemm. The same
-  computation as the eval step's, in another order of rounding (logits within 1e-4:
-  tests/test_onnx_export.py)."""
-  model, config = predictor.model, predictor.config
-  params = jax.device_get(predictor.variables["params"])
-  stats = jax.device_get(predictor.variables["batch_stats"])
-  g = _Graph()
-
+  stem pads with zeros of normalised pixels)."""
   def conv_bn(x, path, bn_path, stride=1, input_scale=1.0):
     """conv (HWIO kernel, padded k // 2 per side) then BN folded in: W * s, b - mean * s;
     `input_scale` (per input channel) multiplies the input first, folded into W."""
@@ -294,23 +308,22 @@ def resnet_onnx(predictor):
     kernel = kernel * np.broadcast_to(np.asarray(input_scale, np.float32), kernel.shape[2:3])[:, None]
     bn, running = _at(params, bn_path), _at(stats, bn_path)
     s = np.asarray(bn["scale"]) / np.sqrt(np.asarray(running["var"]) + model.bn_epsilon)
-    name = "/".join(path)
+    name = prefix + "/".join(path)
     k = kernel.shape[0]
     return g.node("Conv", [x, g.constant(name + "/W", (kernel * s).transpose(3, 2, 0, 1)),
                            g.constant(name + "/B", np.asarray(bn["bias"]) - np.asarray(running["mean"]) * s)],
                   name, kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4)
 
-  # normalize(x) = scale * (x + shift / scale): the Add stays, the scale folds into the stem's
-  # weights (exactly: the stem's zero padding is of scale * (...), zero either way).
-  scale, shift = _normalization(config)
+  scale, shift = g.normalization
   channels = len(scale)
   x = g.node("Add", [_nchw_input(g), g.constant("normalize/shift", (shift / scale).reshape(1, channels, 1, 1))],
              "normalize/add")
   x = g.node("Relu", [conv_bn(x, ("stem_conv",), ("stem_bn",), stride=2 if model.stem == "imagenet" else 1,
-                              input_scale=scale)], "stem_relu")
+                              input_scale=scale)], prefix + "stem_relu")
   if model.stem == "imagenet":
-    x = g.node("MaxPool", [x], "stem_pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    x = g.node("MaxPool", [x], prefix + "stem_pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
   bottleneck = "Conv_2" in params["stage1_block1"]  # BottleneckBlock: three convolutions
+  stages = []
   for stage, blocks in enumerate(model.stage_sizes):
     for b in range(blocks):
       block = f"stage{stage + 1}_block{b + 1}"
@@ -321,14 +334,89 @@ def resnet_onnx(predictor):
         conv_stride = stride if i == (1 if bottleneck else 0) else 1
         y = conv_bn(y, (block, f"Conv_{i}"), (block, f"BatchNorm_{i}"), conv_stride)
         if i < convs - 1:
-          y = g.node("Relu", [y], f"{block}/relu_{i}")
+          y = g.node("Relu", [y], f"{prefix}{block}/relu_{i}")
       shortcut = (conv_bn(x, (block, "proj_conv"), (block, "proj_bn"), stride) if "proj_conv" in params[block]
                   else x)
-      x = g.node("Relu", [g.node("Add", [y, shortcut], f"{block}/add")], f"{block}/out")
+      x = g.node("Relu", [g.node("Add", [y, shortcut], f"{prefix}{block}/add")], f"{prefix}{block}/out")
+    stages.append(x)
+  return stages
+
+
+def resnet_onnx(predictor):
+  """A jaxnet ResNet as ONNX in the form runtimes run fastest (and torch.onnx.export writes):
+  NCHW throughout (`_resnet_layers`), Conv/Relu/Add/MaxPool, then GlobalAveragePool,
+  Flatten, Gemm. The same computation as the eval step's, in another order of rounding
+  (logits within 1e-4: tests/test_onnx_export.py)."""
+  params = jax.device_get(predictor.variables["params"])
+  g = _Graph(predictor.config)
+  x = _resnet_layers(g, predictor.model, params, jax.device_get(predictor.variables["batch_stats"]))[-1]
   x = g.node("Flatten", [g.node("GlobalAveragePool", [x], "pool")], "flatten", axis=1)
   head = params["head"]
   g.node("Gemm", [x, g.constant("head/W", head["kernel"]), g.constant("head/B", head["bias"])], "logits")
-  return g.model(predictor, channels)
+  return g.model(predictor, [("logits", ["batch", predictor.num_classes])])
+
+
+def retinanet_onnx(predictor):
+  """A jaxnet RetinaNet's raw outputs as ONNX: the ResNet (`_resnet_layers`), the pyramid
+  (1x1 lateral and 3x3 output convolutions, nearest upsampling as ONNX's Resize with
+  torch's floor(i * h / H) source index, P6 and P7) and the two heads shared by the levels;
+  outputs `class_logits` (batch, anchors, classes) and `box_deltas` (batch, anchors, 4) in
+  the anchors' order (level, row, column, anchor), and `anchors` (anchors, 4), x0 y0 x1 y1 in
+  the input's pixels, to decode the deltas with (docs/detection.md). Decoding and NMS stay
+  outside the graph."""
+  from jaxnet.core import detection
+  model, config = predictor.model, predictor.config
+  params = jax.device_get(predictor.variables["params"])
+  g = _Graph(config)
+  c3, c4, c5 = _resnet_layers(g, model, params["backbone"], jax.device_get(predictor.variables["batch_stats"])["backbone"],
+                              prefix="backbone/")[1:]
+
+  def conv(x, name, out=None, stride=1, relu=False):
+    layer = params[name]
+    kernel = np.asarray(layer["kernel"], np.float32)
+    k = kernel.shape[0]
+    y = g.node("Conv", [x, g.constant(name + "/W", kernel.transpose(3, 2, 0, 1)), g.constant(name + "/B", layer["bias"])],
+               out or name, kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4)
+    return g.node("Relu", [y], (out or name) + "/relu") if relu else y
+
+  # The levels' sizes, from the model itself: what the anchors and the upsampling need.
+  size = config.image_size
+  found = []
+  jax.eval_shape(lambda: found.append(model.apply(predictor.variables, jnp.zeros((1, size, size, len(g.normalization[0]))),
+                                                  train=False)["levels"]))
+  levels = found[0]
+  inner = conv(c5, "fpn_inner2")
+  p5 = conv(inner, "fpn_layer2")
+  pyramid = [p5]
+  for i, c in ((1, c4), (0, c3)):
+    (h, w), (big_h, big_w) = levels[i + 1], levels[i]
+    up = g.node("Resize", [inner, "", "", g.constant(f"fpn_up{i}/sizes", [big_h, big_w], np.int64)],
+                f"fpn_up{i}", axes=[2, 3], mode="nearest", coordinate_transformation_mode="asymmetric",
+                nearest_mode="floor")
+    inner = g.node("Add", [conv(c, f"fpn_inner{i}"), up], f"fpn_sum{i}")
+    pyramid.insert(0, conv(inner, f"fpn_layer{i}"))
+  p6 = conv(p5, "p6", stride=2)
+  p7 = conv(g.node("Relu", [p6], "p6/relu"), "p7", stride=2)
+  pyramid += [p6, p7]
+
+  outputs = {"class_logits": [], "box_deltas": []}
+  for level, p in enumerate(pyramid):
+    for head, convs, out, width in (("cls", "cls_conv", "cls_logits", model.num_classes),
+                                    ("box", "box_conv", "box_reg", 4)):
+      x = p
+      for i in range(model.head_convs):
+        x = conv(x, f"{convs}{i}", out=f"{head}{level}/conv{i}", relu=True)
+      x = g.node("Transpose", [conv(x, out, out=f"{head}{level}/out")], f"{head}{level}/nhwc", perm=[0, 2, 3, 1])
+      shape = g.constant(f"{head}/shape", [0, -1, width], np.int64)
+      outputs["class_logits" if head == "cls" else "box_deltas"].append(
+          g.node("Reshape", [x, shape], f"{head}{level}/anchors"))
+  for name, parts in outputs.items():
+    g.node("Concat", parts, name, axis=1)
+  anchor_boxes = detection.anchors(size, levels, model.anchor_base)
+  g.node("Identity", [g.constant("anchor_boxes", anchor_boxes)], "anchors")
+  return g.model(predictor, [("class_logits", ["batch", len(anchor_boxes), model.num_classes]),
+                             ("box_deltas", ["batch", len(anchor_boxes), 4]),
+                             ("anchors", [len(anchor_boxes), 4])])
 
 
 def vit_onnx(predictor):
@@ -342,7 +430,7 @@ def vit_onnx(predictor):
   params = jax.device_get(predictor.variables["params"])
   width, heads = model.width, model.num_heads
   head_dim = width // heads
-  g = _Graph()
+  g = _Graph(config)
 
   def dense(x, path, layer=None):
     layer, name = layer or _at(params, path), "/".join(path)
@@ -356,7 +444,7 @@ def vit_onnx(predictor):
                   name, axis=-1, epsilon=LN_EPS)
 
   shape = lambda name, dims: g.constant(name, dims, np.int64)
-  scale, shift = _normalization(config)
+  scale, shift = g.normalization
   embed = params["patch_embed"]
   kernel = np.asarray(embed["kernel"], np.float32)  # (p, p, C, D)
   bias = np.asarray(embed["bias"], np.float32) + np.einsum("ijcd,c->d", kernel, shift)
@@ -413,7 +501,7 @@ def vit_onnx(predictor):
                "pre_logits")
   head = params["head"]
   g.node("Gemm", [x, g.constant("head/W", head["kernel"]), g.constant("head/B", head["bias"])], "logits")
-  return g.model(predictor, len(scale))
+  return g.model(predictor, [("logits", ["batch", predictor.num_classes])])
 
 
 def _at(tree, path):
