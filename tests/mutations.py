@@ -285,7 +285,7 @@ MUTATIONS = [
              'nearest_mode="floor")', 'nearest_mode="round_prefer_ceil")',
              (ONNX + "test_a_detectors_graph_gives_its_head_outputs_and_anchors[72]",)),
     Mutation("onnx_int8_layer_norm_fp32", "jaxnet/tools/export.py",
-             'if n.op_type == "LayerNormalization"])', 'if n.op_type == "Nothing"])',
+             'if not first_layer_seen or node.op_type == "LayerNormalization":', 'if not first_layer_seen:',
              (ONNX + "test_vit_int8_quantizes_its_matmuls_and_keeps_top1",)),
     Mutation("onnx_unconvertible_model_one_line", "jaxnet/tools/export.py",
              "  except NotImplementedError as e:", "  except ImportError as e:",

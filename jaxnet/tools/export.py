@@ -215,13 +215,16 @@ def to_onnx(predictor):
   from jaxnet.core.models.resnet import ResNet
   from jaxnet.core.models.retinanet import RetinaNet
   from jaxnet.core.models.vit import ViT
-  writers = {ResNet: resnet_onnx, ViT: vit_onnx, RetinaNet: retinanet_onnx}
-  if type(predictor.model) in writers:
-    (onnx,) = require("onnx")
-    model = writers[type(predictor.model)](predictor)
-    onnx.helper.set_model_props(model, metadata(predictor))
-    onnx.checker.check_model(model)
-    return model
+  writer = {ResNet: resnet_onnx, ViT: vit_onnx, RetinaNet: retinanet_onnx}.get(type(predictor.model), _jax2onnx)
+  (onnx,) = require("onnx")
+  model = writer(predictor)
+  onnx.helper.set_model_props(model, metadata(predictor))
+  onnx.checker.check_model(model)
+  return model
+
+
+def _jax2onnx(predictor):
+  """The model's graph as jax2onnx converts its jaxpr, adjusted where onnxruntime needs it."""
   import jax.extend
   (jax2onnx, onnx) = require("jax2onnx", "onnx")
   fn = fp32_logits_fn(predictor)
@@ -242,8 +245,6 @@ def to_onnx(predictor):
   _repair_max_pools(model, onnx)
   _relus_as_relu(model, onnx)
   _drop_zero_scalar_gemm_biases(model, onnx)  # also drops the initializers left unused
-  onnx.helper.set_model_props(model, metadata(predictor))
-  onnx.checker.check_model(model)
   return model
 
 
