@@ -514,6 +514,9 @@ MUTATIONS = [
     Mutation("crowd_boxes_left_out", "jaxnet/core/data/coco.py",
              "        if a.get(\"iscrowd\", 0):\n", "        if False:\n",
              (DETECTION + "test_coco_source_counts_what_it_changes_and_refuses_unknown_categories",), ci=True),
+    Mutation("detector_class_layer_reinitialised", "jaxnet/tools/weights/pretrained.py",
+             'CLASS_LAYERS = {"head": 1, "cls_logits": 9}', 'CLASS_LAYERS = {"head": 1}',
+             (DETECTION + "test_a_detectors_weights_of_another_class_count_fine_tune_with_a_fresh_class_layer",)),
 ]
 
 

@@ -371,6 +371,46 @@ def test_imagenet_classifier_weights_initialise_the_backbone(shapes, tmp_path):
   np.testing.assert_array_equal(state.params["fpn_inner0"]["kernel"], fresh.params["fpn_inner0"]["kernel"])
 
 
+def test_a_detectors_weights_of_another_class_count_fine_tune_with_a_fresh_class_layer(shapes, tmp_path):
+  """config.init.weights: a detector's torchvision-named weights for 7 classes start a 4-class
+  shapes run: every variable but the class logits layer from the file, that layer fresh (its
+  prior bias included), and one line saying why; with the class count matching, the layer
+  comes from the file too."""
+  import jax
+  import jax.numpy as jnp
+  from flax.traverse_util import flatten_dict
+  from jaxnet import api
+  from jaxnet.core import models
+  from jaxnet.core.experiment import Experiment
+  from jaxnet.tools.weights import pretrained, tensor_files
+  from jaxnet.tools.weights.export import torch_tensors
+  config = api.load_config(os.path.join(REPO, "configs", "retinanet.py:shapes"),
+                           **{"data.dir": shapes, "mesh.num_devices": 1, "init.preprocessing": "config"})
+  exp = Experiment(config, need_train_data=False)
+  fresh = flatten_dict({"params": exp.init_state().params, "batch_stats": exp.init_state().batch_stats})
+  for classes in (7, 4):
+    other = models.from_config(config.model, classes, jnp.float32)
+    variables = jax.device_get(other.init(jax.random.PRNGKey(classes), jnp.zeros((1, 128, 128, 3)), train=False))
+    weights = str(tmp_path / f"retinanet_{classes}.safetensors")
+    tensor_files.write(weights, torch_tensors(variables, "retinanet_tiny"), {})
+    lines = []
+    state = exp.init_state(pretrained.initialiser(api.with_overrides(config, **{"init.weights": weights}),
+                                                  log=lines.append))
+    got = flatten_dict({"params": state.params, "batch_stats": state.batch_stats})
+    source = flatten_dict(variables)
+    layer = [p for p in got if p[1] == "cls_logits"]
+    if classes == 7:
+      assert lines == [f"init: {len(got) - 2} of {len(got)} variables from {weights}; classifier head "
+                       f"re-initialised: the weights have 7 classes, this run 4"]
+      for path in layer:
+        np.testing.assert_array_equal(got[path], fresh[path])
+    else:
+      assert lines == [f"init: {len(got)} of {len(got)} variables from {weights}"]
+    for path, value in got.items():
+      if classes == 4 or path not in layer:
+        np.testing.assert_allclose(value, source[path], rtol=1e-6, err_msg=str(path))
+
+
 def test_eight_devices_with_fsdp_train_what_one_device_trains(shapes, tmp_path):
   """The same 3 steps on 1 device and FSDP over 8: the same losses and params (SGD, so that a
   rounding difference in a near-zero gradient is not magnified as Adam would)."""

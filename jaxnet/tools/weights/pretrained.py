@@ -10,8 +10,8 @@ come from the source, except the classifier head when it is re-initialised, and
 every source tensor must be used; otherwise one error lists each missing,
 unused and misshapen tensor.
 
-The head is kept when `init.keep_head` is on and the class counts match; else
-the fresh random head stays and a line says why. The optimizer state is not
+The head (a detector's: its class logits layer) is kept when `init.keep_head` is on and
+the class counts match; else the fresh random head stays and a line says why. The optimizer state is not
 touched: SGD/LARS momentum and Adam moments start at zero whatever the params.
 Only a run that starts fresh is initialised this way; a resumed run restores
 its checkpoint.
@@ -179,19 +179,30 @@ def with_recorded_preprocessing(config, workdir: str):
   return _with(config, _recorded(config, workdir))
 
 
+# The layer whose width is the class count, and its outputs per class: a classifier's head; a
+# detector's class logits, 9 anchors x classes (models/retinanet.py).
+CLASS_LAYERS = {"head": 1, "cls_logits": 9}
+
+
+def _class_layer(target) -> str | None:
+  return next((layer for layer in CLASS_LAYERS if any(p[1] == layer for p in target)), None)
+
+
 def _head_reason(target: dict[Path, tuple], source: dict[Path, np.ndarray],
                  keep_head: bool) -> str | None:
-  """Why the fresh head stays (None: the source's head is loaded). `target` maps paths to shapes."""
-  head = [p for p in target if p[1] == "head"]
-  if not head:
+  """Why the fresh head (a classifier's, or a detector's class logits) stays (None: the
+  source's is loaded). `target` maps paths to shapes."""
+  layer = _class_layer(target)
+  if layer is None:
     return None
   if not keep_head:
     return "init.keep_head=False"
-  if not any(p[1] == "head" for p in source):
+  if not any(p[1] == layer for p in source):
     return "the weights have no classifier"
-  bias = ("params", "head", "bias")
+  bias, per_class = ("params", layer, "bias"), CLASS_LAYERS[layer]
   if bias in source and bias in target and source[bias].shape != tuple(target[bias]):
-    return f"the weights have {source[bias].shape[0]} classes, this run {target[bias][0]}"
+    return (f"the weights have {source[bias].shape[0] // per_class} classes, "
+            f"this run {target[bias][0] // per_class}")
   return None
 
 
@@ -202,7 +213,8 @@ def fill(target: dict[Path, tuple], source: Source, keep_head: bool, spec: str =
   of the result. Raises WeightsMismatchError listing every problem at once.
   """
   reason = _head_reason(target, source.variables, keep_head)
-  skip = {p for p in (*target, *source.variables) if reason and p[1] == "head"}
+  layer = _class_layer(target) or "head"
+  skip = {p for p in (*target, *source.variables) if reason and p[1] == layer}
   missing = [p for p in target if p not in source.variables and p not in skip]
   unused = [p for p in source.variables if p not in target and p not in skip]
   misshapen = [p for p in target if p in source.variables and p not in skip
