@@ -218,6 +218,72 @@ def test_coco_map_is_one_for_the_ground_truth_and_less_for_moved_boxes(shapes):
   assert evaluate(source, [])["eval/mAP"] == 0.0
 
 
+def test_a_tfds_detection_dataset_gives_the_coco_folders_records_and_trains(shapes, tmp_path):
+  """The shapes data written as a TFDS dataset laid out as coco/2017 (normalised ymin, xmin,
+  ymax, xmax boxes; built here without TensorFlow, as tests/test_tfds_source.py does):
+  TfdsDetections gives CocoSource's boxes and classes for every image, its ground truth scores
+  the true boxes at mAP 1, and a detector trains and evaluates on it (data.source=tfds)."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+  from jaxnet.core.data.coco import CocoSource, TfdsDetections, evaluate
+  splits = {"train": "train", "validation": "val"}
+  coco = {split: json.load(open(os.path.join(shapes, "annotations", f"instances_{folder}.json")))
+          for split, folder in splits.items()}
+  names = [c["name"] for c in sorted(coco["train"]["categories"], key=lambda c: c["id"])]
+  ids = [c["id"] for c in sorted(coco["train"]["categories"], key=lambda c: c["id"])]
+
+  class ShapesAsCoco2017(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+          "image": tfds.features.Image(shape=(None, None, 3), encoding_format="jpeg"),
+          "image/id": np.int64,
+          "objects": tfds.features.Sequence({"bbox": tfds.features.BBoxFeature(),
+                                             "label": tfds.features.ClassLabel(names=names),
+                                             "is_crowd": np.bool_})}))
+
+    def _split_generators(self, dl_manager):
+      return {split: self._generate_examples(split) for split in splits}
+
+    def _generate_examples(self, split):
+      for image in coco[split]["images"]:
+        mine = [a for a in coco[split]["annotations"] if a["image_id"] == image["id"]]
+        w, h = image["width"], image["height"]
+        yield image["id"], {
+            "image": open(os.path.join(shapes, splits[split], image["file_name"]), "rb").read(),
+            "image/id": image["id"],
+            # clipped to the image, as tfds's coco builder stores them
+            "objects": {"bbox": np.clip(np.array([[y / h, x / w, (y + bh) / h, (x + bw) / w]
+                                                  for x, y, bw, bh in (a["bbox"] for a in mine)], np.float32),
+                                        0, 1).reshape(-1, 4),
+                        "label": [ids.index(a["category_id"]) for a in mine],
+                        "is_crowd": [bool(a.get("iscrowd", 0)) for a in mine]}}
+
+  data_dir = str(tmp_path / "tfds")
+  ShapesAsCoco2017(data_dir=data_dir, file_format="array_record").download_and_prepare()
+  source = TfdsDetections("shapes_as_coco2017", "validation", data_dir)
+  folder = CocoSource(shapes, "val")
+  assert len(source) == len(folder) and source.class_names == folder.class_names
+  by_id = {folder[i]["image_id"]: folder[i] for i in range(len(folder))}
+  for i in range(len(source)):
+    record = source[i]
+    want = by_id[record["image_id"]]
+    np.testing.assert_allclose(record["boxes"], want["boxes"], atol=1e-3)
+    np.testing.assert_array_equal(record["classes"], want["classes"])
+  truth = source.ground_truth()
+  exact = [{"image_id": image["id"], "scores": np.ones(n), "classes": np.array([a["category_id"] for a in mine]),
+            "boxes": np.array([[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in mine)]).reshape(-1, 4)}
+           for image in truth["images"]
+           for mine in [[a for a in truth["annotations"] if a["image_id"] == image["id"]]] for n in [len(mine)]]
+  assert evaluate(source, exact)["eval/mAP"] == pytest.approx(1.0)
+
+  proc = run_main(tmp_path / "run", "data.source=tfds", "data.name=shapes_as_coco2017", f"data.dir={data_dir}",
+                  "data.eval_split=validation", "total_steps=6", "log_every_steps=3", "eval_every_steps=6",
+                  "checkpoint_every_steps=6", config="configs/retinanet.py:shapes")
+  final = read_jsonl(tmp_path / "run")[-1]
+  assert final["eval/examples"] == 40 and "eval/mAP" in final, proc.stdout[-2000:]
+
+
 def test_config_that_detection_does_not_build_is_one_clear_error(shapes, tmp_path):
   args = ("total_steps=2", f"data.dir={shapes}")
   proc = run_main(tmp_path / "ema", *args, "ema_decay=0.99", config="configs/retinanet.py:shapes", check=False)

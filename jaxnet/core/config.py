@@ -73,7 +73,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "synthetic"      # digits | synthetic | imagefolder | tfds | coco (a detector's:
-                                   # DIR/annotations/instances_SPLIT.json and DIR/SPLIT/)
+                                   # DIR/annotations/instances_SPLIT.json and DIR/SPLIT/; a
+                                   # detector reads tfds datasets laid out as coco/2017)
   c.data.dir = ""                  # ImageFolder or COCO-format root, or tfds data_dir
   c.data.name = "imagenet2012"     # tfds dataset name
   c.data.train_split = "train"

@@ -29,14 +29,15 @@ class Experiment:
     self.policy = get_policy(config.precision)
     self.process_index, self.process_count = jax.process_index(), jax.process_count()
 
-    # A detector (jaxnet/core/detection.py) trains on COCO-format data (or synthetic boxes),
-    # a classifier on the other sources.
+    # A detector (jaxnet/core/detection.py) trains on COCO-format data, a tfds detection
+    # dataset or synthetic boxes; a classifier on the other sources.
     self.task = models.task(config.model.name)
-    if (self.task == "detection") != (config.data.source == "coco") and config.data.source != "synthetic":
+    if ((self.task == "detection" and config.data.source not in ("coco", "tfds", "synthetic"))
+        or (self.task != "detection" and config.data.source == "coco")):
       raise InvalidValueError(
           f"config.model.name={config.model.name} with config.data.source={config.data.source}: "
-          f"a detector (retinanet_*) trains on COCO-format data (data.source=coco), a classifier "
-          f"on the others")
+          f"a detector (retinanet_*) trains on COCO-format data (data.source=coco or a tfds "
+          f"dataset laid out as coco/2017), a classifier on the others")
     detection_options = None
     if self.task == "detection":
       detection.check_config(config)

@@ -18,6 +18,7 @@ classification.
 
 import collections
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -131,6 +132,83 @@ class CocoSource:
     except OSError:
       data = b""  # decoded as unreadable: masked and counted, the file named
     return {**record, "image": data}
+
+
+class TfdsDetections:
+  """CocoSource's records and evaluation from a TFDS detection dataset prepared as ArrayRecord
+  (`coco/2017` and the datasets laid out like it: "image", "image/id", and "objects" with
+  "bbox" (ymin, xmin, ymax, xmax) as fractions of the image, "label", "is_crowd"). Boxes are
+  turned into pixels as they are read, from the size in each JPEG's header; crowd boxes are
+  left out of the targets and boxes of no area dropped then. Unlike CocoSource it counts
+  nothing up front: that would read every image of the split."""
+
+  encoded = True
+
+  def __init__(self, name: str, split: str, data_dir: str | None = None, max_boxes: int = 100,
+               scale_jitter=(1.0, 1.0)):
+    from jaxnet.core.data.tfds_source import open_prepared
+    self.name, self.split = name, split
+    self.max_boxes, self.scale_jitter = max_boxes, tuple(scale_jitter)
+    self._data, features = open_prepared(name, split, data_dir)
+    if "objects" not in features or "bbox" not in features["objects"].feature:
+      raise InvalidValueError(f"TFDS dataset {name!r} has no objects/bbox feature: a detector's tfds "
+                              f"data is laid out as coco/2017 (image, objects/bbox, objects/label)")
+    labels = features["objects"]["label"]
+    self.num_classes, self.class_names = labels.num_classes, list(labels.names)
+    self.category_ids = list(range(self.num_classes))
+    self.note, self._truth = None, None
+
+  def _record(self, index: int) -> tuple[dict, tuple[int, int]]:
+    """(the record with its boxes in pixels, every box kept (crowd too), and a crowd flag;
+    the image's (width, height))."""
+    record = self._data[index]
+    data = record["image"]
+    try:
+      width, height = Image.open(io.BytesIO(data)).size  # the header only
+    except Exception:  # unreadable: decoded as such by the transform, masked and counted
+      width = height = 0
+    objects = record["objects"]
+    boxes = np.asarray(objects["bbox"], np.float32).reshape(-1, 4)  # ymin, xmin, ymax, xmax
+    pixels = boxes[:, [1, 0, 3, 2]] * np.array([width, height, width, height], np.float32)
+    crowd = np.asarray(objects.get("is_crowd", np.zeros(len(boxes), bool)), bool).reshape(-1)
+    image_id = int(record.get("image/id", index))
+    return ({"image": data, "image_id": image_id, "path": f"{self.name}/{self.split}[{index}]",
+             "boxes": pixels, "classes": np.asarray(objects["label"], np.int32).reshape(-1), "crowd": crowd},
+            (width, height))
+
+  def __getitem__(self, index: int) -> dict:
+    record, _ = self._record(index)
+    boxes, classes, crowd = record.pop("boxes"), record.pop("classes"), record.pop("crowd")
+    kept = ~crowd & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    return {**record, "boxes": boxes[kept].reshape(-1, 4), "classes": classes[kept]}
+
+  def ground_truth(self) -> dict:
+    """The split as a COCO annotation dict (pycocotools' ground truth), read once."""
+    if self._truth is None:
+      self._truth = self._read_ground_truth()
+    return self._truth
+
+  def _read_ground_truth(self) -> dict:
+    images, annotations = [], []
+    for index in range(len(self)):
+      record, (width, height) = self._record(index)
+      images.append({"id": record["image_id"], "width": width, "height": height})
+      for (x0, y0, x1, y1), label, crowd in zip(record["boxes"], record["classes"], record["crowd"]):
+        w, h = float(x1 - x0), float(y1 - y0)
+        annotations.append({"id": len(annotations) + 1, "image_id": record["image_id"],
+                            "category_id": int(label), "bbox": [float(x0), float(y0), w, h],
+                            "area": w * h, "iscrowd": int(crowd)})
+    return {"images": images, "annotations": annotations,
+            "categories": [{"id": i, "name": n} for i, n in enumerate(self.class_names)]}
+
+  def transform(self, image_size: int, train: bool) -> "DetectionTransform":
+    return DetectionTransform(image_size, self.max_boxes, train, self.scale_jitter if train else (1.0, 1.0))
+
+  def __len__(self):
+    return len(self._data)
+
+  def __repr__(self):  # Grain checks a restored iterator against it: no memory addresses
+    return f"TfdsDetections({self.name!r}, {self.split!r}, n={len(self)})"
 
 
 class DetectionTransform(grain.RandomMapTransform):

@@ -133,6 +133,10 @@ def make_source(data_config, split: str, image_size: int, detection=None):
     from jaxnet.core.data.imagefolder import ImageFolderSource
     return ImageFolderSource(data_config.dir, split_name)
   if name == "tfds":
+    if detection:  # coco/2017 and datasets laid out like it
+      from jaxnet.core.data.coco import TfdsDetections
+      return TfdsDetections(data_config.name, split_name, data_config.dir or None,
+                            max_boxes=detection.max_boxes, scale_jitter=detection.scale_jitter)
     from jaxnet.core.data.tfds_source import TfdsSource
     return TfdsSource(data_config.name, split_name, data_config.dir or None)
   if name == "coco":

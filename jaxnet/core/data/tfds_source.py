@@ -42,6 +42,33 @@ def _not_prepared(name: str, data_dir: str, looked_in: str, why: str) -> FileNot
       f"(looked in {looked_in!r}).\n{_prepare_help(name, data_dir)}")
 
 
+def open_prepared(name: str, split: str, data_dir: str | None, image_key: str = "image"):
+  """(tfds.data_source of a dataset prepared as ArrayRecord with its images as raw bytes,
+  the dataset's features); MissingFileError with the commands to prepare it otherwise.
+  Preparation is checked here: tfds.data_source would otherwise start downloading and
+  preparing, or fail with a format error on TFRecord data."""
+  import tensorflow_datasets as tfds  # slow import: only when used
+  try:
+    builder = tfds.builder(name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError as err:
+    root = data_dir or tfds.core.constants.get_default_data_dir()
+    raise _not_prepared(name, root, f"{root}/{name}",
+                        "no such registered dataset and no prepared "
+                        "copy in data_dir") from err
+  root = data_dir or str(builder.data_dir_root)
+  if not builder.is_prepared():
+    raise _not_prepared(name, root, str(builder.data_dir),
+                        "no dataset_info.json found")
+  formats = [builder.info.file_format.value] + [
+      f.value for f in builder.info.alternative_file_formats]
+  if not set(formats) & set(_RANDOM_ACCESS_FORMATS):
+    raise _not_prepared(name, root, str(builder.data_dir),
+                        f"it is prepared only as {formats}")
+  data = tfds.data_source(name, split=split, data_dir=data_dir, download=False,
+                          decoders={image_key: tfds.decode.SkipDecoding()})
+  return data, builder.info.features
+
+
 class TfdsSource:
   """Grain random-access source: `source[i] -> {"image": bytes, "label": int}`."""
 
@@ -49,32 +76,10 @@ class TfdsSource:
 
   def __init__(self, name: str, split: str, data_dir: str | None = None,
                image_key: str = "image", label_key: str = "label"):
-    import tensorflow_datasets as tfds  # slow import: only when used
-
     self.name, self.split = name, split
     self._image_key, self._label_key = image_key, label_key
-    # Check preparation ourselves: tfds.data_source would otherwise start
-    # downloading/preparing, or fail with a format error on TFRecord data.
-    try:
-      builder = tfds.builder(name, data_dir=data_dir)
-    except tfds.core.registered.DatasetNotFoundError as err:
-      root = data_dir or tfds.core.constants.get_default_data_dir()
-      raise _not_prepared(name, root, f"{root}/{name}",
-                          "no such registered dataset and no prepared "
-                          "copy in data_dir") from err
-    root = data_dir or str(builder.data_dir_root)
-    if not builder.is_prepared():
-      raise _not_prepared(name, root, str(builder.data_dir),
-                          "no dataset_info.json found")
-    formats = [builder.info.file_format.value] + [
-        f.value for f in builder.info.alternative_file_formats]
-    if not set(formats) & set(_RANDOM_ACCESS_FORMATS):
-      raise _not_prepared(name, root, str(builder.data_dir),
-                          f"it is prepared only as {formats}")
-    self._data = tfds.data_source(
-        name, split=split, data_dir=data_dir, download=False,
-        decoders={image_key: tfds.decode.SkipDecoding()})
-    labels = builder.info.features[label_key]
+    self._data, features = open_prepared(name, split, data_dir, image_key)
+    labels = features[label_key]
     self.num_classes: int = labels.num_classes
     self.class_names: list[str] | None = list(labels.names) or None
 
