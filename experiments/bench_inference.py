@@ -183,33 +183,13 @@ def main():
   onnx_models = {"jaxnet ONNX fp32": export.to_onnx(fp32)}
   onnx_models["jaxnet ONNX int8"] = export.quantize_onnx(onnx_models["jaxnet ONNX fp32"], calibration)
   if args.torch:
-    def quantization(model, images):  # export.quantize_onnx's call, on the torch graph's own input
-      import tempfile
-      import onnx
-      from onnxruntime import quantization as q
-      from onnxruntime.quantization import shape_inference
-
-      class Reader:
-        def __init__(self):
-          self.batches = iter([images[i:i + 32] for i in range(0, len(images), 32)])
-
-        def get_next(self):
-          batch = next(self.batches, None)
-          return None if batch is None else {"images": batch}
-      with tempfile.TemporaryDirectory() as tmp:
-        paths = [os.path.join(tmp, n) for n in ("fp32.onnx", "prepared.onnx", "int8.onnx")]
-        onnx.save_model(model, paths[0])
-        try:
-          shape_inference.quant_pre_process(paths[0], paths[1])
-        except AssertionError:  # its symbolic shape inference fails on torch's ViT graph
-          print("  torch's graph: quant_pre_process's symbolic shape inference failed; quantized "
-                "with skip_symbolic_shape=True", file=sys.stderr, flush=True)
-          shape_inference.quant_pre_process(paths[0], paths[1], skip_symbolic_shape=True)
-        q.quantize_static(paths[1], paths[2], Reader(), quant_format=q.QuantFormat.QDQ, per_channel=True,
-                          activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8,
-                          calibrate_method=q.CalibrationMethod.MinMax,
-                          nodes_to_exclude=export.fp32_nodes(onnx.load_model(paths[1])))
-        return onnx.load_model(paths[2])
+    def quantization(model, images):  # export.quantize_onnx, on the torch graph's own input
+      try:
+        return export.quantize_onnx(model, images)
+      except AssertionError:  # its symbolic shape inference fails on torch's ViT graph
+        print("  torch's graph: quant_pre_process's symbolic shape inference failed; quantized "
+              "without it", file=sys.stderr, flush=True)
+        return export.quantize_onnx(model, images, symbolic_shapes=False)
     peers, to_input = torch_peer(fp32, calibration, quantization)
     onnx_models.update(peers)
     inputs["torch.onnx.export fp32"] = inputs["torch.onnx.export int8"] = to_input

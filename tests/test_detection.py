@@ -282,6 +282,9 @@ def test_a_tfds_detection_dataset_gives_the_coco_folders_records_and_trains(shap
                   "checkpoint_every_steps=6", config="configs/retinanet.py:shapes")
   final = read_jsonl(tmp_path / "run")[-1]
   assert final["eval/examples"] == 40 and "eval/mAP" in final, proc.stdout[-2000:]
+  from jaxnet import api
+  from jaxnet.tools.predictor import Detector
+  assert isinstance(api.restore(str(tmp_path / "run")), Detector)  # the model says so, not data.source
 
 
 def test_config_that_detection_does_not_build_is_one_clear_error(shapes, tmp_path):

@@ -37,7 +37,21 @@ def random_predictor(name: str, size: int, num_classes: int = 10, seed: int = 0,
   config = _with(config_base.base_config(), **{"model.name": name, "image_size": size,
                                                  **config_overrides})
   model = _model(config, num_classes)
-  # Shapes from the model, values drawn here (far faster than running init op by op).
+  variables = random_variables(model, size, seed)
+  # Random deep nets' logits reach the thousands; a trained net's are ~10. The head is
+  # linear, so scaling it gives logits of a trained net's size (std 4) and an absolute
+  # tolerance its usual meaning.
+  fp32 = _model(_with(config, precision="fp32"), num_classes)
+  logits = Predictor(config, fp32, variables, num_classes=num_classes).logits(eval_split(size))
+  factor = 4.0 / float(logits.std())
+  head = variables["params"]["head"]
+  variables["params"]["head"] = {k: v * factor for k, v in head.items()}
+  return Predictor(config, model, variables, num_classes=num_classes, step=0, workdir="random")
+
+
+def random_variables(model, size: int, seed: int = 0) -> dict:
+  """`model`'s variables drawn at random, no zero or identity layer left: shapes from the model,
+  values drawn here (far faster than running init op by op)."""
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)),
                                              train=False))
   leaves, treedef = jax.tree.flatten_with_path(shapes)
@@ -54,16 +68,7 @@ def random_predictor(name: str, size: int, num_classes: int = 10, seed: int = 0,
     else:                                   # kernels, embeddings: He-like scale
       value = rng.normal(0, np.sqrt(2 / np.prod(leaf.shape[:-1])), leaf.shape)
     drawn.append(value.astype(np.float32))
-  variables = jax.tree.unflatten(treedef, drawn)
-  # Random deep nets' logits reach the thousands; a trained net's are ~10. The head is
-  # linear, so scaling it gives logits of a trained net's size (std 4) and an absolute
-  # tolerance its usual meaning.
-  fp32 = _model(_with(config, precision="fp32"), num_classes)
-  logits = Predictor(config, fp32, variables, num_classes=num_classes).logits(eval_split(size))
-  factor = 4.0 / float(logits.std())
-  head = variables["params"]["head"]
-  variables["params"]["head"] = {k: v * factor for k, v in head.items()}
-  return Predictor(config, model, variables, num_classes=num_classes, step=0, workdir="random")
+  return jax.tree.unflatten(treedef, drawn)
 
 
 def _model(config, num_classes: int):
@@ -208,17 +213,7 @@ def test_a_detectors_graph_gives_its_head_outputs_and_anchors(size):
   config = _with(config_base.base_config(), **{"model.name": "retinanet_tiny", "image_size": size,
                                                  "precision": "fp32"})
   model = models.from_config(config.model, 5, jnp.float32)
-  shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)), train=False))
-  rng = np.random.default_rng(0)
-
-  def draw(path, leaf):
-    key = jax.tree_util.keystr(path)
-    if "var" in key or "scale" in key:
-      return rng.uniform(0.5, 1.5, leaf.shape).astype(np.float32)
-    if len(leaf.shape) <= 1:
-      return rng.normal(0, 0.2, leaf.shape).astype(np.float32)
-    return rng.normal(0, np.sqrt(2 / np.prod(leaf.shape[:-1])), leaf.shape).astype(np.float32)
-  variables = jax.tree_util.tree_map_with_path(draw, shapes)
+  variables = random_variables(model, size)
   detector = Detector(config, model, variables, num_classes=5, step=0, workdir="random")
   graph = onnx_export.to_onnx(detector)
   assert [o.name for o in graph.graph.output] == ["class_logits", "box_deltas", "anchors"]

@@ -7,7 +7,7 @@ Images are any file PIL reads; they are preprocessed like the training run's
 eval data (see jaxnet/tools/predictor.py). A folder stands for the image files in it
 (.jpg/.jpeg/.png/.webp, sorted, not hidden, not its subfolders), as ImageFolder
 reads a class folder. Class names come from the dataset, recorded in
-DIR/classes.json at train time. A detection workdir (data.source=coco) prints each
+DIR/classes.json at train time. A detection workdir (a retinanet_* model) prints each
 image's boxes (x0 y0 x1 y1 in the image's pixels), classes and scores; --draw writes the
 image with its boxes as PNG: OUT itself for one image, OUT/NAME.png for several.
 """

@@ -270,6 +270,20 @@ class _Graph:
     self.nodes.append(self.helper.make_node(op, list(inputs), [name], name=name, **attrs))
     return name
 
+  def conv(self, x, name, kernel, bias, stride=1, pads=None, weights=None):
+    """A square convolution of the HWIO `kernel` (written OIHW), padded k // 2 per side unless
+    `pads` says otherwise; its weights named after `weights` (default: `name`)."""
+    k, weights = kernel.shape[0], weights or name
+    return self.node("Conv", [x, self.constant(weights + "/W", np.asarray(kernel, np.float32).transpose(3, 2, 0, 1)),
+                              self.constant(weights + "/B", bias)],
+                     name, kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4 if pads is None else pads)
+
+  def gemm(self, x, name, layer, out=None):
+    """A dense layer ({"kernel", "bias"}) on (batch, features), its weights named after `name`,
+    its output `out` (default: `name`)."""
+    return self.node("Gemm", [x, self.constant(name + "/W", layer["kernel"]), self.constant(name + "/B", layer["bias"])],
+                     out or name)
+
   def model(self, predictor, outputs):
     """The graph as a model: input uint8 "images" (batch, size, size, channels); `outputs`
     [(name, shape)], float32."""
@@ -309,11 +323,8 @@ def _resnet_layers(g: _Graph, model, params, stats, prefix: str = "") -> list[st
     kernel = kernel * np.broadcast_to(np.asarray(input_scale, np.float32), kernel.shape[2:3])[:, None]
     bn, running = _at(params, bn_path), _at(stats, bn_path)
     s = np.asarray(bn["scale"]) / np.sqrt(np.asarray(running["var"]) + model.bn_epsilon)
-    name = prefix + "/".join(path)
-    k = kernel.shape[0]
-    return g.node("Conv", [x, g.constant(name + "/W", (kernel * s).transpose(3, 2, 0, 1)),
-                           g.constant(name + "/B", np.asarray(bn["bias"]) - np.asarray(running["mean"]) * s)],
-                  name, kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4)
+    return g.conv(x, prefix + "/".join(path), kernel * s,
+                  np.asarray(bn["bias"]) - np.asarray(running["mean"]) * s, stride)
 
   scale, shift = g.normalization
   channels = len(scale)
@@ -352,8 +363,7 @@ def resnet_onnx(predictor):
   g = _Graph(predictor.config)
   x = _resnet_layers(g, predictor.model, params, jax.device_get(predictor.variables["batch_stats"]))[-1]
   x = g.node("Flatten", [g.node("GlobalAveragePool", [x], "pool")], "flatten", axis=1)
-  head = params["head"]
-  g.node("Gemm", [x, g.constant("head/W", head["kernel"]), g.constant("head/B", head["bias"])], "logits")
+  g.gemm(x, "head", params["head"], out="logits")
   return g.model(predictor, [("logits", ["batch", predictor.num_classes])])
 
 
@@ -373,11 +383,8 @@ def retinanet_onnx(predictor):
                               prefix="backbone/")[1:]
 
   def conv(x, name, out=None, stride=1, relu=False):
-    layer = params[name]
-    kernel = np.asarray(layer["kernel"], np.float32)
-    k = kernel.shape[0]
-    y = g.node("Conv", [x, g.constant(name + "/W", kernel.transpose(3, 2, 0, 1)), g.constant(name + "/B", layer["bias"])],
-               out or name, kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4)
+    """Layer `name`'s convolution (the heads' are shared by the levels: one set of weights)."""
+    y = g.conv(x, out or name, params[name]["kernel"], params[name]["bias"], stride, weights=name)
     return g.node("Relu", [y], (out or name) + "/relu") if relu else y
 
   # The levels' sizes, from the model itself: what the anchors and the upsampling need.
@@ -450,9 +457,7 @@ def vit_onnx(predictor):
   kernel = np.asarray(embed["kernel"], np.float32)  # (p, p, C, D)
   bias = np.asarray(embed["bias"], np.float32) + np.einsum("ijcd,c->d", kernel, shift)
   p = kernel.shape[0]
-  x = g.node("Conv", [_nchw_input(g), g.constant("patch_embed/W", (kernel * scale[:, None]).transpose(3, 2, 0, 1)),
-                      g.constant("patch_embed/B", bias)],
-             "patch_embed", kernel_shape=[p, p], strides=[p, p])
+  x = g.conv(_nchw_input(g), "patch_embed", kernel * scale[:, None], bias, stride=p, pads=[0] * 4)
   x = g.node("Reshape", [x, shape("shape/b_d_n", [0, width, -1])], "patches")
   x = g.node("Transpose", [x], "tokens", perm=[0, 2, 1])  # (batch, patches, width)
   if model.flavour == "timm":
@@ -496,12 +501,8 @@ def vit_onnx(predictor):
     x = g.node("Gather", [x, shape("index_cls", 0)], "cls_out", axis=1)
   else:
     x = g.node("ReduceMean", [x, shape("axes_tokens", [1])], "pooled", keepdims=0)
-    pre = params["pre_logits"]
-    x = g.node("Tanh", [g.node("Gemm", [x, g.constant("pre_logits/W", pre["kernel"]),
-                                         g.constant("pre_logits/B", pre["bias"])], "pre_logits/gemm")],
-               "pre_logits")
-  head = params["head"]
-  g.node("Gemm", [x, g.constant("head/W", head["kernel"]), g.constant("head/B", head["bias"])], "logits")
+    x = g.node("Tanh", [g.gemm(x, "pre_logits", params["pre_logits"], out="pre_logits/gemm")], "pre_logits")
+  g.gemm(x, "head", params["head"], out="logits")
   return g.model(predictor, [("logits", ["batch", predictor.num_classes])])
 
 
@@ -662,14 +663,16 @@ class _Reader:
     return None if batch is None else {"images": batch}
 
 
-def quantize_onnx(model, images: np.ndarray, of: str = "train images"):
-  """An fp32 onnx.ModelProto -> its int8 QDQ version, calibrated on `images`."""
+def quantize_onnx(model, images: np.ndarray, of: str = "train images", symbolic_shapes: bool = True):
+  """An fp32 onnx.ModelProto -> its int8 QDQ version, calibrated on `images`.
+  `symbolic_shapes=False` skips the pre-processing's symbolic shape inference, for graphs it
+  fails on (torch.onnx.export's ViT: experiments/bench_inference.py)."""
   onnx, quantization, shape_inference = require(
       "onnx", "onnxruntime.quantization", "onnxruntime.quantization.shape_inference")
   with tempfile.TemporaryDirectory() as tmp:
     fp32, prepared, int8 = (os.path.join(tmp, n) for n in ("fp32.onnx", "prepared.onnx", "int8.onnx"))
     onnx.save_model(model, fp32)
-    shape_inference.quant_pre_process(fp32, prepared)
+    shape_inference.quant_pre_process(fp32, prepared, skip_symbolic_shape=not symbolic_shapes)
     quantization.quantize_static(
         prepared, int8, _Reader(images),
         quant_format=quantization.QuantFormat.QDQ, per_channel=True,

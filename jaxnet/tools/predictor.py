@@ -140,7 +140,7 @@ _PALETTE = ((0.9, 0.1, 0.1), (0.1, 0.6, 0.1), (0.1, 0.3, 0.9), (0.9, 0.6, 0.0), 
 
 def restore(workdir: str, step: int | None = None, config=None) -> "Predictor | Detector":
   """The model of WORKDIR's latest (or given) checkpoint, ready for inference: a Predictor,
-  or a Detector for a detection run (data.source=coco)."""
+  or a Detector for a detection run (a retinanet_* model)."""
   if not os.path.isdir(workdir):
     raise MissingFileError(f"workdir {workdir} not found: give the --workdir of a training run")
   config = config_lib.with_model_options(config or config_lib.load(workdir))
@@ -149,7 +149,7 @@ def restore(workdir: str, step: int | None = None, config=None) -> "Predictor | 
   model = models.from_config(config.model, info["num_classes"], get_policy(config.precision).compute_dtype)
   _check_matches_model(model, variables, (1, config.image_size, config.image_size,
                                           len(config.data.mean)), workdir)
-  kind = Detector if config.data.source == "coco" else Predictor
+  kind = Detector if models.task(config.model.name) == "detection" else Predictor
   return kind(config, model, variables, num_classes=info["num_classes"],
               class_names=info.get("class_names"), step=step, workdir=workdir)
 

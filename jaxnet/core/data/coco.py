@@ -31,9 +31,6 @@ from PIL import Image
 from jaxnet.core.data import decode
 from jaxnet.core.errors import InvalidValueError, MissingFileError
 
-SPLITS = {"train": "train", "eval": "val"}
-
-
 @dataclasses.dataclass
 class Counts:
   """What the source left out or changed, for the one line a run prints."""
@@ -51,17 +48,26 @@ class Counts:
     return f"note: {where}: {', '.join(parts)}" if parts else None
 
 
-class CocoSource:
-  """Random-access records {"image": bytes, "boxes": (n, 4) x0 y0 x1 y1 in the image's pixels,
-  "classes": (n,) contiguous 0..classes-1, "image_id", "path"} of a COCO-format split, and
-  the transforms that make them examples (`transform`): `max_boxes` per example,
-  `scale_jitter` in training."""
+class _BoxRecords:
+  """What a detection source's records become: encoded images with their boxes, made examples
+  by `transform`, `max_boxes` per example, `scale_jitter` in training."""
 
   encoded = True
 
-  def __init__(self, root: str, split: str, max_boxes: int = 100, scale_jitter=(1.0, 1.0)):
-    self.root, self.split = root, split
+  def __init__(self, max_boxes: int, scale_jitter):
     self.max_boxes, self.scale_jitter = max_boxes, tuple(scale_jitter)
+
+  def transform(self, image_size: int, train: bool) -> "DetectionTransform":
+    return DetectionTransform(image_size, self.max_boxes, train, self.scale_jitter if train else (1.0, 1.0))
+
+
+class CocoSource(_BoxRecords):
+  """Random-access records {"image": bytes, "boxes": (n, 4) x0 y0 x1 y1 in the image's pixels,
+  "classes": (n,) contiguous 0..classes-1, "image_id", "path"} of a COCO-format split."""
+
+  def __init__(self, root: str, split: str, max_boxes: int = 100, scale_jitter=(1.0, 1.0)):
+    super().__init__(max_boxes, scale_jitter)
+    self.root, self.split = root, split
     annotations = os.path.join(root, "annotations", f"instances_{split}.json")
     if not os.path.exists(annotations):
       raise MissingFileError(f"{annotations} not found: a COCO-format data.dir holds annotations/"
@@ -78,7 +84,6 @@ class CocoSource:
       raise InvalidValueError(f"{annotations}: annotations of category ids {unknown[:5]} that its "
                               f"\"categories\" do not list; add them there or remove those annotations")
     self.counts = Counts()
-    self.names = {image["id"]: image["file_name"] for image in coco["images"]}
     by_image = collections.defaultdict(list)
     for a in coco["annotations"]:
       by_image[a["image_id"]].append(a)
@@ -115,9 +120,6 @@ class CocoSource:
     with open(self.annotations) as f:
       return json.load(f)
 
-  def transform(self, image_size: int, train: bool) -> "DetectionTransform":
-    return DetectionTransform(image_size, self.max_boxes, train, self.scale_jitter if train else (1.0, 1.0))
-
   def __len__(self):
     return len(self._images)
 
@@ -134,7 +136,7 @@ class CocoSource:
     return {**record, "image": data}
 
 
-class TfdsDetections:
+class TfdsDetections(_BoxRecords):
   """CocoSource's records and evaluation from a TFDS detection dataset prepared as ArrayRecord
   (`coco/2017` and the datasets laid out like it: "image", "image/id", and "objects" with
   "bbox" (ymin, xmin, ymax, xmax) as fractions of the image, "label", "is_crowd"). Boxes are
@@ -142,13 +144,11 @@ class TfdsDetections:
   left out of the targets and boxes of no area dropped then. Unlike CocoSource it counts
   nothing up front: that would read every image of the split."""
 
-  encoded = True
-
   def __init__(self, name: str, split: str, data_dir: str | None = None, max_boxes: int = 100,
                scale_jitter=(1.0, 1.0)):
     from jaxnet.core.data.tfds_source import open_prepared
+    super().__init__(max_boxes, scale_jitter)
     self.name, self.split = name, split
-    self.max_boxes, self.scale_jitter = max_boxes, tuple(scale_jitter)
     self._data, features = open_prepared(name, split, data_dir)
     if "objects" not in features or "bbox" not in features["objects"].feature:
       raise InvalidValueError(f"TFDS dataset {name!r} has no objects/bbox feature: a detector's tfds "
@@ -200,9 +200,6 @@ class TfdsDetections:
                             "area": w * h, "iscrowd": int(crowd)})
     return {"images": images, "annotations": annotations,
             "categories": [{"id": i, "name": n} for i, n in enumerate(self.class_names)]}
-
-  def transform(self, image_size: int, train: bool) -> "DetectionTransform":
-    return DetectionTransform(image_size, self.max_boxes, train, self.scale_jitter if train else (1.0, 1.0))
 
   def __len__(self):
     return len(self._data)
@@ -331,7 +328,6 @@ def evaluate(source, detections: list[dict]) -> dict:
   (AP@[.5:.95]), eval/AP50, eval/AP75, eval/AP_small/medium/large (pycocotools, its printout
   silenced)."""
   import contextlib
-  import io
   from pycocotools.coco import COCO
   from pycocotools.cocoeval import COCOeval
   results = []

@@ -188,11 +188,10 @@ def _class_layer(target) -> str | None:
   return next((layer for layer in CLASS_LAYERS if any(p[1] == layer for p in target)), None)
 
 
-def _head_reason(target: dict[Path, tuple], source: dict[Path, np.ndarray],
+def _head_reason(layer: str | None, target: dict[Path, tuple], source: dict[Path, np.ndarray],
                  keep_head: bool) -> str | None:
-  """Why the fresh head (a classifier's, or a detector's class logits) stays (None: the
-  source's is loaded). `target` maps paths to shapes."""
-  layer = _class_layer(target)
+  """Why the fresh head `layer` (a classifier's, or a detector's class logits: `_class_layer`)
+  stays (None: the source's is loaded). `target` maps paths to shapes."""
   if layer is None:
     return None
   if not keep_head:
@@ -212,8 +211,8 @@ def fill(target: dict[Path, tuple], source: Source, keep_head: bool, spec: str =
   `target` maps paths to shapes. Paths of a re-initialised head are left out
   of the result. Raises WeightsMismatchError listing every problem at once.
   """
-  reason = _head_reason(target, source.variables, keep_head)
-  layer = _class_layer(target) or "head"
+  layer = _class_layer(target)
+  reason = _head_reason(layer, target, source.variables, keep_head)
   skip = {p for p in (*target, *source.variables) if reason and p[1] == layer}
   missing = [p for p in target if p not in source.variables and p not in skip]
   unused = [p for p in source.variables if p not in target and p not in skip]
