@@ -71,6 +71,7 @@ def run_row(name: str, args, overrides: list[str], deadline: float) -> dict:
     except subprocess.TimeoutExpired as e:
       rc, output = -1, f"stopped after {left:.0f}s\n" + (e.stdout or b"").decode(errors="replace")[-800:]
     row["wall_s"] = time.time() - start
+    print(f"--- {name}: {' '.join(cmd[3:])}\n" + "\n".join(output.strip().splitlines()[-25:]), flush=True)
     metrics = os.path.join(workdir, "metrics.jsonl")
     if os.path.exists(metrics):
       row["img_s"], row["window_rates"] = rate_from_metrics(metrics)
@@ -90,7 +91,9 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=60)
   parser.add_argument("--log-every", type=int, default=10)
   parser.add_argument("--workers", type=int, default=16, help="Grain workers (DALI threads)")
-  parser.add_argument("--loaders", default="grain,dali", help="comma list of grain, dali")
+  parser.add_argument("--rows", default="synthetic,grain,dali", help="comma list of synthetic, grain, dali")
+  parser.add_argument("--synthetic-img-s", type=float, default=0,
+                      help="the synthetic rate to compare with, when --rows leaves that row out")
   parser.add_argument("--set", action="append", default=[], help="more --config.KEY=VALUE")
   parser.add_argument("--max-seconds", type=float, default=3600)
   parser.add_argument("--json", help="also write the rows here")
@@ -119,11 +122,13 @@ def main(argv=None):
       print(f"generated {args.classes * args.per_class} ImageNet-sized train JPEGs in {time.time() - start:.1f}s")
     folder_args = [f"--config.data.dir={folder}", "--config.data.source=imagefolder",
                    "--config.data.eval_split=val"]
-    rows = [run_row("synthetic", args, ["--config.data.source=synthetic",
+    rows = []
+    if "synthetic" in args.rows.split(","):
+      rows.append(run_row("synthetic", args, ["--config.data.source=synthetic",
                                         f"--config.data.num_classes={args.classes}",
-                                        f"--config.data.synthetic_size={args.batch * args.steps}",
-                                        f"--config.data.workers={args.workers}"], deadline)]
-    for loader in args.loaders.split(","):
+                                          f"--config.data.synthetic_size={args.batch * args.steps}",
+                                          f"--config.data.workers={args.workers}"], deadline))
+    for loader in [r for r in args.rows.split(",") if r != "synthetic"]:
       if loader == "dali":
         try:
           import nvidia.dali  # noqa: F401
@@ -133,7 +138,7 @@ def main(argv=None):
       rows.append(run_row(loader, args, [*folder_args, f"--config.data.loader={loader}",
                                          f"--config.data.workers={args.workers}"], deadline))
 
-  synthetic = rows[0].get("img_s")
+  synthetic = next((r.get("img_s") for r in rows if r["row"] == "synthetic"), None) or args.synthetic_img_s
   print(f"\n{'row':<10} {'img/s':>9} {'of synthetic':>12} {'wall s':>7}  windows (img/s) / error")
   for r in rows:
     share = f"{r['img_s'] / synthetic:.1%}" if r.get("img_s") and synthetic else "-"

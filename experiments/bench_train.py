@@ -102,13 +102,24 @@ def peak_for(device_kind: str, precision: str, args) -> tuple[float | None, str]
 # ----------------------------------------------------------------------------- worker
 
 def _flops(compiled) -> float | None:
+  """FLOPs of one step per device: the larger of XLA's cost analysis and jaxnet's count over
+  the optimized HLO (jaxnet.tools.hlo). On a GPU the convolutions are cuDNN custom calls that
+  the cost analysis does not count (ResNet-50 on an H200: 0.10 of 6.22 TFLOP per step)."""
+  counts = []
   try:
     cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax: one dict per program
+      cost = cost[0] if cost else None
+    if cost and cost.get("flops"):
+      counts.append(float(cost["flops"]))
   except Exception:  # some backends do not implement it
-    return None
-  if isinstance(cost, (list, tuple)):  # older jax: one dict per program
-    cost = cost[0] if cost else None
-  return float(cost["flops"]) if cost and cost.get("flops") else None
+    pass
+  try:
+    from jaxnet.tools import hlo
+    counts.append(float(hlo.analyse(compiled.as_text()).flops))
+  except Exception:  # an HLO text jaxnet cannot read: the cost analysis alone
+    pass
+  return max(counts) if counts and max(counts) > 0 else None
 
 
 def _analysed_bytes(compiled) -> int | None:
