@@ -212,3 +212,41 @@ def test_bench_inference_smallest_prints_every_engine_and_node_counts():
   for cells in rows.values():
     assert float(cells[2]) > 0 and float(cells[4]) > 0  # p50 ms, images/s
   assert "CPU:" in out and "onnxruntime" in out
+
+
+def _experiment_module(name):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "experiments", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_device_check_profile_summary_sorts_kernels_by_kind():
+  """The profile's kinds as the H200 trace named them: cuDNN convolutions by their HLO custom
+  call, XLA's own kernels (loop_/input_) as fusions whatever the HLO op computes, cuDNN's
+  flash attention by its kernel name; time per step, launches per step and TFLOP/s."""
+  check = _experiment_module("gpu_device_check")
+  kinds = {"custom-call.1": "conv", "fusion.7": "conv", "fusion.8": "fusion"}
+  events = [
+      {"name": "sm90_xmma_fprop_implicit_gemm_bf16", "dur": 2000.0, "args": {"hlo_op": "custom-call.1"}},
+      {"name": "loop_convert_multiply_fusion_11", "dur": 1000.0, "args": {"hlo_op": "fusion.7"}},
+      {"name": "input_add_reduce_fusion_18", "dur": 500.0, "args": {"hlo_op": "fusion.8"}},
+      {"name": "cudnn_generated_fort_native_sdpa_sm90_flash_fprop", "dur": 400.0, "args": {}},
+      {"name": "ncclDevKernel_AllReduce_Sum_f32", "dur": 100.0, "args": {}},
+  ] * 2
+  s = check.summarize_profile(events, kinds, steps=2, step_seconds=0.005, flops_per_step=1e12,
+                              peak_tflops=1000.0)
+  assert s["by_kind_ms_per_step"] == {"conv": 2.0, "fusion": 1.5, "attention": 0.4, "collective": 0.1}
+  assert s["launches_per_step"] == 5 and s["events_matched_to_hlo"] == 6
+  assert s["busy_ms_per_step"] == pytest.approx(4.0)
+  assert s["top_kernels"][0]["kind"] == "conv" and s["top_kernels"][0]["ms_per_step"] == 2.0
+  assert s["tflops"] == pytest.approx(200.0) and s["mfu"] == pytest.approx(0.2)
+
+
+def test_end_to_end_rate_skips_the_windows_that_hold_the_compile(tmp_path):
+  e2e = _experiment_module("bench_end_to_end")
+  path = tmp_path / "metrics.jsonl"
+  rates = [63, 294, 6556, 6487, 6450]
+  path.write_text("".join(json.dumps({"step": 10 * (i + 1), "train/images_per_sec": r}) + "\n"
+                          for i, r in enumerate(rates)) + json.dumps({"step": 50, "eval/top1": 1.0}) + "\n")
+  assert e2e.rate_from_metrics(str(path)) == (6487, rates)
