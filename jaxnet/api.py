@@ -16,7 +16,7 @@ docs/api.md.
 
 from jaxnet.core import config as config_lib
 from jaxnet.core.metrics import read_jsonl as read_metrics  # noqa: F401  (re-exported)
-from jaxnet.tools.predictor import Predictor  # noqa: F401  (re-exported)
+from jaxnet.tools.predictor import Detector, Predictor  # noqa: F401  (re-exported)
 
 ConfigOverrideError = config_lib.ConfigOverrideError
 
@@ -75,14 +75,17 @@ def evaluate(workdir: str, config=None, step: int | None = None, accept_config_c
   return train_lib.evaluate_checkpoint(config, str(workdir), step, accept_config_changes)
 
 
-def restore(workdir: str, step: int | None = None, config=None) -> Predictor:
-  """A Predictor: the eval-mode model function with the checkpoint's variables."""
+def restore(workdir: str, step: int | None = None, config=None) -> "Predictor | Detector":
+  """The workdir's model in eval mode with the checkpoint's variables, as its task's predictor:
+  a Predictor (classes) for a classifier, a Detector (boxes) for a detector."""
   from jaxnet.tools import predictor
   return predictor.restore(str(workdir), step, config)
 
 
-def predict(model, images, top_k: int = 5) -> list[list[tuple[str, float]]]:
-  """Top-k (class name, probability) per image; `model` is a Predictor or a workdir."""
-  if not isinstance(model, Predictor):
+def predict(model, images, top_k: int = 5, min_score: float = 0.3) -> list[list[tuple]]:
+  """Per image: a classifier's top-k (class name, probability), a detector's (class name,
+  score, (x0, y0, x1, y1) in the image's pixels) scoring at least `min_score`. `model` is a
+  restored model (Predictor or Detector) or a workdir."""
+  if not isinstance(model, (Predictor, Detector)):
     model = restore(model)
-  return model.predict(images, top_k)
+  return model.predict(images, top_k=top_k, min_score=min_score)

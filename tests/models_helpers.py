@@ -13,6 +13,8 @@ from jaxnet.core import models
 from jaxnet.core import state as precision
 
 from jaxnet.core import steps
+
+from jaxnet.core.tasks import classification
 from jaxnet.core.state import TrainState
 
 TINY_SHAPE = (16, 16, 1)   # digits-sized input for resnet_tiny
@@ -62,7 +64,7 @@ def tiny_train_step(policy_name: str, tx, *, ema_decay: float = 0.0, model_kwarg
   policy = precision.get_policy(policy_name)
   model = models.create("resnet_tiny", num_classes=NUM_CLASSES, dtype=policy.compute_dtype,
                         **(model_kwargs or {}))
-  return steps.make_train_step(model, tx, lambda s: 0.0, policy, num_classes=NUM_CLASSES,
+  return classification.make_train_step(model, tx, lambda s: 0.0, policy, num_classes=NUM_CLASSES,
                                mean=(0.2,), std=(0.35,), ema_decay=ema_decay)
 
 

@@ -23,6 +23,8 @@ from jaxnet.core import sharding as parallel
 from jaxnet.core import state as precision
 
 from jaxnet.core import steps
+
+from jaxnet.core.tasks import classification
 from jaxnet.tools import summary
 from jaxnet.core.models.alexnet import adaptive_avg_pool
 from jaxnet.core.models.vit import posemb_sincos_2d
@@ -284,7 +286,7 @@ def test_trains_on_digits(name, size, lr, policy_name):
   assert "batch_stats" not in variables
   tx = optax.adamw(lr, weight_decay=1e-4)
   state = H.make_state(variables["params"], {}, tx, LossScale.create())
-  step = jax.jit(steps.make_train_step(model, tx, lambda s: lr, policy, num_classes=10,
+  step = jax.jit(classification.make_train_step(model, tx, lambda s: lr, policy, num_classes=10,
                                        mean=(0.2,), std=(0.35,)))
   losses, accuracies = [], []
   for batch in _digits(size, 40, 32):

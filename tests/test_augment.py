@@ -14,7 +14,7 @@ from jaxnet import api
 from jaxnet.core import checkpoint as ckpt
 from jaxnet.core.data import pipeline, randaugment
 from jaxnet.core.data.sources import ArraySource, digits_source
-from jaxnet.core.steps import Mix
+from jaxnet.core.tasks.classification import Mix
 
 N, H, W, CLASSES = 8, 12, 10, 5
 

@@ -18,7 +18,7 @@ from PIL import Image
 
 from tests.helpers import REPO, max_abs_diff, run_main
 from jaxnet.core import checkpoint as ckpt
-from jaxnet.core import detection
+from jaxnet.core.tasks import detection
 from jaxnet.core.metrics import read_jsonl
 
 pycocotools = pytest.importorskip("pycocotools")
@@ -368,7 +368,7 @@ def test_shapes_training_loss_falls_eval_is_exact_and_resume_matches(shapes, tmp
   # refused in one line.
   export = [sys.executable, "-m", "jaxnet.cli.export", f"--workdir={straight}", "--format=onnx"]
   proc = subprocess.run(export + ["--int8", f"--out={tmp_path / 'q.onnx'}"], capture_output=True, text=True, cwd=REPO)
-  assert proc.returncode == 1 and "--int8 is not built for detectors yet" in proc.stderr
+  assert proc.returncode == 1 and "--int8 is not built for it yet" in proc.stderr
   assert not (tmp_path / "q.onnx").exists()
   if importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("onnx"):
     import onnxruntime

@@ -16,6 +16,8 @@ from jaxnet.core import models
 from jaxnet.core import state as precision
 
 from jaxnet.core import steps
+
+from jaxnet.core.tasks import classification
 from jaxnet.core.models import resnet
 from jaxnet.cli import summary as summary_command
 from jaxnet.tools import summary
@@ -277,7 +279,7 @@ def _lowered_resnet50_step(policy_name="bf16", image=32, batch=2):
   tx = optax.sgd(0.1, momentum=0.9)
   variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, image, image, 3)), train=False))
   state = jax.eval_shape(lambda v: H.make_state(v["params"], v["batch_stats"], tx, LossScale.create()), variables)
-  step = steps.make_train_step(model, tx, lambda s: 0.1, policy, num_classes=10, mean=(0.5,) * 3, std=(0.25,) * 3)
+  step = classification.make_train_step(model, tx, lambda s: 0.1, policy, num_classes=10, mean=(0.5,) * 3, std=(0.25,) * 3)
   text = jax.jit(step).lower(state, H.abstract_batch(batch, (image, image, 3))).as_text()
   return text, variables
 
@@ -322,7 +324,7 @@ def test_layout_checker_flags_an_nchw_model(transpose_input):
   tx = optax.sgd(0.1)
   variables = jax.eval_shape(lambda: {"batch_stats": {}, **model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + image), train=False)})
   state = jax.eval_shape(lambda v: H.make_state(v["params"], v["batch_stats"], tx, LossScale.create()), variables)
-  step = steps.make_train_step(model, tx, lambda s: 0.1, precision.get_policy("fp32"), num_classes=10,
+  step = classification.make_train_step(model, tx, lambda s: 0.1, precision.get_policy("fp32"), num_classes=10,
                                mean=(0.5,), std=(0.25,))
   text = jax.jit(step).lower(state, H.abstract_batch(2, image)).as_text()
   problems = layout_problems(text)

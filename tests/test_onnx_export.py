@@ -208,7 +208,8 @@ def test_a_detectors_graph_gives_its_head_outputs_and_anchors(size):
   and box deltas against jaxnet's fp32 model on the same images, within 1e-5 of their
   largest magnitude; the anchors output is jaxnet's."""
   from jaxnet.core import config as config_base
-  from jaxnet.core import detection, models, steps
+  from jaxnet.core import models, steps
+  from jaxnet.core.tasks import detection
   from jaxnet.tools.predictor import Detector
   config = _with(config_base.base_config(), **{"model.name": "retinanet_tiny", "image_size": size,
                                                  "precision": "fp32"})

@@ -216,6 +216,7 @@ def test_eval_in_every_precision_matches_fp32():
   fusion is off (jaxnet/core/adapters/xla.py, applied by conftest.py as by the CLI).
   """
   from jaxnet.core import steps
+  from jaxnet.core.tasks import classification
   from jaxnet.core.data.sources import digits_source
   state, _ = _curve("fp32")
   test = digits_source("test", H.TINY_SHAPE[0])
@@ -225,7 +226,7 @@ def test_eval_in_every_precision_matches_fp32():
   for name in ("fp32", "bf16", "fp16"):
     policy = precision.get_policy(name)
     model = models.create("resnet_tiny", num_classes=H.NUM_CLASSES, dtype=policy.compute_dtype)
-    eval_step = jax.jit(steps.make_eval_step(model, policy, num_classes=H.NUM_CLASSES,
+    eval_step = jax.jit(classification.make_eval_step(model, policy, num_classes=H.NUM_CLASSES,
                                              mean=(0.2,), std=(0.35,)))
     sums = jax.device_get(eval_step(state, batch))
     assert sums["count"] == n

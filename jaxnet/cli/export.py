@@ -55,13 +55,13 @@ def main(argv=None):
     from jaxnet import api
     from jaxnet.tools import export
     predictor = api.restore(args.workdir, step=args.step)
-    from jaxnet.tools.predictor import Detector
-    detector = isinstance(predictor, Detector)
-    if detector and (args.format == "jax" or args.int8):
+    asked = "int8" if args.int8 else args.format
+    if asked not in predictor.task.exports:
       from jaxnet.core.errors import UserError
-      asked = "--int8" if args.int8 else f"--format={args.format}"
-      raise UserError(f"{args.workdir} holds a detector: {asked} is not built for detectors yet "
-                      f"(docs/detection.md); --format=onnx writes its fp32 graph, --format=torch its weights")
+      flag = "--int8" if args.int8 else f"--format={args.format}"
+      raise UserError(f"{args.workdir} holds a {predictor.task.name} model: {flag} is not built for it "
+                      f"yet (docs/{predictor.task.name}.md); it exports to "
+                      f"{', '.join('--' + e if e == 'int8' else '--format=' + e for e in predictor.task.exports)}")
     shape = f"(batch, {', '.join(map(str, predictor.image_shape))})"
     if args.format == "torch":
       from jaxnet.tools.weights import export as weights_export, pretrained
@@ -86,7 +86,7 @@ def main(argv=None):
       else:
         export.save_onnx(predictor, args.out)
         kind = "fp32"
-      outputs = "outputs class_logits, box_deltas and anchors" if detector else "output logits"
+      outputs = export.onnx_outputs(predictor)
       what = f"ONNX {kind}; input uint8 {shape} named images, {outputs}"
     else:
       platforms = args.platforms.split(",") if args.platforms else None

@@ -60,29 +60,19 @@ def main(argv=None):
   with process.one_line_errors():
     process.setup()
     from jaxnet import api
-    from jaxnet.tools import predictor
     images = _expand_folders(args.images)
     model = api.restore(args.workdir, step=args.step)
-    if isinstance(model, predictor.Detector):
-      outputs = _draw_paths(args.draw, images) if args.draw else None  # checked before the work
-      found = model.detect(images, min_score=args.min_score)
-      for i, (path, detections) in enumerate(zip(images, found)):
-        print(f"{path}: {len(detections)} detections")
-        for name, score, box in detections:
-          print(f"  {score:8.4f}  {name:<16} {' '.join(f'{v:7.1f}' for v in box)}")
-        if outputs:
-          predictor.draw_detections(path, detections, outputs[i])
-      if outputs:
-        print(f"drawn: {args.draw}")
-      return 0
-    if args.draw:
-      from jaxnet.core.errors import UserError
+    if args.draw and not model.draws:
       raise UserError(f"--draw is for a detection workdir; {args.workdir} holds a classifier")
-    results = model.predict(images, top_k=args.top)
-  for path, top in zip(images, results):
-    print(path)
-    for name, prob in top:
-      print(f"  {prob:8.4f}  {name}")
+    outputs = _draw_paths(args.draw, images) if args.draw else None  # checked before the work
+    results = model.predict(images, top_k=args.top, min_score=args.min_score)
+    for i, (path, result) in enumerate(zip(images, results)):
+      for line in model.lines(path, result):
+        print(line)
+      if outputs:
+        model.draw(path, result, outputs[i])
+    if outputs:
+      print(f"drawn: {args.draw}")
   return 0
 
 

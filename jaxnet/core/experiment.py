@@ -8,7 +8,7 @@ Training and evaluation (jaxnet/core/train.py) both start here, and so does the 
 import jax
 import jax.numpy as jnp
 
-from jaxnet.core import detection, models, optim, sharding, steps
+from jaxnet.core import models, optim, sharding, steps, tasks
 from jaxnet.core.config import duration_in_steps, with_model_options
 from jaxnet.core.data import pipeline, sources
 from jaxnet.core.errors import InvalidValueError
@@ -29,22 +29,11 @@ class Experiment:
     self.policy = get_policy(config.precision)
     self.process_index, self.process_count = jax.process_index(), jax.process_count()
 
-    # A detector (jaxnet/core/detection.py) trains on COCO-format data, a tfds detection
-    # dataset or synthetic boxes; a classifier on the other sources.
-    self.task = models.task(config.model.name)
-    if ((self.task == "detection" and config.data.source not in ("coco", "tfds", "synthetic"))
-        or (self.task != "detection" and config.data.source == "coco")):
-      raise InvalidValueError(
-          f"config.model.name={config.model.name} with config.data.source={config.data.source}: "
-          f"a detector (retinanet_*) trains on COCO-format data (data.source=coco or a tfds "
-          f"dataset laid out as coco/2017), a classifier on the others")
-    detection_options = None
-    if self.task == "detection":
-      detection.check_config(config)
-      detection_options = config.detection
-    self.train_source = (sources.make_source(config.data, "train", config.image_size, detection_options)
-                         if need_train_data else None)
-    self.eval_source = sources.make_source(config.data, "eval", config.image_size, detection_options)
+    # The task (jaxnet/core/tasks) decides which data the model reads and what it learns.
+    self.task = tasks.for_model(config.model.name)
+    self.task.check_config(config)
+    self.train_source = self.task.make_source(config, "train") if need_train_data else None
+    self.eval_source = self.task.make_source(config, "eval")
     ref = self.train_source or self.eval_source
     # What the data sources skipped (hidden folders, Thumbs.db, ...) or changed (a detection
     # source's clipped boxes, ...), for the caller to show.
@@ -96,24 +85,16 @@ class Experiment:
     self._init = jax.jit(init, out_shardings=self.state_sharding)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
 
-    norm = dict(num_classes=self.num_classes, mean=tuple(config.data.mean), std=tuple(config.data.std))
+    norm = dict(mean=tuple(config.data.mean), std=tuple(config.data.std))
     # FSDP: how the steps gather the params (None: they are whole on every device already).
     self.fsdp_gather = self._fsdp_gather(abstract_state, norm) if m.fsdp else None
-    norm["fsdp"] = self.fsdp_gather
-    # Mixup pairs within each device's share of the batch unless mix.groups says otherwise.
-    mix = steps.Mix(**{**config.mix, "groups": config.mix.groups or sharding.batch_devices(self.mesh)})
-    if self.task == "detection":
-      del norm["num_classes"]
-      train_step = detection.make_train_step(self.model, self.tx, self.schedule, self.policy, **norm)
-      eval_step = detection.make_eval_step(self.model, self.policy, **norm,
-                                           max_detections=config.detection.max_detections,
-                                           candidates_per_level=config.detection.candidates_per_level)
-    else:
-      train_step = steps.make_train_step(self.model, self.tx, self.schedule, self.policy,
-                                         label_smoothing=config.label_smoothing,
-                                         ema_decay=config.ema_decay, mix=mix,
-                                         grad_accum_steps=config.grad_accum_steps, **norm)
-      eval_step = steps.make_eval_step(self.model, self.policy, use_ema=config.ema_decay > 0, **norm)
+    loss = self.task.loss(self.model, config, self.num_classes, sharding.batch_devices(self.mesh))
+    train_step = steps.make_train_step(
+        self.model, self.tx, self.schedule, self.policy, loss,
+        steps.StepOptions(norm["mean"], norm["std"], config.ema_decay, config.grad_accum_steps,
+                          self.fsdp_gather))
+    eval_step = self.task.make_eval_step(self.model, self.policy, config, num_classes=self.num_classes,
+                                         mean=norm["mean"], std=norm["std"], fsdp=self.fsdp_gather)
     # Jitted once, with explicit shardings; the old state's buffers are donated
     # so params and optimizer state are updated in place.
     self.train_step = jax.jit(train_step, in_shardings=(self.state_sharding, self.batch_sharding),
@@ -159,8 +140,10 @@ class Experiment:
                               image_size=image_size or c.image_size, seed=c.seed,
                               process_index=self.process_index, process_count=self.process_count,
                               threads=max(c.data.workers, 1))
+    size = image_size or c.image_size
     return pipeline.train_loader(
-        self.train_source, global_batch_size=c.batch_size, image_size=image_size or c.image_size,
+        self.train_source, global_batch_size=c.batch_size, image_size=size,
+        transform=self.task.transform(self.train_source, size, True, c),
         seed=c.seed, workers=c.data.workers, read_threads=c.data.read_threads,
         process_index=self.process_index, process_count=self.process_count,
         randaug=(c.data.randaug_num_ops, c.data.randaug_magnitude))
@@ -181,7 +164,9 @@ class Experiment:
       from jaxnet.core.data import dali
       batches = dali.eval_batches(self.eval_source, threads=max(c.data.workers, 1), **options)
     else:
-      batches = pipeline.eval_batches(self.eval_source, workers=c.data.workers, **options)
+      batches = pipeline.eval_batches(self.eval_source, workers=c.data.workers,
+                                      transform=self.task.transform(self.eval_source, c.image_size, False, c),
+                                      **options)
     for local in batches:
       yield sharding.to_global(local, self.batch_sharding)
 

@@ -341,7 +341,7 @@ class Progress:
     eta = (self.total_steps - step) * self.batch_size / max(images_per_sec, 1e-9)
     steps = metrics.get("train/window_steps", window)
     note = f"  (mean of {steps} steps)" if window and steps < window else ""
-    # A detector's steps have no accuracy.
+    # Accuracy where the task's step reports one (a classifier's).
     acc = f"acc {metrics['train/accuracy']:.3f}  " if "train/accuracy" in metrics else ""
     print(f"step {step:>7}/{self.total_steps}  loss {metrics['train/loss']:.4f}  "
           f"{acc}lr {metrics['train/learning_rate']:.4g}  "

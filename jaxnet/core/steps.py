@@ -1,29 +1,15 @@
-"""The train and eval steps: pure functions of (state, batch), jitted once by the loop.
+"""The train step: one pure function of (state, batch) for every task, jitted once by the loop.
 
-This is where the loss is computed. Gradients are averaged over the global batch
-by construction: the loss is a mean over the whole (sharded) batch, so XLA
-inserts the cross-device all-reduce in the backward pass; there is no explicit
-pmean anywhere. What a step reads beyond this file: the state and the precision
-policy (state.py), the FSDP gathers (sharding.py), the optimizer (optim.py, through
-`tx`) and the model.
+What is the same for every task lives here: the model applied in the policy's compute dtype
+to normalised images, the loss scaled (fp16) and its gradients, micro-batches
+(`grad_accum_steps`), FSDP's gathers and reduce-scatters, the optimizer's update, the EMA,
+the step's key and the metrics every step reports. What differs (which loss, which metrics,
+mixup for a classifier, anchors for a detector) is the task's loss function
+(jaxnet/core/tasks), passed in.
 
-Mixup and CutMix run here too, on the device (`Mix`): each example is blended with
-its neighbour (`roll` by one, as big_vision does) within its group of the batch, with one
-ratio per batch. A group is one device's share of the batch by default (config.mix.groups
-0), so a device pairs its own images and no image crosses between devices: the roll over the
-whole batch moved every micro-batch's images between GPUs (all-to-alls, 92 MiB per GPU per
-step for ViT-H/14 on 8 H100s, jaxnet.cli.gpu_plan).
-
-  mixup   image = lam * x + (1 - lam) * x_partner,  lam ~ Beta(a, a)
-  cutmix  a box of area ~(1 - lam) of the image comes from the partner,
-          lam ~ Beta(a, a), then lam := 1 - (box area / image area) exactly
-  targets = lam * t + (1 - lam) * t_partner  (each row still sums to 1)
-
-`prob` is the chance that a batch is mixed at all; with both alphas set,
-`switch_prob` is the chance of CutMix rather than mixup. A partner masked out
-of the loss (an unreadable image, padding) is never mixed in: that example
-keeps its own image and target. All draws come from the step's key, so
-they depend on the seed and step only and a resumed run repeats them.
+Gradients are averaged over the global batch by construction: the loss is a sum over the
+whole (sharded) batch over its example count, so XLA inserts the cross-device all-reduce in
+the backward pass; there is no explicit pmean anywhere.
 """
 
 import dataclasses
@@ -32,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxnet.core.errors import InvalidValueError
 from jaxnet.core.state import Policy, TrainState, all_finite, select_tree, step_key
 
 
@@ -42,20 +27,6 @@ def normalize(images, mean, std, dtype):
   return ((x - jnp.asarray(mean, jnp.float32)) / jnp.asarray(std, jnp.float32)).astype(dtype)
 
 
-def soft_targets(labels, num_classes, label_smoothing=0.0):
-  """fp32 one-hot targets, optionally label-smoothed."""
-  targets = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
-  if label_smoothing:
-    targets = optax.smooth_labels(targets, label_smoothing)
-  return targets
-
-
-def cross_entropy(logits, labels, num_classes, label_smoothing=0.0):
-  """Per-example fp32 cross-entropy with optional label smoothing."""
-  targets = soft_targets(labels, num_classes, label_smoothing)
-  return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
-
-
 # How the training loop summarises the train step's metrics over a log window:
 # per-step counts add up, running totals and the current loss scale are read at
 # the window's end, and every other metric is the window's mean.
@@ -63,90 +34,99 @@ WINDOW_REDUCTION = {"data/corrupt_images": "sum", "train/skipped_steps": "last",
                     "train/loss_scale": "last"}
 
 
-def make_train_step(model, tx, schedule, policy: Policy, *, num_classes: int,
-                    mean, std, label_smoothing: float = 0.0, ema_decay: float = 0.0,
-                    mix: "Mix | None" = None, grad_accum_steps: int = 1, fsdp=None):
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+  """How a train step runs, whatever the task: the normalisation of its uint8 images, the
+  EMA's decay (0: no EMA), the micro-batches one step is split into, and FSDP's gathers
+  (a jaxnet.core.sharding.Gather, or None when the params are whole on every device)."""
+  mean: tuple
+  std: tuple
+  ema_decay: float = 0.0
+  grad_accum_steps: int = 1
+  fsdp: object = None
+
+
+def make_train_step(model, tx, schedule, policy: Policy, loss, options: StepOptions):
   """Returns `train_step(state, batch) -> (state, metrics)`.
 
-  `batch` holds `image` (uint8 NHWC), `label`, `mask` and `corrupt`; examples
-  with mask=False (unreadable images) contribute nothing to loss or gradients.
-  `mix` (mixup/cutmix) blends images and targets on the device; train/accuracy
-  still counts the argmax against each example's own label.
-  Randomness (dropout, mix) comes from `jaxnet.core.state.step_key(state)`: seed and step only.
+  `loss(apply, batch, key) -> (loss sum, {metric: sum})` is the task's (jaxnet/core/tasks):
+  `apply(images)` is the model in training mode on the batch's images (uint8, or float after
+  mixup), normalised here. Both sums are over the batch's real examples (mask=True: padding
+  and unreadable images contribute nothing), and the step divides them by the whole batch's
+  example count, so micro-batches add up to the whole batch. Randomness (dropout, the task's
+  draws) comes from `jaxnet.core.state.step_key(state)`: seed and step only.
 
-  `grad_accum_steps` K > 1 splits the batch into K micro-batches inside this one
-  step (a lax.scan) and sums their gradients: the update is that of the whole
-  batch, with the activations of one micro-batch in memory at a time. Batch norm
-  normalises each micro-batch with its own statistics, and its running statistics
-  move once per micro-batch.
+  `options.grad_accum_steps` K > 1 splits the batch into K micro-batches inside this one step
+  (a lax.scan) and sums their gradients: the update is the whole batch's, with the activations
+  of one micro-batch in memory at a time. Batch norm normalises each micro-batch with its own
+  statistics, and its running statistics move once per micro-batch.
 
-  `fsdp` (a jaxnet.core.sharding.Gather, or None): the params are split over the devices. The
-  step then gathers them whole where the model uses them, and gives each device the
-  gradient slice of the params it holds (XLA's reduce-scatter, where data
-  parallelism all-reduces).
+  `options.fsdp`: the params are split over the devices. The step gathers them whole where the
+  model uses them, and gives each device the gradient slice of the params it holds (XLA's
+  reduce-scatter, where data parallelism all-reduces).
   """
-  gather = fsdp.params if fsdp else (lambda params: params)
-  scatter = fsdp.grads if fsdp else (lambda grads: grads)
+  o = options
+  gather = o.fsdp.params if o.fsdp else (lambda params: params)
+  scatter = o.fsdp.grads if o.fsdp else (lambda grads: grads)
 
   def loss_fn(params, batch_stats, batch, key, count, loss_scale):
-    # The loss is the masked *sum* over this (micro-)batch over the example count of
-    # the whole batch, so micro-batch gradients add up to the whole batch's.
-    dropout_key, mix_key = jax.random.split(key)
-    targets = soft_targets(batch["label"], num_classes, label_smoothing)
-    images = batch["image"]
-    if mix is not None and mix.active:
-      images, targets = mix.apply(mix_key, images.astype(jnp.float32), targets, batch["mask"])
-    images = normalize(images, mean, std, policy.compute_dtype)
-    logits, updates = model.apply(
-        {"params": gather(params), "batch_stats": batch_stats}, images, train=True,
-        mutable=["batch_stats"], rngs={"dropout": dropout_key})
-    per_example = optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
-    loss = jnp.sum(per_example * batch["mask"].astype(jnp.float32)) / count
-    scaled = loss * loss_scale if policy.uses_loss_scale else loss
-    # Models without batch norm return no batch_stats: the state keeps its empty {}.
-    return scaled, (loss, logits, updates.get("batch_stats", batch_stats))
+    dropout_key, task_key = jax.random.split(key)
+    new_stats = []
+
+    def apply(images):
+      out, updates = model.apply(
+          {"params": gather(params), "batch_stats": batch_stats},
+          normalize(images, o.mean, o.std, policy.compute_dtype), train=True,
+          mutable=["batch_stats"], rngs={"dropout": dropout_key})
+      # Models without batch norm return no batch_stats: the state keeps its empty {}.
+      new_stats.append(updates.get("batch_stats", batch_stats))
+      return out
+
+    total, sums = loss(apply, batch, task_key)
+    value = total / count
+    scaled = value * loss_scale if policy.uses_loss_scale else value
+    return scaled, (value, {k: v / count for k, v in sums.items()}, new_stats[-1])
 
   grad_fn = jax.grad(loss_fn, has_aux=True)
 
-  def correct_count(logits, batch):
-    correct = jnp.argmax(logits, -1) == batch["label"]
-    return jnp.sum(correct * batch["mask"].astype(jnp.float32))
-
   def gradients(state: TrainState, batch, count):
-    """(grads, loss, correct predictions, new batch_stats) of the whole batch of `count` examples."""
+    """(grads, loss, the task's metrics, new batch_stats) of the whole batch of `count` examples."""
     key, scale = step_key(state), state.loss_scale.scale
-    if grad_accum_steps == 1:
-      grads, (loss, logits, stats) = grad_fn(state.params, state.batch_stats, batch, key, count, scale)
-      return grads, loss, correct_count(logits, batch), stats
+    if o.grad_accum_steps == 1:
+      grads, (value, metrics, stats) = grad_fn(state.params, state.batch_stats, batch, key, count, scale)
+      return grads, value, metrics, stats
 
     # Micro-batch k takes every K-th example, so each device keeps its own examples
     # (the batch axis stays sharded over the mesh) instead of one device per micro-batch.
+    k_steps = o.grad_accum_steps
     micro = jax.tree.map(
-        lambda x: jnp.moveaxis(x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps,
-                                         *x.shape[1:]), 1, 0), batch)
+        lambda x: jnp.moveaxis(x.reshape(x.shape[0] // k_steps, k_steps, *x.shape[1:]), 1, 0), batch)
 
     def accumulate(carry, inputs):
-      grads, stats, loss, correct = carry
+      grads, stats, value, metrics = carry
       micro_batch, k = inputs
-      g, (l, logits, stats) = grad_fn(state.params, stats, micro_batch,
-                                      jax.random.fold_in(key, k), count, scale)
-      return (jax.tree.map(jnp.add, grads, g), stats, loss + l,
-              correct + correct_count(logits, micro_batch)), None
+      g, (v, m, stats) = grad_fn(state.params, stats, micro_batch, jax.random.fold_in(key, k), count, scale)
+      return (jax.tree.map(jnp.add, grads, g), stats, value + v, jax.tree.map(jnp.add, metrics, m)), None
 
+    first = jax.tree.map(lambda x: x[0], micro)
+    metric_shapes = jax.eval_shape(lambda: grad_fn(state.params, state.batch_stats, first, key, count,
+                                                   scale)[1][1])
     zeros = jax.tree.map(jnp.zeros_like, state.params)
-    (grads, stats, loss, correct), _ = jax.lax.scan(
-        accumulate, (zeros, state.batch_stats, jnp.float32(0), jnp.float32(0)),
-        (micro, jnp.arange(grad_accum_steps)))
-    return grads, loss, correct, stats
+    metric_zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), metric_shapes)
+    (grads, stats, value, metrics), _ = jax.lax.scan(
+        accumulate, (zeros, state.batch_stats, jnp.float32(0), metric_zeros),
+        (micro, jnp.arange(k_steps)))
+    return grads, value, metrics, stats
 
   def train_step(state: TrainState, batch):
     count = jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0)  # real examples
-    grads, loss, correct, new_batch_stats = gradients(state, batch, count)
+    grads, value, task_metrics, new_batch_stats = gradients(state, batch, count)
     new_state, grads, finite = apply_gradients(state, scatter(grads), new_batch_stats, tx, policy)
     loss_scale = new_state.loss_scale
 
-    if ema_decay:
-      ema = jax.tree.map(lambda e, p: ema_decay * e + (1 - ema_decay) * p, state.ema_params, new_state.params)
+    if o.ema_decay:
+      ema = jax.tree.map(lambda e, p: o.ema_decay * e + (1 - o.ema_decay) * p, state.ema_params,
+                         new_state.params)
       if policy.uses_loss_scale:
         # A skipped step must not pull the EMA towards the (unchanged) params either.
         ema = select_tree(finite, ema, state.ema_params)
@@ -154,10 +134,10 @@ def make_train_step(model, tx, schedule, policy: Policy, *, num_classes: int,
       ema = None  # no EMA: no second copy of the params
     new_state = new_state.replace(ema_params=ema)
     metrics = {
-        "train/loss": loss,
-        "train/accuracy": correct / count,
+        "train/loss": value,
+        **task_metrics,
         "train/learning_rate": schedule(state.step),
-        "train/grad_norm": global_norm(grads, one_reduction=fsdp is None),
+        "train/grad_norm": global_norm(grads, one_reduction=o.fsdp is None),
         "data/corrupt_images": jnp.sum(batch["corrupt"]),
     }
     if policy.uses_loss_scale:
@@ -169,7 +149,7 @@ def make_train_step(model, tx, schedule, policy: Policy, *, num_classes: int,
 
 
 def apply_gradients(state: TrainState, grads, batch_stats, tx, policy: Policy):
-  """The update every train step ends with (classification here, detection.py's too):
+  """The update a train step ends with:
   gradients unscaled under loss scaling, the optimizer's step, the step count. Returns
   (the new state, the unscaled gradients, `finite`: under loss scaling whether they were all
   finite, else None). fp16: a step with inf/nan gradients changes nothing but the scale."""
@@ -187,32 +167,6 @@ def apply_gradients(state: TrainState, grads, batch_stats, tx, policy: Policy):
   new_state = state.replace(step=state.step + 1, params=params, batch_stats=batch_stats,
                             opt_state=opt_state, loss_scale=loss_scale)
   return new_state, grads, finite
-
-
-def make_eval_step(model, policy: Policy, *, num_classes: int, mean, std,
-                   use_ema: bool = False, fsdp=None):
-  """Returns `eval_step(state, batch) -> sums`: metric *sums* and the example count,
-  so that batches (including the padded last one) add up exactly.
-  `fsdp`: as make_train_step's."""
-
-  logits_fn = make_logits_fn(model, policy, mean=mean, std=std)
-  gather = fsdp.params if fsdp else (lambda params: params)
-
-  def eval_step(state: TrainState, batch):
-    variables = eval_variables(state.params, state.ema_params, state.batch_stats, use_ema)
-    logits = logits_fn({**variables, "params": gather(variables["params"])}, batch["image"])
-    mask = batch["mask"].astype(jnp.float32)
-    loss = cross_entropy(logits, batch["label"], num_classes)
-    top5 = jax.lax.top_k(logits, min(5, num_classes))[1]
-    in_top5 = jnp.any(top5 == batch["label"][:, None], axis=-1)
-    return {
-        "loss": jnp.sum(loss * mask),
-        "top1": jnp.sum((jnp.argmax(logits, -1) == batch["label"]) * mask),
-        "top5": jnp.sum(in_top5 * mask),
-        "count": jnp.sum(mask),
-    }
-
-  return eval_step
 
 
 def global_norm(tree, one_reduction: bool = True):
@@ -252,77 +206,3 @@ def make_logits_fn(model, policy: Policy, *, mean, std):
   return logits_fn
 
 
-@dataclasses.dataclass(frozen=True)
-class Mix:
-  mixup_alpha: float = 0.0    # Beta concentration; 0 turns mixup off (big_vision's "p")
-  cutmix_alpha: float = 0.0   # 0 turns cutmix off
-  prob: float = 1.0           # chance a batch is mixed
-  switch_prob: float = 0.5    # with both on: chance of cutmix instead of mixup
-  groups: int = 1             # pairs form within this many contiguous groups of the batch
-
-  def __post_init__(self):
-    for name in ("mixup_alpha", "cutmix_alpha"):
-      if getattr(self, name) < 0:
-        raise InvalidValueError(f"config.mix.{name}={getattr(self, name)} must be >= 0 (0 turns it off)")
-    for name in ("prob", "switch_prob"):
-      if not 0 <= getattr(self, name) <= 1:
-        raise InvalidValueError(f"config.mix.{name}={getattr(self, name)} must lie in [0, 1]")
-
-  def partner(self, x):
-    return _partner_in_groups(x, self.groups)
-
-  @property
-  def active(self) -> bool:
-    return (self.mixup_alpha > 0 or self.cutmix_alpha > 0) and self.prob > 0
-
-  def apply(self, key, images, targets, mask):
-    """(images float NHWC, targets (N, classes), mask (N,)) -> mixed (images, targets)."""
-    k_apply, k_switch, k_mixup, k_cutmix, k_box = jax.random.split(key, 5)
-    n, h, w = images.shape[:3]
-    one = jnp.float32(1.0)
-    lam_mixup = jax.random.beta(k_mixup, self.mixup_alpha, self.mixup_alpha) if self.mixup_alpha else one
-    if self.cutmix_alpha:
-      lam_box = jax.random.beta(k_cutmix, self.cutmix_alpha, self.cutmix_alpha)
-      inside, lam_cutmix = _box(k_box, h, w, lam_box)
-    else:
-      inside, lam_cutmix = jnp.zeros((h, w), bool), one
-    if self.mixup_alpha and self.cutmix_alpha:
-      use_cutmix = jax.random.bernoulli(k_switch, self.switch_prob)
-    else:
-      use_cutmix = jnp.bool_(self.cutmix_alpha > 0)
-
-    # Per pixel, the weight of the example's own image; per example, of its own target.
-    own_pixel = jnp.where(use_cutmix, jnp.where(inside, 0.0, 1.0), lam_mixup)[None, :, :, None]
-    lam = jnp.where(use_cutmix, lam_cutmix, lam_mixup)
-    if n % self.groups:
-      raise InvalidValueError(f"config.mix.groups={self.groups} does not divide a (micro-)batch of {n}")
-    partner_images, partner_targets = self.partner(images), self.partner(targets)
-    mixes = jax.random.bernoulli(k_apply, self.prob) & self.partner(mask)   # (N,)
-    own_pixel = jnp.where(mixes[:, None, None, None], own_pixel, 1.0)
-    lam = jnp.where(mixes, lam, 1.0)[:, None]
-    images = own_pixel * images + (1.0 - own_pixel) * partner_images
-    targets = lam * targets + (1.0 - lam) * partner_targets
-    return images, targets
-
-
-def _partner_in_groups(x, groups: int):
-  """Each example's partner: the previous one (cyclically) within its group of the batch."""
-  grouped = x.reshape(groups, x.shape[0] // groups, *x.shape[1:])
-  return jnp.roll(grouped, 1, axis=1).reshape(x.shape)
-
-
-def _box(key, h: int, w: int, lam):
-  """A box of about (1 - lam) of the image, centred uniformly, clipped at the edges.
-
-  Returns (inside: bool (h, w), the exact lam of the clipped box).
-  """
-  k_y, k_x = jax.random.split(key)
-  side = jnp.sqrt(1.0 - lam)
-  cut_h, cut_w = jnp.floor(h * side), jnp.floor(w * side)
-  cy = jax.random.randint(k_y, (), 0, h).astype(jnp.float32)
-  cx = jax.random.randint(k_x, (), 0, w).astype(jnp.float32)
-  y0, y1 = jnp.clip(cy - cut_h // 2, 0, h), jnp.clip(cy + cut_h - cut_h // 2, 0, h)
-  x0, x1 = jnp.clip(cx - cut_w // 2, 0, w), jnp.clip(cx + cut_w - cut_w // 2, 0, w)
-  ys, xs = jnp.arange(h, dtype=jnp.float32)[:, None], jnp.arange(w, dtype=jnp.float32)[None, :]
-  inside = (ys >= y0) & (ys < y1) & (xs >= x0) & (xs < x1)
-  return inside, 1.0 - (y1 - y0) * (x1 - x0) / (h * w)

@@ -22,7 +22,6 @@ import sys
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxnet.core import checkpoint as ckpt
@@ -30,7 +29,6 @@ from jaxnet.core import config as config_lib
 from jaxnet.core import sharding, steps
 from jaxnet.core import workdir as workdir_lib
 from jaxnet.core.adapters import xla
-from jaxnet.core.data import coco
 from jaxnet.core.errors import DIVERGED_HINT, NonFiniteError, UserError
 from jaxnet.core.experiment import Experiment
 from jaxnet.core.metrics import (MetricWriter, Progress, RunWriteError, drop_records_after,
@@ -183,7 +181,7 @@ def _train(config, workdir: str, accept: tuple, init_params, control: RunControl
         eval_metrics = evaluate(exp, state)
         record.update(eval_metrics, time=progress.elapsed())
         if is_chief:
-          print(f"eval at step {step}: {describe_eval(eval_metrics)}", flush=True)
+          print(f"eval at step {step}: {exp.task.describe(eval_metrics)}", flush=True)
       # One line per step, appended once (readers tail the file): a step's train and eval
       # metrics together; the final step's line waits for the final eval.
       if record and step != total:
@@ -206,7 +204,7 @@ def _train(config, workdir: str, accept: tuple, init_params, control: RunControl
     # MetricWriter then merges the eval into that step's existing line.
     writer.write(step, {**record, **eval_metrics, "train/elapsed_sec": elapsed, "time": elapsed})
     if is_chief:
-      print(f"final: step {step}  test {describe_eval(eval_metrics)}  ({elapsed:.1f}s)", flush=True)
+      print(f"final: step {step}  test {exp.task.describe(eval_metrics)}  ({elapsed:.1f}s)", flush=True)
     return eval_metrics
   finally:
     # Batches from data.workers sit in /dev/shm while anything refers to them, and an
@@ -273,52 +271,25 @@ def _close_all(closers, failing: bool) -> None:
 # --- evaluation ---------------------------------------------------------------------
 
 def evaluate(exp: Experiment, state: TrainState) -> dict:
-  """eval/loss, eval/top1, eval/top5 (means over the eval set) and eval/examples; for a
-  detector, COCO's eval/mAP, eval/AP50, ... (`evaluate_detection`)."""
-  if exp.task == "detection":
-    return evaluate_detection(exp, state)
-  sums = None
-  for batch in exp.eval_batches():
-    if sums is None:
-      sharding.compile_then_sync(exp.eval_step, (state, batch), "eval_step compiled")
-    out = exp.eval_step(state, batch)
-    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-  sums = jax.device_get(sums)
-  count = max(float(sums["count"]), 1.0)
-  metrics = {"eval/loss": float(sums["loss"]) / count, "eval/top1": float(sums["top1"]) / count,
-             "eval/top5": float(sums["top5"]) / count, "eval/examples": int(sums["count"])}
-  if not math.isfinite(metrics["eval/loss"]):
+  """The task's eval metrics (a classifier's eval/loss, eval/top1, eval/top5; a detector's COCO
+  eval/mAP, eval/AP50, ...) over every example of the eval split once, and eval/examples."""
+
+  def outputs():
+    for i, batch in enumerate(exp.eval_batches()):
+      if i == 0:
+        sharding.compile_then_sync(exp.eval_step, (state, batch), "eval_step compiled")
+      yield exp.eval_step(state, batch)
+
+  metrics = exp.task.evaluate(outputs(), exp.eval_source)
+  loss = metrics.get("eval/loss", 0.0)
+  if not math.isfinite(loss):
     precision, platform = exp.config.precision, exp.mesh.devices.flat[0].platform
     raise NonFiniteEvalError(
-        f"eval/loss is {metrics['eval/loss']} (precision {precision}, backend {platform}, "
+        f"eval/loss is {loss} (precision {precision}, backend {platform}, "
         f"{metrics['eval/examples']} examples): the evaluation is wrong and was not recorded. "
         f"{xla.ynn_hint(precision, platform)}Weights that are inf/NaN do this too, and so "
         f"do fp16 activations beyond 65504: compare with config.precision=fp32.")
   return metrics
-
-
-def evaluate_detection(exp: Experiment, state: TrainState) -> dict:
-  """COCO's box AP (pycocotools: eval/mAP over IoU .5:.95, eval/AP50, eval/AP75,
-  eval/AP_small/medium/large) of the detector's detections on every image of the eval split
-  once (padding and unreadable images masked out), and eval/examples."""
-  found = []
-  for i, batch in enumerate(exp.eval_batches()):
-    if i == 0:
-      sharding.compile_then_sync(exp.eval_step, (state, batch), "eval_step compiled")
-    out = jax.device_get(exp.eval_step(state, batch))
-    for k in np.flatnonzero(out["mask"]):
-      boxes = coco.to_source_pixels(out["boxes"][k], out["scale"][k], out["source_size"][k])
-      found.append({"image_id": out["image_id"][k], "boxes": boxes,
-                    "scores": out["scores"][k], "classes": out["classes"][k]})
-  return {**coco.evaluate(exp.eval_source, found), "eval/examples": len(found)}
-
-
-def describe_eval(metrics: dict) -> str:
-  """The eval metrics in a few words, for the progress lines."""
-  if "eval/mAP" in metrics:
-    return (f"mAP {metrics['eval/mAP']:.4f}  AP50 {metrics['eval/AP50']:.4f}  "
-            f"AP75 {metrics['eval/AP75']:.4f}")
-  return f"top-1 {metrics['eval/top1']:.4f}  top-5 {metrics['eval/top5']:.4f}  loss {metrics['eval/loss']:.4f}"
 
 
 def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_config_changes=()) -> dict:
@@ -347,7 +318,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_co
     checkpoints.close()
   metrics = evaluate(exp, state)
   if exp.process_index == 0:
-    print(f"eval of checkpoint {step}: {describe_eval(metrics)}  "
+    print(f"eval of checkpoint {step}: {exp.task.describe(metrics)}  "
           f"({metrics['eval/examples']} examples)", flush=True)
     try:
       if changes:

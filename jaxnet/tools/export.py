@@ -192,30 +192,53 @@ def metadata(predictor) -> dict:
       "jaxnet.ema": str(c.ema_decay > 0).lower(),
       "jaxnet.workdir": _run_name(predictor),
   }
-  if getattr(predictor.model, "TASK", None) == "detection":
-    props["jaxnet.input"] = ("images: uint8 NHWC (batch, image_size, image_size, channels), each image "
-                             "resized (bilinear, aspect kept) so its longer side is image_size, at the "
-                             "top left, zero padding after, as jaxnet/core/data/coco.py's eval "
-                             "transform; normalization is inside")
-    props["jaxnet.eval_crop_fraction"] = props["jaxnet.eval_interpolation"] = "not used"
-    props["jaxnet.outputs"] = (
-        "class_logits (batch, anchors, classes): sigmoid logits; box_deltas (batch, anchors, 4): "
-        "dx, dy, dw, dh against anchors (x0, y0, x1, y1 in the input's pixels) as torchvision's "
-        "BoxCoder with weights (1, 1, 1, 1), dw and dh clamped at log(1000/16) before exp; anchors "
-        "(anchors, 4). jaxnet's detections (jaxnet/core/detection.py detect): per pyramid level the "
-        f"best {c.detection.candidates_per_level} (anchor, class) sigmoid scores above 0.05, their boxes "
-        f"decoded and clipped to the image, NMS per class at IoU 0.5, at most "
-        f"{c.detection.max_detections} detections")
+  props.update(_family(predictor)[1](predictor))
   return props
 
 
-def to_onnx(predictor):
-  """The predictor's eval-mode fp32 function as an onnx.ModelProto with a dynamic batch:
-  ResNets', ViTs' and RetinaNets' graphs written directly, any other model through jax2onnx."""
+def _retinanet_notes(predictor) -> dict:
+  """A RetinaNet graph's input and outputs (its writer, retinanet_onnx, stops before decoding)."""
+  c = predictor.config
+  return {
+      "jaxnet.input": ("images: uint8 NHWC (batch, image_size, image_size, channels), each image "
+                       "resized (bilinear, aspect kept) so its longer side is image_size, at the "
+                       "top left, zero padding after, as jaxnet/core/data/coco.py's eval "
+                       "transform; normalization is inside"),
+      "jaxnet.eval_crop_fraction": "not used", "jaxnet.eval_interpolation": "not used",
+      "jaxnet.outputs": (
+          "class_logits (batch, anchors, classes): sigmoid logits; box_deltas (batch, anchors, 4): "
+          "dx, dy, dw, dh against anchors (x0, y0, x1, y1 in the input's pixels) as torchvision's "
+          "BoxCoder with weights (1, 1, 1, 1), dw and dh clamped at log(1000/16) before exp; anchors "
+          "(anchors, 4). jaxnet's detections (jaxnet/core/tasks/detection.py detect): per pyramid level "
+          f"the best {c.detection.candidates_per_level} (anchor, class) sigmoid scores above 0.05, their "
+          f"boxes decoded and clipped to the image, NMS per class at IoU 0.5, at most "
+          f"{c.detection.max_detections} detections"),
+  }
+
+
+def _family(predictor):
+  """(the ONNX writer of the predictor's model family, its metadata beside the common keys):
+  ResNets', ViTs' and RetinaNets' graphs are written directly, any other model's through
+  jax2onnx."""
   from jaxnet.core.models.resnet import ResNet
   from jaxnet.core.models.retinanet import RetinaNet
   from jaxnet.core.models.vit import ViT
-  writer = {ResNet: resnet_onnx, ViT: vit_onnx, RetinaNet: retinanet_onnx}.get(type(predictor.model), _jax2onnx)
+  no_notes = lambda predictor: {}
+  families = {ResNet: (resnet_onnx, no_notes), ViT: (vit_onnx, no_notes),
+              RetinaNet: (retinanet_onnx, _retinanet_notes)}
+  return families.get(type(predictor.model), (_jax2onnx, no_notes))
+
+
+def onnx_outputs(predictor) -> str:
+  """The outputs of the predictor's ONNX graph, in a few words."""
+  return ("outputs class_logits, box_deltas and anchors" if "jaxnet.outputs" in _family(predictor)[1](predictor)
+          else "output logits")
+
+
+def to_onnx(predictor):
+  """The predictor's eval-mode fp32 function as an onnx.ModelProto with a dynamic batch
+  (`_family`: written directly, or through jax2onnx)."""
+  writer = _family(predictor)[0]
   (onnx,) = require("onnx")
   model = writer(predictor)
   onnx.helper.set_model_props(model, metadata(predictor))
@@ -375,7 +398,7 @@ def retinanet_onnx(predictor):
   the anchors' order (level, row, column, anchor), and `anchors` (anchors, 4), x0 y0 x1 y1 in
   the input's pixels, to decode the deltas with (docs/detection.md). Decoding and NMS stay
   outside the graph."""
-  from jaxnet.core import detection
+  from jaxnet.core.tasks import detection
   model, config = predictor.model, predictor.config
   params = jax.device_get(predictor.variables["params"])
   g = _Graph(config)

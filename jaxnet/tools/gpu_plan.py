@@ -177,18 +177,14 @@ def compile_step(jitted, *args) -> Compiled:
 
 
 def abstract_batch(exp, batch_size: int) -> dict:
-  """The batch the pipeline delivers (jaxnet/core/data/pipeline.py), as shapes sharded over the mesh."""
+  """The batch the pipeline delivers (jaxnet/core/data/pipeline.py; the task's fields), as
+  shapes sharded over the mesh."""
   import jax
   import jax.numpy as jnp
   s = exp.batch_sharding
-  shape = lambda *dims, dtype=jnp.int32: jax.ShapeDtypeStruct((batch_size,) + dims, dtype, sharding=s)
-  batch = {"image": shape(*exp.image_shape, dtype=jnp.uint8), "mask": shape(dtype=jnp.bool_), "corrupt": shape()}
-  if exp.task == "detection":  # jaxnet/core/data/coco.py: example
-    boxes = exp.config.detection.max_boxes
-    return {**batch, "boxes": shape(boxes, 4, dtype=jnp.float32), "classes": shape(boxes),
-            "box_mask": shape(boxes, dtype=jnp.bool_), "image_id": shape(), "scale": shape(dtype=jnp.float32),
-            "source_size": shape(2)}
-  return {**batch, "label": shape()}
+  shape = lambda dims, dtype: jax.ShapeDtypeStruct((batch_size,) + tuple(dims), jnp.dtype(dtype), sharding=s)
+  batch = {"image": shape(exp.image_shape, "uint8"), "mask": shape((), "bool"), "corrupt": shape((), "int32")}
+  return {**batch, **{k: shape(dims, dtype) for k, (dims, dtype) in exp.task.batch_fields(exp.config).items()}}
 
 
 def param_sizes(abstract_state) -> list:

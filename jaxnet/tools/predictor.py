@@ -25,7 +25,7 @@ from PIL import Image
 
 from jaxnet.core import checkpoint as ckpt
 from jaxnet.core import config as config_lib
-from jaxnet.core import models, steps
+from jaxnet.core import models, steps, tasks
 from jaxnet.core.data.bit_depth import scale_16_to_8, to_8bit
 from jaxnet.core.errors import InvalidValueError, MissingFileError
 from jaxnet.core.state import get_policy
@@ -47,9 +47,8 @@ class Predictor:
     self.channels = len(config.data.mean)  # Experiment checks this equals the images' channels
     self.image_shape = (config.image_size, config.image_size, self.channels)
     self.variables = jax.device_put(variables)
-    self.logits_fn = steps.make_logits_fn(
-        model, get_policy(config.precision),
-        mean=tuple(config.data.mean), std=tuple(config.data.std))
+    self.task = tasks.for_model(config.model.name)
+    self.logits_fn = self.task.make_predict_fn(model, get_policy(config.precision), config)
     self._logits = jax.jit(self.logits_fn)
 
   def logits(self, images) -> np.ndarray:
@@ -67,13 +66,19 @@ class Predictor:
     """Files, PIL images or arrays -> the uint8 batch eval would have seen."""
     return load_batch(images, self.config, self.channels)
 
-  def predict(self, images, top_k: int = 5) -> list[list[tuple[str, float]]]:
+  def predict(self, images, top_k: int = 5, **unused) -> list[list[tuple[str, float]]]:
     """Top-k (class name, probability) for each image; images are files/PIL images or a uint8 batch."""
     is_batch = isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.ndim == 4
     batch = images if is_batch else self.preprocess(images)
     probs = self.probabilities(batch)
     top = np.argsort(-probs, axis=-1)[:, :min(top_k, self.num_classes)]
     return [[(self.class_names[i], float(p[i])) for i in row] for p, row in zip(probs, top)]
+
+  draws = False  # no picture to draw: `draw` is a detector's
+
+  def lines(self, path, result) -> list[str]:
+    """One image's prediction as `python -m jaxnet.cli.predict` prints it."""
+    return [str(path)] + [f"  {prob:8.4f}  {name}" for name, prob in result]
 
 
 class Detector:
@@ -83,16 +88,13 @@ class Detector:
 
   def __init__(self, config, model, variables, *, num_classes: int, class_names=None, step=None,
                workdir=None):
-    from jaxnet.core import detection
     self.config, self.model, self.step, self.workdir = config, model, step, workdir
     self.num_classes = num_classes
     self.class_names = head_class_names(class_names, num_classes)
     self.image_shape = (config.image_size, config.image_size, len(config.data.mean))
     self.variables = jax.device_put(variables)
-    self.detect_fn = detection.make_detect_fn(
-        model, get_policy(config.precision), mean=tuple(config.data.mean), std=tuple(config.data.std),
-        max_detections=config.detection.max_detections,
-        candidates_per_level=config.detection.candidates_per_level)
+    self.task = tasks.for_model(config.model.name)
+    self.detect_fn = self.task.make_predict_fn(model, get_policy(config.precision), config)
     self._detect = jax.jit(self.detect_fn)
 
   def preprocess(self, images) -> tuple[np.ndarray, np.ndarray]:
@@ -120,6 +122,20 @@ class Detector:
              for b, s, c in zip(to_source_pixels(boxes[i], *sizes[i]), scores[i], classes[i]) if s >= min_score]
             for i in range(len(sizes))]
 
+  def predict(self, images, min_score: float = 0.3, **unused) -> list[list[tuple[str, float, tuple]]]:
+    """`detect`, under the name every restored model answers to (jaxnet.api.predict)."""
+    return self.detect(images, min_score=min_score)
+
+  draws = True
+
+  def lines(self, path, result) -> list[str]:
+    """One image's detections as `python -m jaxnet.cli.predict` prints them."""
+    return [f"{path}: {len(result)} detections"] + [
+        f"  {score:8.4f}  {name:<16} {' '.join(f'{v:7.1f}' for v in box)}" for name, score, box in result]
+
+  def draw(self, image, result, path: str) -> None:
+    draw_detections(image, result, path)
+
 
 def draw_detections(image, detections, path: str) -> None:
   """Writes `image` (a path, bytes, PIL image or array) with `detections` (Detector.detect's
@@ -138,9 +154,14 @@ def draw_detections(image, detections, path: str) -> None:
 _PALETTE = ((0.9, 0.1, 0.1), (0.1, 0.6, 0.1), (0.1, 0.3, 0.9), (0.9, 0.6, 0.0), (0.6, 0.1, 0.7))
 
 
+# What a restored model is, by what its task says it returns (jaxnet.core.tasks.Task.returns).
+PREDICTORS = {"classes": Predictor, "boxes": Detector}
+
+
 def restore(workdir: str, step: int | None = None, config=None) -> "Predictor | Detector":
-  """The model of WORKDIR's latest (or given) checkpoint, ready for inference: a Predictor,
-  or a Detector for a detection run (a retinanet_* model)."""
+  """The model of WORKDIR's latest (or given) checkpoint, ready for inference: its task's
+  predictor (a Predictor for a classifier, a Detector for a detector). Each has
+  `predict(images)`, `lines(result)` and `draw(image, result, path)`."""
   if not os.path.isdir(workdir):
     raise MissingFileError(f"workdir {workdir} not found: give the --workdir of a training run")
   config = config_lib.with_model_options(config or config_lib.load(workdir))
@@ -149,7 +170,7 @@ def restore(workdir: str, step: int | None = None, config=None) -> "Predictor | 
   model = models.from_config(config.model, info["num_classes"], get_policy(config.precision).compute_dtype)
   _check_matches_model(model, variables, (1, config.image_size, config.image_size,
                                           len(config.data.mean)), workdir)
-  kind = Detector if models.task(config.model.name) == "detection" else Predictor
+  kind = PREDICTORS[tasks.for_model(config.model.name).returns]
   return kind(config, model, variables, num_classes=info["num_classes"],
               class_names=info.get("class_names"), step=step, workdir=workdir)
 

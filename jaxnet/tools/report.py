@@ -21,7 +21,7 @@ from jaxnet.core.metrics import (prepare_output, read_jsonl_counted, write_atomi
 PLOTS = {
     "loss": ("loss", [("train/loss", "-", "train"), ("eval/loss", "o--", "eval")]),
     "accuracy": ("accuracy", [("train/accuracy", "-", "train"), ("eval/top1", "o--", "eval top-1")]),
-    "mAP": ("COCO box AP", [("eval/mAP", "o--", "mAP"), ("eval/AP50", "o:", "AP50")]),  # detection
+    "mAP": ("COCO box AP", [("eval/mAP", "o--", "mAP"), ("eval/AP50", "o:", "AP50")]),
     "learning_rate": ("learning rate", [("train/learning_rate", "-", "")]),
     "throughput": ("train images/s", [("train/images_per_sec", "-", "")]),
     "loss_scale": ("fp16 loss scale", [("train/loss_scale", "-", "")]),
@@ -148,9 +148,11 @@ def series(records: list[dict], key: str) -> Series:
 
 
 def summary(records: list[dict]) -> dict:
-  """Best eval top-1 (a detector's: mAP), its step and wall time, median train throughput,
-  last step."""
-  metric = "eval/mAP" if any("eval/mAP" in r for r in records) else "eval/top1"
+  """The best of the run's headline eval metric (its task's: a classifier's eval/top1, a
+  detector's eval/mAP), its step and wall time, median train throughput, last step."""
+  from jaxnet.core import tasks
+  found = [h for h in tasks.headlines() if any(h in r for r in records)]
+  metric = found[0] if found else tasks.headlines()[0]
   key = "best_" + metric.replace("/", "_")  # best_eval_top1 | best_eval_mAP
   evals = series(records, metric)
   rate = series(records, "train/images_per_sec")

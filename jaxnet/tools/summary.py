@@ -24,7 +24,7 @@ compiles against abstract arguments. Numbers:
                    the batch-dependent part of the vjp closure, found as
                    residuals(2B) - residuals(B) so params and their casts drop out.
   train-step temp  `memory_analysis().temp_size_in_bytes` of the compiled train
-                   step (steps.make_train_step, SGD): XLA's peak scratch for
+                   step (steps.make_train_step with the model's task's loss, SGD): XLA's peak scratch for
                    forward + backward + update on *this* backend, excluding the
                    arguments (params, optimizer state, batch) and outputs.
 """
@@ -38,7 +38,8 @@ import optax
 
 from ml_collections import ConfigDict
 
-from jaxnet.core import models, steps
+from jaxnet.core import config as config_lib
+from jaxnet.core import models, steps, tasks
 from jaxnet.core.state import get_policy
 from jaxnet.core.state import init_state
 
@@ -150,8 +151,11 @@ def summarize(name: str, *, image_size: int = 224, batch_size: int = 32, num_cla
 
   if train_step:
     tx = optax.sgd(0.1, momentum=0.9)
-    step = steps.make_train_step(model, tx, lambda s: 0.1, policy, num_classes=num_classes,
-                                 mean=(0.5,) * channels, std=(0.25,) * channels)
+    config = config_lib.base_config()
+    config.model.name = name
+    loss = tasks.for_model(name).loss(model, config, num_classes)
+    step = steps.make_train_step(model, tx, lambda s: 0.1, policy, loss,
+                                 steps.StepOptions((0.5,) * channels, (0.25,) * channels))
     ls = ConfigDict({"initial_scale": 2.0**15, "growth_interval": 2000})
     state = jax.eval_shape(lambda: init_state(model, tx, image, 0, ls))
     batch = {"image": jax.ShapeDtypeStruct((batch_size,) + image, jnp.uint8),

@@ -5,7 +5,8 @@ devices (`DeviceBatches`).
 Every batch is a dict of host numpy arrays for this process's share of the global
 batch: `image` uint8 NHWC, `label` int32, `mask` bool (False for padding and for
 images that failed to decode) and `corrupt` int32 (1 where a JPEG was unreadable);
-a detection source's (jaxnet/core/data/coco.py) has its boxes in place of `label`.
+a task may make other examples with a transform of its own (`transform=`: a detector's,
+jaxnet/core/tasks/detection.py, has boxes in place of `label`).
 Normalisation and the cast to the compute dtype happen on the device, in the step.
 """
 
@@ -30,8 +31,6 @@ class ArrayToExample(grain.MapTransform):
 
 
 def _train_transform(source, image_size: int):
-  if hasattr(source, "transform"):  # a detection source moves its boxes with the pixels
-    return source.transform(image_size, train=True)
   if not source.encoded:
     return ArrayToExample()
   from jaxnet.core.data.transforms import TrainDecodeCrop
@@ -40,8 +39,6 @@ def _train_transform(source, image_size: int):
 
 def _eval_transform(source, image_size: int, crop_fraction: float, interpolation: str,
                     warn_corrupt: bool = True):
-  if hasattr(source, "transform"):
-    return source.transform(image_size, train=False)
   if not source.encoded:
     return ArrayToExample()
   from jaxnet.core.data.transforms import EvalDecodeCrop
@@ -56,21 +53,23 @@ def per_process_batch_size(global_batch_size: int, process_count: int) -> int:
 
 def train_loader(source, *, global_batch_size: int, image_size: int, seed: int, workers: int,
                  read_threads: int = 0, process_index: int = 0, process_count: int = 1,
-                 worker_buffer_size: int = 2, randaug: tuple[int, int] = (0, 10)) -> grain.DataLoader:
+                 worker_buffer_size: int = 2, randaug: tuple[int, int] = (0, 10),
+                 transform=None) -> grain.DataLoader:
   """An endless, shuffled, augmented stream of this process's batches.
 
   Each process reads a disjoint shard of the records (ShardOptions); the order is
   a function of (seed, epoch) only, so a restored iterator state replays exactly.
   Random augmentations (crop, flip, RandAugment with `randaug` = (ops, magnitude),
   off when ops is 0) draw from Grain's per-record generator, seeded by the seed
-  and the record's position in the stream: they replay exactly too.
+  and the record's position in the stream: they replay exactly too. `transform`: a
+  task's own record -> example transform (default: decode and random-resized-crop an image).
   """
   shard = grain.ShardOptions(process_index, process_count, drop_remainder=True)
   sampler = grain.IndexSampler(len(source), shard, shuffle=True, num_epochs=None, seed=seed)
   batch = per_process_batch_size(global_batch_size, process_count)
   if workers:
     grain_adapter.ensure_absl_flags_parsed()
-  operations = [_train_transform(source, image_size)]
+  operations = [transform or _train_transform(source, image_size)]
   if randaug[0]:
     from jaxnet.core.data.randaugment import RandAugment
     operations.append(RandAugment(*randaug))
@@ -89,8 +88,9 @@ def train_loader(source, *, global_batch_size: int, image_size: int, seed: int, 
 def eval_batches(source, *, global_batch_size: int, image_size: int, workers: int = 0,
                  process_index: int = 0, process_count: int = 1,
                  crop_fraction: float = 0.875, interpolation: str = "bilinear",
-                 warn_corrupt: bool = True) -> Iterator[dict]:
-  """Every example of `source` exactly once, in fixed-size batches.
+                 warn_corrupt: bool = True, transform=None) -> Iterator[dict]:
+  """Every example of `source` exactly once, in fixed-size batches. `transform`: a task's
+  own record -> example transform (default: decode, resize and center-crop an image).
 
   The last batch is padded (mask=False), and a process whose shard is shorter
   yields padding batches too, so every process yields the same number of batches
@@ -103,13 +103,13 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, workers: in
   shard = _Slice(source, start, end)
   if workers:
     grain_adapter.ensure_absl_flags_parsed()
+  transform = transform or _eval_transform(source, image_size, crop_fraction, interpolation, warn_corrupt)
   loader = []  # a process with no records (more processes than records) yields only padding
   if len(shard):
     loader = grain.DataLoader(
         data_source=shard,
         sampler=grain.IndexSampler(len(shard), grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
-        operations=[_eval_transform(source, image_size, crop_fraction, interpolation, warn_corrupt),
-                    grain.Batch(batch, drop_remainder=False)],
+        operations=[transform, grain.Batch(batch, drop_remainder=False)],
         worker_count=workers)
   num_batches = math.ceil(_shard_bounds(len(source), 0, process_count)[1] / batch)
   example = None
@@ -123,7 +123,7 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, workers: in
   finally:  # also when the caller stops early (an error, Ctrl-C): free the workers' batches
     grain_adapter.close_iterator(batches, workers)
   if example is None:  # this process's shard is empty: take the layout from one record
-    example = _eval_transform(source, image_size, crop_fraction, interpolation).map(source[0])
+    example = transform.map(source[0])
   for _ in range(num_batches - produced):
     yield _pad({k: np.asarray(v)[None][:0] for k, v in example.items()}, batch)
 

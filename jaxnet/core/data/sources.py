@@ -112,19 +112,15 @@ def ignored_note(sources) -> str | None:
           f"{what[2]}{EXTENSIONS_TEXT} {what[3]}: {shown}")
 
 
-def make_source(data_config, split: str, image_size: int, detection=None):
-  """The source named by `config.data.source` for `split` ("train" or "eval");
-  `detection`: config.detection, for a detection source's examples."""
+def make_source(data_config, split: str, image_size: int):
+  """The image-and-label source named by `config.data.source` for `split` ("train" or
+  "eval"). (A detector's sources, with boxes: jaxnet/core/tasks/detection.py.)"""
   name = data_config.source
   split_name = data_config.train_split if split == "train" else data_config.eval_split
   if name == "digits":
     return digits_source(split_name, image_size)
   if name == "synthetic":
     size = data_config.synthetic_size if split == "train" else max(data_config.synthetic_size // 10, 1)
-    if detection:  # random boxes on random images, for a detector's throughput and GPU plan
-      from jaxnet.core.data.coco import SyntheticDetections
-      return SyntheticDetections(size, image_size, data_config.num_classes, detection.max_boxes,
-                                 seed=0 if split == "train" else 1)
     # As many channels as the normalisation has (the GPU plan stands in synthetic images
     # for a recipe's own: the digits' are grayscale).
     return SyntheticSource(size, image_size, data_config.num_classes, seed=0 if split == "train" else 1,
@@ -133,14 +129,6 @@ def make_source(data_config, split: str, image_size: int, detection=None):
     from jaxnet.core.data.imagefolder import ImageFolderSource
     return ImageFolderSource(data_config.dir, split_name)
   if name == "tfds":
-    if detection:  # coco/2017 and datasets laid out like it
-      from jaxnet.core.data.coco import TfdsDetections
-      return TfdsDetections(data_config.name, split_name, data_config.dir or None,
-                            max_boxes=detection.max_boxes, scale_jitter=detection.scale_jitter)
     from jaxnet.core.data.tfds_source import TfdsSource
     return TfdsSource(data_config.name, split_name, data_config.dir or None)
-  if name == "coco":
-    from jaxnet.core.data.coco import CocoSource
-    options = dict(max_boxes=detection.max_boxes, scale_jitter=detection.scale_jitter) if detection else {}
-    return CocoSource(data_config.dir, split_name, **options)
   raise InvalidValueError(f"config.data.source={name!r}: use one of digits, synthetic, imagefolder, tfds, coco")

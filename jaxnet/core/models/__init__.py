@@ -107,7 +107,7 @@ def options(name: str) -> dict:
 
 def task(name: str) -> str:
   """What model `name` does: "classification", or "detection" (a module whose class says
-  TASK = "detection": its batches hold boxes, jaxnet/core/detection.py)."""
+  TASK = "detection"): the key of its task in jaxnet/core/tasks."""
   factory = _REGISTRY.get(name)
   cls = factory.func if isinstance(factory, functools.partial) else factory
   return getattr(cls, "TASK", "classification")

@@ -247,7 +247,7 @@ def initialiser(config, log=print):
     source = load(spec, shapes, config.model.name)
     in_backbone = lambda paths: any(p[1] == "backbone" for p in paths)
     if in_backbone(target) and not in_backbone(source.variables):
-      return init_backbone(target)  # a classifier's weights for a detector
+      return init_backbone(target)  # a plain network's weights for the backbone of a model
     values, reason = fill(shapes, source, config.init.keep_head, f"init.weights={spec}")
     if jax.process_index() == 0:
       head = f"; classifier head re-initialised: {reason}" if reason else ""

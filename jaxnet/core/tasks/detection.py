@@ -1,6 +1,6 @@
 """Object detection (RetinaNet, Lin et al. 2017, as torchvision's `retinanet_resnet50_fpn`):
 anchors, matching, the box encoding, the focal loss, decoding and non-maximum suppression,
-and the train and eval steps built from them. Every shape is static: an image's ground-truth
+and the task built from them (the loss for steps.make_train_step, the eval step, COCO's mAP). Every shape is static: an image's ground-truth
 boxes are padded to a fixed count with a mask, and the detections of an image are a fixed
 number with scores (-inf where there is none), so the steps jit once and shard over the batch.
 
@@ -18,8 +18,9 @@ import numpy as np
 import optax
 
 from jaxnet.core.errors import InvalidValueError
-from jaxnet.core.state import Policy, TrainState, step_key
-from jaxnet.core.steps import apply_gradients, global_norm, normalize
+from jaxnet.core.state import Policy, TrainState
+from jaxnet.core.steps import normalize
+from jaxnet.core.tasks import Task
 
 # torchvision's RetinaNet defaults.
 FOREGROUND_IOU, BACKGROUND_IOU = 0.5, 0.4
@@ -175,6 +176,11 @@ def detect(cls_logits, box_deltas, anchors, level_counts, image_size: int, *,
 
 def check_config(config) -> None:
   """What detection does not build (yet), refused before anything runs."""
+  if config.data.source not in ("coco", "tfds", "synthetic"):
+    raise InvalidValueError(
+        f"config.model.name={config.model.name} with config.data.source={config.data.source}: "
+        f"a detector (retinanet_*) trains on COCO-format data (data.source=coco or a tfds "
+        f"dataset laid out as coco/2017), or synthetic boxes")
   refused = {"ema_decay": config.ema_decay > 0, "label_smoothing": config.label_smoothing > 0,
              "grad_accum_steps": config.grad_accum_steps != 1,
              "mix.mixup_alpha": config.mix.mixup_alpha > 0, "mix.cutmix_alpha": config.mix.cutmix_alpha > 0,
@@ -193,43 +199,21 @@ def check_config(config) -> None:
     raise InvalidValueError("config.detection.max_boxes and max_detections must be at least 1")
 
 
-def make_train_step(model, tx, schedule, policy: Policy, *, mean, std, fsdp=None):
-  """`train_step(state, batch) -> (state, metrics)` of a RetinaNet: the focal loss and the L1
-  box loss, each the mean over the batch's images of its sum over foreground anchors (the
-  masked-out images count for nothing). Mixed precision, loss scaling, FSDP's gathers and the
-  optimizer as for classification (steps.make_train_step)."""
-  gather = fsdp.params if fsdp else (lambda params: params)
-  scatter = fsdp.grads if fsdp else (lambda grads: grads)
+def detection_loss(anchor_base: int):
+  """The task's loss for steps.make_train_step: per image the focal loss and the L1 box loss,
+  each over its foreground anchors, summed over the batch's real images (the step divides by
+  their count: the mean over images, masked-out ones counting for nothing)."""
 
-  def loss_fn(params, batch_stats, batch, key, loss_scale):
-    images = normalize(batch["image"], mean, std, policy.compute_dtype)
-    out, updates = model.apply({"params": gather(params), "batch_stats": batch_stats}, images,
-                               train=True, mutable=["batch_stats"], rngs={"dropout": key})
-    anchor_boxes = jnp.asarray(anchors(batch["image"].shape[1], out["levels"], model.anchor_base))
+  def loss(apply, batch, key):
+    out = apply(batch["image"])
+    anchor_boxes = jnp.asarray(anchors(batch["image"].shape[1], out["levels"], anchor_base))
     cls, box = jax.vmap(losses, in_axes=(0, 0, None, 0, 0, 0))(
         out["cls"], out["box"], anchor_boxes, batch["boxes"], batch["classes"], batch["box_mask"])
     weight = batch["mask"].astype(jnp.float32)
-    count = jnp.maximum(jnp.sum(weight), 1.0)
-    cls, box = jnp.sum(cls * weight) / count, jnp.sum(box * weight) / count
-    loss = cls + box
-    scaled = loss * loss_scale if policy.uses_loss_scale else loss
-    return scaled, (loss, cls, box, updates.get("batch_stats", batch_stats))
+    cls, box = jnp.sum(cls * weight), jnp.sum(box * weight)
+    return cls + box, {"train/classification_loss": cls, "train/box_loss": box}
 
-  def train_step(state: TrainState, batch):
-    grads, (loss, cls, box, new_batch_stats) = jax.grad(loss_fn, has_aux=True)(
-        state.params, state.batch_stats, batch, step_key(state), state.loss_scale.scale)
-    new_state, grads, _ = apply_gradients(state, scatter(grads), new_batch_stats, tx, policy)
-    loss_scale = new_state.loss_scale
-    metrics = {"train/loss": loss, "train/classification_loss": cls, "train/box_loss": box,
-               "train/learning_rate": schedule(state.step),
-               "train/grad_norm": global_norm(grads, one_reduction=fsdp is None),
-               "data/corrupt_images": jnp.sum(batch["corrupt"])}
-    if policy.uses_loss_scale:
-      metrics["train/loss_scale"] = loss_scale.scale
-      metrics["train/skipped_steps"] = loss_scale.skipped_steps
-    return new_state, metrics
-
-  return train_step
+  return loss
 
 
 def make_detect_fn(model, policy: Policy, *, mean, std, max_detections: int = 300,
@@ -254,7 +238,7 @@ def make_detect_fn(model, policy: Policy, *, mean, std, max_detections: int = 30
 def make_eval_step(model, policy: Policy, *, mean, std, fsdp=None, **detect_options):
   """`eval_step(state, batch) -> detections`: `make_detect_fn`'s boxes (in the batch's padded
   images' pixels), scores and classes, with the batch's image_id, scale and mask, for the
-  COCO evaluation on the host (train.evaluate_detection)."""
+  COCO evaluation on the host (Detection.evaluate)."""
   gather = fsdp.params if fsdp else (lambda params: params)
   detect_fn = make_detect_fn(model, policy, mean=mean, std=std, **detect_options)
 
@@ -267,3 +251,61 @@ def make_eval_step(model, policy: Policy, *, mean, std, fsdp=None, **detect_opti
             "scale": batch["scale"], "source_size": batch["source_size"], "mask": batch["mask"]}
 
   return eval_step
+
+
+class Detection(Task):
+  def check_config(self, config) -> None:
+    check_config(config)
+
+  def make_source(self, config, split: str):
+    from jaxnet.core.data import coco
+    data, options = config.data, dict(max_boxes=config.detection.max_boxes,
+                                       scale_jitter=config.detection.scale_jitter)
+    split_name = data.train_split if split == "train" else data.eval_split
+    if data.source == "synthetic":  # random boxes on random images: throughput and the GPU plan
+      size = data.synthetic_size if split == "train" else max(data.synthetic_size // 10, 1)
+      return coco.SyntheticDetections(size, config.image_size, data.num_classes, options["max_boxes"],
+                                      seed=0 if split == "train" else 1)
+    if data.source == "tfds":  # coco/2017 and datasets laid out like it
+      return coco.TfdsDetections(data.name, split_name, data.dir or None, **options)
+    return coco.CocoSource(data.dir, split_name, **options)
+
+  def transform(self, source, image_size: int, train: bool, config):
+    return source.transform(image_size, train=train)  # boxes move with the pixels
+
+  def batch_fields(self, config) -> dict:  # jaxnet/core/data/coco.py: example
+    boxes = config.detection.max_boxes
+    return {"boxes": ((boxes, 4), "float32"), "classes": ((boxes,), "int32"),
+            "box_mask": ((boxes,), "bool"), "image_id": ((), "int32"), "scale": ((), "float32"),
+            "source_size": ((2,), "int32")}
+
+  def loss(self, model, config, num_classes: int, batch_devices: int = 1):
+    return detection_loss(model.anchor_base)
+
+  def make_eval_step(self, model, policy, config, *, num_classes: int, mean, std, fsdp=None):
+    return make_eval_step(model, policy, mean=mean, std=std, fsdp=fsdp,
+                          max_detections=config.detection.max_detections,
+                          candidates_per_level=config.detection.candidates_per_level)
+
+  def evaluate(self, outputs, eval_source) -> dict:
+    from jaxnet.core.data import coco
+    found = []
+    for out in outputs:
+      out = jax.device_get(out)
+      for k in np.flatnonzero(out["mask"]):
+        boxes = coco.to_source_pixels(out["boxes"][k], out["scale"][k], out["source_size"][k])
+        found.append({"image_id": out["image_id"][k], "boxes": boxes,
+                      "scores": out["scores"][k], "classes": out["classes"][k]})
+    return {**coco.evaluate(eval_source, found), "eval/examples": len(found)}
+
+  def describe(self, metrics: dict) -> str:
+    return (f"mAP {metrics['eval/mAP']:.4f}  AP50 {metrics['eval/AP50']:.4f}  "
+            f"AP75 {metrics['eval/AP75']:.4f}")
+
+  def make_predict_fn(self, model, policy, config):
+    return make_detect_fn(model, policy, mean=tuple(config.data.mean), std=tuple(config.data.std),
+                          max_detections=config.detection.max_detections,
+                          candidates_per_level=config.detection.candidates_per_level)
+
+
+TASK = Detection(name="detection", headline="eval/mAP", exports=("onnx", "torch"), returns="boxes")
