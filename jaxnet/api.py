@@ -14,6 +14,8 @@ XLA flags, compilation cache, signal handlers or workdir lock (call
 docs/api.md.
 """
 
+import os
+
 from jaxnet.core import config as config_lib
 from jaxnet.core.metrics import read_jsonl as read_metrics  # noqa: F401  (re-exported)
 from jaxnet.tools.predictor import Detector, Predictor  # noqa: F401  (re-exported)
@@ -55,12 +57,14 @@ def train(config, workdir: str, steps: int | None = None, accept_config_changes=
   from jaxnet.tools.weights import pretrained
   if steps is not None:
     config = with_overrides(config, total_steps=int(steps))
-  init_params = None
+  init_params, records = None, {}
   if config.init.weights:
-    config = pretrained.fetch_and_record_preprocessing(config, str(workdir))
+    config, record = pretrained.preprocessing_for(config, str(workdir))
+    if record:  # kept in the workdir once its gate has checked the config
+      records[pretrained.preprocessing.FILE] = record
     init_params = pretrained.initialiser(config)
   return train_lib.train_and_evaluate(config, str(workdir), accept_config_changes,
-                                      init_params=init_params, control=control)
+                                      init_params=init_params, control=control, records=records)
 
 
 def evaluate(workdir: str, config=None, step: int | None = None, accept_config_changes=()) -> dict:
@@ -86,6 +90,6 @@ def predict(model, images, top_k: int = 5, min_score: float = 0.3) -> list[list[
   """Per image: a classifier's top-k (class name, probability), a detector's (class name,
   score, (x0, y0, x1, y1) in the image's pixels) scoring at least `min_score`. `model` is a
   restored model (Predictor or Detector) or a workdir."""
-  if not isinstance(model, (Predictor, Detector)):
+  if isinstance(model, (str, os.PathLike)):
     model = restore(model)
   return model.predict(images, top_k=top_k, min_score=min_score)

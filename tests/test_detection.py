@@ -18,6 +18,7 @@ from PIL import Image
 
 from tests.helpers import REPO, max_abs_diff, run_main
 from jaxnet.core import checkpoint as ckpt
+from jaxnet.core.models import retinanet
 from jaxnet.core.tasks import detection
 from jaxnet.core.metrics import read_jsonl
 
@@ -34,9 +35,9 @@ def shapes(tmp_path_factory):
 def test_anchors_are_torchvisions():
   """Sizes 32..512 with 2^(1/3) steps, truncated; 9 per location, ratio-major, centred on the
   cell's top-left corner, rounded (torchvision's AnchorGenerator for retinanet_resnet50_fpn)."""
-  assert detection.anchor_sizes(32) == ((32, 40, 50), (64, 80, 101), (128, 161, 203), (256, 322, 406),
+  assert retinanet.anchor_sizes(32) == ((32, 40, 50), (64, 80, 101), (128, 161, 203), (256, 322, 406),
                                         (512, 645, 812))
-  a = detection.anchors(64, [(8, 8), (4, 4), (2, 2), (1, 1), (1, 1)], 32)
+  a = retinanet.anchors(64, [(8, 8), (4, 4), (2, 2), (1, 1), (1, 1)], 32)
   assert a.shape == ((64 + 16 + 4 + 1 + 1) * 9, 4)
   # The first location's anchors: ratio 0.5 (wide: w = size*sqrt(2), h = size/sqrt(2)), then 1, then 2.
   np.testing.assert_array_equal(a[:3], [[-23, -11, 23, 11], [-28, -14, 28, 14], [-35, -18, 35, 18]])
@@ -332,6 +333,15 @@ def test_shapes_training_loss_falls_eval_is_exact_and_resume_matches(shapes, tmp
                          f"--draw={tmp_path / 'drawn'}", *images], capture_output=True, text=True, check=True, cwd=REPO)
   sizes = {i["file_name"]: (i["width"], i["height"])
            for i in json.load(open(os.path.join(shapes, "annotations", "instances_val.json")))["images"]}
+  # The Python API restores a detector as its task's predictor: api.predict gives the boxes the
+  # command printed (it crashed on a detection workdir before tasks were plug-ins).
+  from jaxnet import api
+  found = api.predict(str(straight), images, min_score=0.0)
+  for image, detections in zip(images, found):
+    rows = proc.stdout.split(f"{image}: ")[1].split("\n")
+    assert len(detections) == int(rows[0].removesuffix(" detections"))
+    name, score, box = detections[0]
+    assert rows[1].split()[:2] == [f"{score:.4f}", name] and len(box) == 4
   for image in images:
     rows = proc.stdout.split(f"{image}: ")[1].split("\n")
     count = int(rows[0].removesuffix(" detections"))  # those past the score threshold and NMS
@@ -350,6 +360,18 @@ def test_shapes_training_loss_falls_eval_is_exact_and_resume_matches(shapes, tmp
                         text=True, check=True, cwd=REPO)
   assert f"best eval mAP {final['eval/mAP']:.4f} at step 24" in proc.stdout
   assert (straight / "report" / "mAP.png").exists() and not (straight / "report" / "accuracy.png").exists()
+
+  # An eval that would score another thing than the run's (fewer detections per image) is
+  # refused by the workdir's gate; accepted, it is recorded apart, never over the run's record.
+  record = open(straight / "metrics.jsonl").read()
+  proc = run_main(straight, *args, "detection.max_detections=1", config="configs/retinanet.py:shapes",
+                  mode="eval", check=False)
+  assert proc.returncode == 1 and "detection.max_detections:" in proc.stderr and "-> 1" in proc.stderr, proc.stderr
+  proc = run_main(straight, *args, "detection.max_detections=1", config="configs/retinanet.py:shapes",
+                  mode="eval", flags=("--accept_config_changes=detection.max_detections",))
+  apart = [json.loads(line) for line in open(straight / "evals_with_changes.jsonl")]
+  assert list(apart[-1]["changes"]) == ["detection.max_detections"] and "eval/mAP" in apart[-1]
+  assert open(straight / "metrics.jsonl").read() == record
 
   # Weights out under torchvision's RetinaNet names (and back in: the same variables).
   out = tmp_path / "retinanet.safetensors"
@@ -528,7 +550,7 @@ def test_torchvision_retinanet_weights_give_torchvisions_outputs(tmp_path):
   values, _ = pretrained.fill(target, source, keep_head=True)
   out = model.apply(unflatten_dict(values), jnp.asarray(x.transpose(0, 2, 3, 1)), train=False)
 
-  anchors = detection.anchors(128, out["levels"], model.anchor_base)
+  anchors = retinanet.anchors(128, out["levels"], model.anchor_base)
   np.testing.assert_array_equal(anchors, ref["anchors"])
   scale = float(np.abs(ref["cls_logits"]).max())
   np.testing.assert_allclose(out["cls"], ref["cls_logits"], atol=1e-4 * max(scale, 1))

@@ -209,7 +209,7 @@ def test_a_detectors_graph_gives_its_head_outputs_and_anchors(size):
   largest magnitude; the anchors output is jaxnet's."""
   from jaxnet.core import config as config_base
   from jaxnet.core import models, steps
-  from jaxnet.core.tasks import detection
+  from jaxnet.core.models import retinanet
   from jaxnet.tools.predictor import Detector
   config = _with(config_base.base_config(), **{"model.name": "retinanet_tiny", "image_size": size,
                                                  "precision": "fp32"})
@@ -225,7 +225,7 @@ def test_a_detectors_graph_gives_its_head_outputs_and_anchors(size):
   for got, want in ((class_logits, expected["cls"]), (box_deltas, expected["box"])):
     assert got.shape == want.shape
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (np.abs(got - want).max(), np.abs(want).max())
-  np.testing.assert_array_equal(anchors, detection.anchors(size, expected["levels"], model.anchor_base))
+  np.testing.assert_array_equal(anchors, retinanet.anchors(size, expected["levels"], model.anchor_base))
   props = {p.key: p.value for p in graph.metadata_props}
   assert "longer side is image_size" in props["jaxnet.input"] and "log(1000/16)" in props["jaxnet.outputs"]
 

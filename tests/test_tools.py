@@ -129,6 +129,22 @@ def test_evaluate_and_restore_agree_with_training_eval(workdir, test_set):
   assert final["eval/top5"] > final["eval/top1"]
 
 
+def test_an_eval_goes_through_the_workdirs_gate(workdir):
+  """The gate (jaxnet.core.workdir.Workdir) holds an eval to what the run measured: another
+  data.dir is refused, naming it, and writes nothing; an eval of a workdir a training run holds
+  (its lock taken) gives its numbers but records nothing."""
+  from jaxnet.core import workdir as workdir_lib
+  record = open(workdir / "metrics.jsonl").read()
+  other = api.with_overrides(api.load_config(str(workdir)), **{"data.dir": str(workdir / "elsewhere")})
+  with pytest.raises(workdir_lib.ConfigChangedError, match="data.dir"):
+    api.evaluate(str(workdir), other)
+  with workdir_lib.Lock(str(workdir)):  # as a training run holds it
+    again = api.evaluate(str(workdir))
+  assert again["eval/top1"] == _final_eval(workdir)["eval/top1"]
+  assert open(workdir / "metrics.jsonl").read() == record
+  assert not (workdir / workdir_lib.EVALS_WITH_CHANGES_FILE).exists()
+
+
 def test_restore_uses_the_ema_params_the_run_kept(workdir, test_set):
   images, _ = test_set
   tree, step = ckpt.load_arrays(workdir)

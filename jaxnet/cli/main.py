@@ -13,7 +13,6 @@ prints a problem jaxnet explains as one line.
 """
 
 import contextlib
-import os
 import sys
 
 from absl import app, flags, logging
@@ -54,36 +53,25 @@ def main(argv):
 
 
 def train(config, workdir: str, accept_config_changes=()) -> dict:
-  """api.train inside the workdir's lock, with SIGTERM/Ctrl-C stopping the loop and the
+  """api.train (which holds the workdir's lock), with SIGTERM/Ctrl-C stopping the loop and the
   other processes of a multi-process run watched. A run stopped by a signal says where it
   saved; Ctrl-C exits with the shell's status 130."""
   from jaxnet import api
   from jaxnet.cli import heartbeat
   from jaxnet.core import train as train_lib
-  from jaxnet.core import workdir as workdir_lib
-  workdir_lib.check_path(workdir)
-  created = not os.path.exists(workdir)
-  os.makedirs(workdir, exist_ok=True)
   control = train_lib.RunControl()
-  try:
-    with contextlib.ExitStack() as stack:
-      process.lock_for_training(stack, workdir)
-      signals = stack.enter_context(process.StopSignals())
-      control.stop_requested = signals.requested
-      watch = stack.enter_context(heartbeat.PeerWatch(config.distributed.heartbeat_timeout_sec, control))
-      try:
-        result = api.train(config, workdir, accept_config_changes=accept_config_changes,
-                           control=control)
-      except Exception as e:
-        if not isinstance(e, UserError):
-          # A process that died fails the others' collectives first (gloo): let the
-          # heartbeat name it, in one line, instead of this exception.
-          watch.wait_for_verdict(e)
-        raise
-  except BaseException:
-    if created:  # refused before writing anything (a bad model name, too few devices, ...)
-      workdir_lib.remove_if_unused(workdir)
-    raise
+  with contextlib.ExitStack() as stack:  # the workdir's lock: its gate, inside api.train
+    signals = stack.enter_context(process.StopSignals())
+    control.stop_requested = signals.requested
+    watch = stack.enter_context(heartbeat.PeerWatch(config.distributed.heartbeat_timeout_sec, control))
+    try:
+      result = api.train(config, workdir, accept_config_changes=accept_config_changes, control=control)
+    except Exception as e:
+      if not isinstance(e, UserError):
+        # A process that died fails the others' collectives first (gloo): let the
+        # heartbeat name it, in one line, instead of this exception.
+        watch.wait_for_verdict(e)
+      raise
   if "stopped_at_step" in result:
     interrupted = signals.received == "SIGINT"
     print(f"{'interrupted' if interrupted else 'preempted'}: checkpoint saved at step "

@@ -60,6 +60,7 @@ def main(argv=None):
   with process.one_line_errors():
     process.setup()
     from jaxnet import api
+    from jaxnet.core.errors import UserError
     images = _expand_folders(args.images)
     model = api.restore(args.workdir, step=args.step)
     if args.draw and not model.draws:

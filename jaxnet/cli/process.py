@@ -1,5 +1,6 @@
 """The process around a command: XLA flags, the compilation cache, jax.distributed, the
-signals that stop a run, the workdir lock, and one-line errors.
+signals that stop a run, and one-line errors. (The workdir's lock is its gate's,
+jaxnet/core/workdir.py.)
 
 `setup()` runs first thing in a command, before anything touches jax: XLA reads XLA_FLAGS
 once, when jax starts its first backend. Multi-host runs start `jax.distributed` there,
@@ -8,12 +9,9 @@ global batch (jaxnet/core/sharding.py).
 """
 
 import contextlib
-import datetime
-import fcntl
 import logging
 import os
 import signal
-import socket
 import sys
 import warnings
 
@@ -195,70 +193,6 @@ class StopSignals:
   def __exit__(self, *exc):
     for sig, previous in self._previous.items():
       signal.signal(sig, previous)
-
-
-# --- the workdir lock ---------------------------------------------------------------
-
-LOCK_FILE = "lock"
-
-
-class WorkdirLockedError(UserError):
-  pass
-
-
-class WorkdirLock:
-  """An exclusive OS lock (`fcntl.flock`) on WORKDIR/lock for a training run's whole life (a
-  context manager). The OS drops it when the process ends, even on `kill -9`, so a lock is
-  never stale; a second run exits at once, naming the holder."""
-
-  def __init__(self, workdir: str):
-    self.path = os.path.join(workdir, LOCK_FILE)
-    self._file = None
-
-  def __enter__(self):
-    f = open(self.path, "a+")
-    try:
-      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      f.seek(0)
-      holder = f.read().strip() or "unknown process"
-      f.close()
-      raise WorkdirLockedError(
-          f"{os.path.dirname(self.path)} is in use by another training run ({holder}). Wait for "
-          f"it to finish or stop it, or train in another --workdir.") from None
-    except OSError as e:  # e.g. an NFS mount without lock support
-      logging.warning("could not lock %s (%s): nothing stops a second run from using this workdir "
-                      "at the same time", self.path, e)
-      f.close()
-      return self
-    f.seek(0)
-    f.truncate()
-    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    f.write(f"host {socket.gethostname()}, PID {os.getpid()}, started {started}\n")
-    f.flush()
-    self._file = f
-    return self
-
-  def __exit__(self, *exc):
-    if self._file is not None:
-      fcntl.flock(self._file, fcntl.LOCK_UN)
-      self._file.close()
-      self._file = None
-
-
-def lock_for_training(stack: contextlib.ExitStack, workdir: str) -> None:
-  """Process 0 takes WorkdirLock into `stack`; every process raises WorkdirLockedError if it
-  could not."""
-  import jax
-  from jaxnet.core import sharding
-  error = None
-  if jax.process_index() == 0:
-    try:
-      stack.enter_context(WorkdirLock(workdir))
-    except WorkdirLockedError as e:
-      error = e
-  if sharding.any_process(error is not None):
-    raise error or WorkdirLockedError(f"process 0 could not lock {workdir}")
 
 
 # --- one-line errors ----------------------------------------------------------------

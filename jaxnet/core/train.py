@@ -29,10 +29,9 @@ from jaxnet.core import config as config_lib
 from jaxnet.core import sharding, steps
 from jaxnet.core import workdir as workdir_lib
 from jaxnet.core.adapters import xla
-from jaxnet.core.errors import DIVERGED_HINT, NonFiniteError, UserError
+from jaxnet.core.errors import DIVERGED_HINT, NonFiniteError
 from jaxnet.core.experiment import Experiment
-from jaxnet.core.metrics import (MetricWriter, Progress, RunWriteError, drop_records_after,
-                                 write_run_info)
+from jaxnet.core.metrics import Progress, RunWriteError
 from jaxnet.core.state import TrainState
 
 # The train step runs under jax.transfer_guard at this level. Tests set
@@ -67,45 +66,42 @@ def itstime(step: int, every: int, total: int, *, last: bool) -> bool:
 
 
 def train_and_evaluate(config, workdir: str, accept_config_changes=(), *, init_params=None,
-                       control: RunControl | None = None) -> dict:
+                       control: RunControl | None = None, records: dict | None = None) -> dict:
   """Trains (resuming from WORKDIR/checkpoints if present) and returns the final eval metrics,
   or {"stopped_at_step": N} when `control` asked the loop to stop (after saving step N).
 
-  `accept_config_changes`: config keys (or "all") that may differ from the workdir's
-  config.json on resume, beyond those that always may (workdir.RESUMABLE).
+  The workdir is opened through its gate (workdir.Workdir: the lock, then the config check,
+  before anything is written). `accept_config_changes`: config keys (or "all") that may differ
+  from the workdir's config.json on resume, beyond those that always may (workdir.RESUMABLE).
   `init_params(variables) -> variables`: the initial params and BN statistics of a run that
-  starts fresh (fine-tuning: jaxnet/tools/weights); never used on resume.
+  starts fresh (fine-tuning: jaxnet/tools/weights); never used on resume. `records`: {file name:
+  JSON content} the caller's own records for the workdir (the init weights' preprocessing),
+  written once the check has passed.
   """
   config = config_lib.with_model_options(config)
   config_lib.validate(config)
-  workdir_lib.check_path(workdir)
   control = control or RunControl()
-  created = not os.path.exists(workdir)
-  os.makedirs(workdir, exist_ok=True)
-  try:
-    with contextlib.ExitStack() as stack:
-      try:
-        return _train(config, workdir, tuple(accept_config_changes), init_params, control, stack)
-      except RunWriteError as e:  # a full disk under metrics, TensorBoard, config or run info
-        raise e.stopped_at(control.step, control.checkpoint_sentence()) from None
-  except BaseException:
-    if created:  # refused before writing anything (a bad model name, too few devices, ...)
-      workdir_lib.remove_if_unused(workdir)
-    raise
+  with workdir_lib.Workdir.open(workdir, workdir_lib.TRAIN) as gate, contextlib.ExitStack() as stack:
+    try:
+      return _train(config, gate, tuple(accept_config_changes), init_params, control, stack, records or {})
+    except RunWriteError as e:  # a full disk under metrics, TensorBoard, config or run info
+      raise e.stopped_at(control.step, control.checkpoint_sentence()) from None
 
 
-def _train(config, workdir: str, accept: tuple, init_params, control: RunControl,
-           cleanup: contextlib.ExitStack) -> dict:
+def _train(config, gate: workdir_lib.Workdir, accept: tuple, init_params, control: RunControl,
+           cleanup: contextlib.ExitStack, records: dict) -> dict:
+  workdir = gate.path
   config_json = config.to_json_best_effort(indent=2)
   config_dict = json.loads(config_json)
   # Before anything is written: is this the run the checkpoints came from?
-  changes = (workdir_lib.check_config(workdir, config_dict, accept)
-             if ckpt.has_checkpoints(workdir) else {})
+  gate.check(config_dict, accept)
+  for name, content in records.items():
+    gate.write_json(name, content)
   exp = Experiment(config)
   is_chief = exp.process_index == 0
   if is_chief and exp.data_note:
     print(exp.data_note, flush=True)
-  checkpoints = ckpt.Checkpoints(workdir, config.keep_checkpoints, config.async_checkpointing)
+  checkpoints = gate.checkpoints(config.keep_checkpoints, config.async_checkpointing)
   control.checkpoint_sentence = checkpoints.complete_sentence
 
   # However the run ends (done, stopped, an error), the loader's workers stop and
@@ -118,13 +114,11 @@ def _train(config, workdir: str, accept: tuple, init_params, control: RunControl
   else:
     print(f"resumed from checkpoint at step {start_step} in {workdir}/checkpoints", flush=True)
   batches.restored()
-  if is_chief:
-    workdir_lib.record_config(workdir, config_json, changes, start_step)
-    write_run_info(workdir, total_steps=exp.total_steps, steps_per_epoch=exp.steps_per_epoch,
-                   num_classes=exp.num_classes, class_names=exp.class_names)
-    # Records past the restored step describe a model that no longer exists.
-    drop_records_after(workdir, start_step)
-  writer = MetricWriter(workdir, enabled=is_chief)
+  gate.record_config(config_json, start_step, report=lambda line: print(line, flush=True))
+  gate.write_run_info(total_steps=exp.total_steps, steps_per_epoch=exp.steps_per_epoch,
+                      num_classes=exp.num_classes, class_names=exp.class_names)
+  gate.drop_records_after(start_step)
+  writer = gate.metric_writer()
   writer.write_config(config_json)
 
   total = exp.total_steps
@@ -304,34 +298,30 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_co
   """
   config = config_lib.with_model_options(config)
   config_lib.validate(config)
-  changes = workdir_lib.check_config(workdir, json.loads(config.to_json_best_effort()),
-                                     tuple(accept_config_changes), workdir_lib.changes_what_eval_sees)
-  changes = {k: v for k, v in changes.items() if workdir_lib.changes_what_eval_sees(k)}
-  checkpoints = ckpt.Checkpoints(workdir, read_only=True)
-  try:
-    checkpoints.resolve_step(step)  # no checkpoint: said before the data is read
-    exp = Experiment(config, need_train_data=False)
-    if exp.process_index == 0 and exp.data_note:
-      print(exp.data_note, flush=True)
-    state, step = checkpoints.read_newest(lambda s: checkpoints.restore(s, exp.abstract_state), step)
-  finally:
-    checkpoints.close()
-  metrics = evaluate(exp, state)
-  if exp.process_index == 0:
-    print(f"eval of checkpoint {step}: {exp.task.describe(metrics)}  "
-          f"({metrics['eval/examples']} examples)", flush=True)
+  with workdir_lib.Workdir.open(workdir, workdir_lib.EVAL) as gate:
+    gate.check(json.loads(config.to_json_best_effort()), tuple(accept_config_changes))
+    checkpoints = ckpt.Checkpoints(workdir, read_only=True)
     try:
-      if changes:
-        workdir_lib.record_eval_with_changes(workdir, step, metrics, changes)
-      else:
-        writer = MetricWriter(workdir)
-        try:
-          writer.write(step, metrics)
-        finally:
-          writer.close()
-    except RunWriteError as e:  # a read-only workdir, a full disk: the numbers are printed above
-      print(f"warning: could not record the eval metrics in {workdir} ({e.cause})",
-            file=sys.stderr, flush=True)
+      checkpoints.resolve_step(step)  # no checkpoint: said before the data is read
+      exp = Experiment(config, need_train_data=False)
+      if exp.process_index == 0 and exp.data_note:
+        print(exp.data_note, flush=True)
+      state, step = checkpoints.read_newest(lambda s: checkpoints.restore(s, exp.abstract_state), step)
+    finally:
+      checkpoints.close()
+    metrics = evaluate(exp, state)
+    if exp.process_index == 0:
+      print(f"eval of checkpoint {step}: {exp.task.describe(metrics)}  "
+            f"({metrics['eval/examples']} examples)", flush=True)
+      if not gate.can_record:
+        print(f"warning: {workdir} is held by a training run: these eval metrics were not recorded",
+              file=sys.stderr, flush=True)
+        return metrics
+      try:
+        gate.record_eval(step, metrics)
+      except RunWriteError as e:  # a read-only workdir, a full disk: the numbers are printed above
+        print(f"warning: could not record the eval metrics in {workdir} ({e.cause})",
+              file=sys.stderr, flush=True)
   return metrics
 
 

@@ -1,26 +1,203 @@
-"""What a training run checks before it writes to its workdir, and the records of its config.
+"""The one gate into a workdir (`Workdir`): every command that writes into a workdir (training,
+an eval's record, a weights import) opens it here, which takes its lock and checks the saved
+config before anything is written; no other module writes a workdir's files
+(tests/test_layers.py lists the writers).
 
 A resumed run must be the same experiment: its config is compared with the workdir's
 config.json before anything is written (a deleted config.json is first restored from the
 config the newest checkpoint carries). Keys that only change how the run is carried out
 (RESUMABLE) may change and are recorded in config_history.jsonl; any other change stops
-the run with a list of the changes. (One training run per workdir is the command line's
-lock: jaxnet/cli/process.py.)
+the run with a list of the changes. An eval is held to what it measures (EVAL_INPUTS): an
+eval that differs there is refused, or, accepted, recorded apart, never over the run's record.
 """
 
+import contextlib
 import datetime
+import fcntl
 import json
+import logging
 import os
+import socket
 
 import jax
 
+from jaxnet.core import checkpoint as ckpt
 from jaxnet.core import config as config_lib
+from jaxnet.core import metrics as metrics_lib
 from jaxnet.core.checkpoint import newest_saved_config
 from jaxnet.core.errors import UserError
 from jaxnet.core.metrics import reporting_failed_writes, write_atomically
 
-LOCK_FILE, CONFIG_FILE, HISTORY_FILE = "lock", "config.json", "config_history.jsonl"  # the lock: the CLI's
+LOCK_FILE, CONFIG_FILE, HISTORY_FILE = "lock", "config.json", "config_history.jsonl"
 EVALS_WITH_CHANGES_FILE = "evals_with_changes.jsonl"
+TRAIN, EVAL, IMPORT = "train", "eval", "import"  # why a workdir is opened
+
+
+class WorkdirLockedError(UserError):
+  pass
+
+
+class Lock:
+  """An exclusive OS lock (`fcntl.flock`) on WORKDIR/lock while a command writes into it (a
+  context manager). The OS drops it when the process ends, even on `kill -9`, so a lock is
+  never stale; a second writer is refused at once, naming the holder."""
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, LOCK_FILE)
+    self._file = None
+
+  def __enter__(self):
+    f = open(self.path, "a+")
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      f.seek(0)
+      holder = f.read().strip() or "unknown process"
+      f.close()
+      raise WorkdirLockedError(
+          f"{os.path.dirname(self.path)} is in use by another training run ({holder}). Wait for "
+          f"it to finish or stop it, or train in another --workdir.") from None
+    except OSError as e:  # e.g. an NFS mount without lock support
+      logging.getLogger(__name__).warning(
+          "could not lock %s (%s): nothing stops a second run from using this workdir at the same "
+          "time", self.path, e)
+      f.close()
+      return self
+    f.seek(0)
+    f.truncate()
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    f.write(f"host {socket.gethostname()}, PID {os.getpid()}, started {started}\n")
+    f.flush()
+    self._file = f
+    return self
+
+  def __exit__(self, *exc):
+    if self._file is not None:
+      fcntl.flock(self._file, fcntl.LOCK_UN)
+      self._file.close()
+      self._file = None
+
+
+class Workdir:
+  """A workdir opened for writing (`Workdir.open`): the lock held, and, once `check` has passed,
+  the only object that writes its files: config.json and its history, environment.json and
+  classes.json, metrics.jsonl, the checkpoints, an eval's record, the preprocessing record.
+  Every process of a run opens it; process 0 holds the lock and writes the records."""
+
+  def __init__(self, path: str, purpose: str):
+    self.path, self.purpose = path, purpose
+    self.changes = None    # the accepted config changes, once checked
+    self.locked = False    # process 0 holds the lock (every process agrees on it)
+    self.chief = jax.process_index() == 0
+
+  @classmethod
+  @contextlib.contextmanager
+  def open(cls, path: str, purpose: str):
+    """Opens `path` for `purpose` (TRAIN, EVAL or IMPORT). Training and imports create it and
+    must get the lock (a second writer is refused in one line); an eval reads a workdir a
+    training run holds, but then records nothing (`can_record`). A workdir this call created
+    and nothing was written into is removed again if the command fails."""
+    check_path(path)
+    created = not os.path.exists(path)
+    if purpose != EVAL:
+      os.makedirs(path, exist_ok=True)
+    gate = cls(path, purpose)
+    try:
+      with contextlib.ExitStack() as stack:
+        if os.path.isdir(path):
+          gate._lock(stack, required=purpose != EVAL)
+        yield gate
+    except BaseException:
+      if created:  # refused before writing anything (a bad model name, too few devices, ...)
+        remove_if_unused(path)
+      raise
+
+  def _lock(self, stack: contextlib.ExitStack, required: bool) -> None:
+    from jaxnet.core import sharding
+    error = None
+    if self.chief:
+      try:
+        stack.enter_context(Lock(self.path))
+      except WorkdirLockedError as e:
+        error = e
+    held_elsewhere = sharding.any_process(error is not None)
+    if held_elsewhere and required:
+      raise error or WorkdirLockedError(f"process 0 could not lock {self.path}")
+    self.locked = not held_elsewhere
+
+  def check(self, config_dict: dict, accept: tuple = ()) -> dict:
+    """Compares `config_dict` with the config the workdir was made with, before anything is
+    written, by the purpose's rule: training, every key but the RESUMABLE ones (once it has
+    checkpoints); an eval, what it measures (EVAL_INPUTS); an import needs a workdir without
+    checkpoints. Returns the accepted changes; raises ConfigChangedError for the others."""
+    if self.purpose == IMPORT and ckpt.has_checkpoints(self.path):
+      raise UserError(f"{self.path} already holds checkpoints: import into a new --workdir")
+    if self.purpose == EVAL:
+      changes = check_config(self.path, config_dict, accept, changes_what_eval_sees)
+      self.changes = {k: v for k, v in changes.items() if changes_what_eval_sees(k)}
+    elif self.purpose == TRAIN and ckpt.has_checkpoints(self.path):
+      self.changes = check_config(self.path, config_dict, accept)
+    else:
+      self.changes = {}
+    return self.changes
+
+  @property
+  def can_record(self) -> bool:
+    return self.locked and self.chief
+
+  def _writable(self) -> None:
+    if self.changes is None:
+      raise RuntimeError(f"{self.path}: Workdir.check must pass before anything is written")
+    if not self.locked:
+      raise WorkdirLockedError(f"{self.path} is held by a training run: nothing was written into it")
+
+  # --- the writers ------------------------------------------------------------------------
+
+  def record_config(self, config_json: str, step: int | None, report=print) -> None:
+    self._writable()
+    if self.chief:
+      record_config(self.path, config_json, self.changes, step, report)
+
+  def write_run_info(self, **info) -> None:
+    self._writable()
+    if self.chief:
+      metrics_lib.write_run_info(self.path, **info)
+
+  def drop_records_after(self, step: int) -> None:
+    """Records past a restored step describe a model that no longer exists."""
+    self._writable()
+    if self.chief:
+      metrics_lib.drop_records_after(self.path, step)
+
+  def metric_writer(self) -> metrics_lib.MetricWriter:
+    self._writable()
+    return metrics_lib.MetricWriter(self.path, enabled=self.chief)
+
+  def checkpoints(self, keep: int | None = None, async_save: bool = True) -> ckpt.Checkpoints:
+    self._writable()
+    return ckpt.Checkpoints(self.path, keep, async_save)
+
+  def write_json(self, name: str, content: dict) -> None:
+    """A record of the run's own, e.g. the preprocessing its init weights expect."""
+    self._writable()
+    if self.chief:
+      write_atomically(os.path.join(self.path, name), json.dumps(content, indent=2))
+
+  def record_eval(self, step: int, metrics: dict) -> str:
+    """An eval's numbers: in metrics.jsonl when it measured what the run measures, else (with
+    accepted changes) apart, in evals_with_changes.jsonl. Returns where."""
+    self._writable()
+    if not self.chief:
+      return ""
+    if self.changes:
+      record_eval_with_changes(self.path, step, metrics, self.changes)
+      return EVALS_WITH_CHANGES_FILE
+    writer = metrics_lib.MetricWriter(self.path)
+    try:
+      writer.write(step, metrics)
+    finally:
+      writer.close()
+    return "metrics.jsonl"
 ABSENT = object()  # a key one of two configs does not have
 
 # Keys that may change between a run and its resume: cadence, length, input
@@ -114,9 +291,9 @@ def check_config(workdir: str, config_dict: dict, accept: tuple[str, ...] = (),
 
 # What an eval measures: the model (its options, precision, EMA) and the eval data the way
 # it sees it. A change to one of these makes another experiment's number.
-EVAL_INPUTS = ("model.", "image_size", "precision", "ema_decay", "data.source", "data.name",
+EVAL_INPUTS = ("model.", "image_size", "precision", "ema_decay", "data.source", "data.name", "data.dir",
                "data.eval_split", "data.eval_crop_fraction", "data.eval_interpolation", "data.mean",
-               "data.std", "data.num_classes", "data.synthetic_size", "init.preprocessing")
+               "data.std", "data.num_classes", "data.synthetic_size", "init.preprocessing", "detection.")
 
 
 def changes_what_eval_sees(key: str) -> bool:
@@ -142,7 +319,7 @@ def saved_config(workdir: str) -> dict | None:
   return config
 
 
-def record_config(workdir: str, config_json: str, changes: dict, step: int | None) -> None:
+def record_config(workdir: str, config_json: str, changes: dict, step: int | None, report=print) -> None:
   """Writes config.json (atomically) and appends accepted changes to config_history.jsonl."""
   if changes:
     entry = {"time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -150,8 +327,8 @@ def record_config(workdir: str, config_json: str, changes: dict, step: int | Non
     path = os.path.join(workdir, HISTORY_FILE)
     with reporting_failed_writes(path), open(path, "a") as f:
       f.write(json.dumps(entry) + "\n")
-    print("config changes accepted on resume: " +
-          ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items()), flush=True)
+    report("config changes accepted on resume: " +
+           ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items()))
   write_atomically(os.path.join(workdir, CONFIG_FILE), config_json)
 
 

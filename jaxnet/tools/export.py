@@ -398,7 +398,7 @@ def retinanet_onnx(predictor):
   the anchors' order (level, row, column, anchor), and `anchors` (anchors, 4), x0 y0 x1 y1 in
   the input's pixels, to decode the deltas with (docs/detection.md). Decoding and NMS stay
   outside the graph."""
-  from jaxnet.core.tasks import detection
+  from jaxnet.core.models.retinanet import anchors
   model, config = predictor.model, predictor.config
   params = jax.device_get(predictor.variables["params"])
   g = _Graph(config)
@@ -443,7 +443,7 @@ def retinanet_onnx(predictor):
           g.node("Reshape", [x, shape], f"{head}{level}/anchors"))
   for name, parts in outputs.items():
     g.node("Concat", parts, name, axis=1)
-  anchor_boxes = detection.anchors(size, levels, model.anchor_base)
+  anchor_boxes = anchors(size, levels, model.anchor_base)
   g.node("Identity", [g.constant("anchor_boxes", anchor_boxes)], "anchors")
   return g.model(predictor, [("class_logits", ["batch", len(anchor_boxes), model.num_classes]),
                              ("box_deltas", ["batch", len(anchor_boxes), 4]),

@@ -4,7 +4,8 @@ pyramid P3-P7 (1x1 lateral and 3x3 output convolutions on C3-C5, nearest-neighbo
 upsampling, P6 a stride-2 3x3 convolution of P5 and P7 one of relu(P6)), and two heads shared
 by the levels: four 3x3 convolutions with ReLU, then 9 anchors x classes logits (bias at
 -log((1 - 0.01) / 0.01), so every anchor starts at probability 0.01) and 9 anchors x 4 box
-deltas. Anchors, losses and decoding: jaxnet/core/detection.py.
+deltas; the anchors the deltas are relative to (`anchors`, torchvision's AnchorGenerator).
+Losses and decoding: jaxnet/core/tasks/detection.py.
 
 Returns {"cls": (N, A, classes) float32, "box": (N, A, 4) float32, "levels": ((h, w), ...)},
 the anchors ordered by level, row, column, anchor (torchvision's order).
@@ -16,6 +17,7 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
 from jaxnet.core.models import register
 from jaxnet.core.models.resnet import BasicBlock, BottleneckBlock, ResNet
@@ -23,6 +25,31 @@ from jaxnet.core.models.resnet import BasicBlock, BottleneckBlock, ResNet
 # torchvision's FPN and P6/P7 convolutions: kaiming_uniform_(a=1), zero bias; the heads': normal(0.01).
 fpn_init = nn.initializers.variance_scaling(1.0, "fan_in", "uniform")
 head_init = nn.initializers.normal(0.01)
+ANCHOR_RATIOS = (0.5, 1.0, 2.0)  # torchvision's
+
+
+def anchor_sizes(base: int) -> tuple:
+  """Per pyramid level P3..P7: three sizes, base * 2^(0, 1/3, 2/3) truncated, base doubling."""
+  return tuple((b, int(b * 2 ** (1 / 3)), int(b * 2 ** (2 / 3))) for b in (base * 2 ** i for i in range(5)))
+
+
+def anchors(image_size: int, level_sizes, base_size: int = 32) -> np.ndarray:
+  """(A, 4) anchors in the order of the heads' outputs: level, then row, column, anchor; per
+  location ratio-major then size, each rounded, as torchvision's AnchorGenerator makes them."""
+  out = []
+  for (h, w), sizes in zip(level_sizes, anchor_sizes(base_size)):
+    scales = np.asarray(sizes, np.float32)
+    h_ratios = np.sqrt(np.asarray(ANCHOR_RATIOS, np.float32))
+    w_ratios = 1 / h_ratios
+    ws = (w_ratios[:, None] * scales[None, :]).reshape(-1)
+    hs = (h_ratios[:, None] * scales[None, :]).reshape(-1)
+    base = np.round(np.stack([-ws, -hs, ws, hs], axis=1) / 2)
+    stride_y, stride_x = image_size // h, image_size // w
+    ys, xs = np.meshgrid(np.arange(h, dtype=np.float32) * stride_y,
+                         np.arange(w, dtype=np.float32) * stride_x, indexing="ij")
+    shifts = np.stack([xs.ravel(), ys.ravel(), xs.ravel(), ys.ravel()], axis=1)
+    out.append((shifts[:, None, :] + base[None, :, :]).reshape(-1, 4))
+  return np.concatenate(out).astype(np.float32)
 
 
 def _upsample_nearest(x, shape):
@@ -39,7 +66,7 @@ def _upsample_nearest(x, shape):
 
 
 class RetinaNet(nn.Module):
-  TASK = "detection"  # models.task: trained on boxes (jaxnet/core/detection.py)
+  TASK = "detection"  # models.task: trained on boxes (jaxnet/core/tasks/detection.py)
 
   stage_sizes: Sequence[int]
   block: type

@@ -18,6 +18,7 @@ import numpy as np
 import optax
 
 from jaxnet.core.errors import InvalidValueError
+from jaxnet.core.models.retinanet import ANCHOR_RATIOS, anchors
 from jaxnet.core.state import Policy, TrainState
 from jaxnet.core.steps import normalize
 from jaxnet.core.tasks import Task
@@ -27,31 +28,6 @@ FOREGROUND_IOU, BACKGROUND_IOU = 0.5, 0.4
 FOCAL_ALPHA, FOCAL_GAMMA = 0.25, 2.0
 BOX_CLAMP = math.log(1000.0 / 16)  # the largest exp() argument decoding takes
 SCORE_THRESHOLD, NMS_IOU = 0.05, 0.5
-ANCHOR_RATIOS = (0.5, 1.0, 2.0)
-
-
-def anchor_sizes(base: int) -> tuple:
-  """Per pyramid level P3..P7: three sizes, base * 2^(0, 1/3, 2/3) truncated, base doubling."""
-  return tuple((b, int(b * 2 ** (1 / 3)), int(b * 2 ** (2 / 3))) for b in (base * 2 ** i for i in range(5)))
-
-
-def anchors(image_size: int, level_sizes, base_size: int = 32) -> np.ndarray:
-  """(A, 4) anchors in the order of the heads' outputs: level, then row, column, anchor; per
-  location ratio-major then size, each rounded, as torchvision's AnchorGenerator makes them."""
-  out = []
-  for (h, w), sizes in zip(level_sizes, anchor_sizes(base_size)):
-    scales = np.asarray(sizes, np.float32)
-    h_ratios = np.sqrt(np.asarray(ANCHOR_RATIOS, np.float32))
-    w_ratios = 1 / h_ratios
-    ws = (w_ratios[:, None] * scales[None, :]).reshape(-1)
-    hs = (h_ratios[:, None] * scales[None, :]).reshape(-1)
-    base = np.round(np.stack([-ws, -hs, ws, hs], axis=1) / 2)
-    stride_y, stride_x = image_size // h, image_size // w
-    ys, xs = np.meshgrid(np.arange(h, dtype=np.float32) * stride_y,
-                         np.arange(w, dtype=np.float32) * stride_x, indexing="ij")
-    shifts = np.stack([xs.ravel(), ys.ravel(), xs.ravel(), ys.ravel()], axis=1)
-    out.append((shifts[:, None, :] + base[None, :, :]).reshape(-1, 4))
-  return np.concatenate(out).astype(np.float32)
 
 
 def box_iou(a, b):

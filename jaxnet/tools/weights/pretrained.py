@@ -143,30 +143,28 @@ def _with(config, prep: Preprocessing | None):
   return resolved
 
 
-def fetch_and_record_preprocessing(config, workdir: str, log=print):
-  """`config` with the preprocessing its init weights expect (a copy; `config` if unchanged).
+def preprocessing_for(config, workdir: str, log=print) -> tuple:
+  """(`config` with the preprocessing its init weights expect (a copy; `config` if unchanged),
+  the record to keep in WORKDIR/preprocessing.json, or None where there is nothing new to keep).
 
   With `init.weights` set and `init.preprocessing="weights"`, data.mean, .std,
   .eval_crop_fraction and .eval_interpolation become the weights' values: read
   from WORKDIR/preprocessing.json when it records them for these weights, else
   fetched from the weights (the hub repository, the file's metadata, the
-  workdir's config) and recorded there, so a resumed run, `--mode=eval`
+  workdir's config) and returned as the record to keep, which the workdir's gate writes
+  (jaxnet.core.workdir.Workdir), so a resumed run, `--mode=eval`
   (`with_recorded_preprocessing`) and prediction use them without the weights.
   """
   if not _wants_weights_preprocessing(config):
-    return config
-  prep = _recorded(config, workdir)
+    return config, None
+  prep, record = _recorded(config, workdir), None
   if prep is None:
     spec = config.init.weights
     prep, origin = preprocessing_of(spec)
-    if jax.process_index() == 0:
-      os.makedirs(workdir, exist_ok=True)
-      with open(os.path.join(workdir, preprocessing.FILE), "w") as f:
-        json.dump({"weights": spec, "origin": origin, "preprocessing": dataclasses.asdict(prep)},
-                  f, indent=2)
+    record = {"weights": spec, "origin": origin, "preprocessing": dataclasses.asdict(prep)}
     log(f"init: preprocessing from {origin}: mean {prep.mean}, std {prep.std}, eval crop fraction "
         f"{prep.crop_fraction}, {prep.interpolation} (set init.preprocessing=config to keep data.*)")
-  return _with(config, prep)
+  return _with(config, prep), record
 
 
 def with_recorded_preprocessing(config, workdir: str):
@@ -276,36 +274,34 @@ def import_to_workdir(config, workdir: str, spec: str, log=print) -> int:
   """A jaxnet workdir from pretrained weights, without training: `config`'s model and data
   with its params and BN statistics from `spec` (a .safetensors/.pth file under torchvision/
   timm names, hf-hub:OWNER/NAME, or another workdir) and the preprocessing they expect,
-  saved as the checkpoint of step 0 with config.json, classes.json and environment.json.
+  saved as the checkpoint of step 0 with config.json, classes.json and environment.json,
+  through the workdir's gate (its lock: a workdir a training run holds is refused).
   Eval, predict and export take it as they take a trained workdir, and training it resumes
   from step 0, a fine-tune of the weights. Returns the number of variables loaded."""
-  from jaxnet.core import checkpoint as ckpt
   from jaxnet.core import config as config_lib
   from jaxnet.core import workdir as workdir_lib
-  from jaxnet.core.errors import UserError
   from jaxnet.core.experiment import Experiment
-  from jaxnet.core.metrics import write_run_info
-  workdir_lib.check_path(workdir)
-  if ckpt.has_checkpoints(workdir):
-    raise UserError(f"{workdir} already holds checkpoints: import into a new --workdir")
-  os.makedirs(workdir, exist_ok=True)
   config = config_lib.with_model_options(config).copy_and_resolve_references()
   with config.unlocked():
     config.init.weights = spec
   config.lock()
-  config = fetch_and_record_preprocessing(config, workdir, log)
-  exp = Experiment(config)
-  loaded = []
-  init = initialiser(config, log=lambda line: loaded.append(line) or log(line))
-  state = exp.init_state(init)
-  config_json = config.to_json_best_effort(indent=2)
-  with exp.device_batches() as batches:  # the data position of a run at step 0
-    checkpoints = ckpt.Checkpoints(workdir, async_save=False)
-    try:
-      checkpoints.save(0, state, batches.position, json.loads(config_json))
-    finally:
-      checkpoints.close()
-  workdir_lib.record_config(workdir, config_json, {}, 0)
-  write_run_info(workdir, total_steps=exp.total_steps, steps_per_epoch=exp.steps_per_epoch,
-                 num_classes=exp.num_classes, class_names=exp.class_names)
+  with workdir_lib.Workdir.open(workdir, workdir_lib.IMPORT) as gate:
+    config, record = preprocessing_for(config, workdir, log)
+    config_json = config.to_json_best_effort(indent=2)
+    gate.check(json.loads(config_json))
+    exp = Experiment(config)
+    loaded = []
+    init = initialiser(config, log=lambda line: loaded.append(line) or log(line))
+    state = exp.init_state(init)
+    if record:
+      gate.write_json(preprocessing.FILE, record)
+    with exp.device_batches() as batches:  # the data position of a run at step 0
+      checkpoints = gate.checkpoints(async_save=False)
+      try:
+        checkpoints.save(0, state, batches.position, json.loads(config_json))
+      finally:
+        checkpoints.close()
+    gate.record_config(config_json, 0)
+    gate.write_run_info(total_steps=exp.total_steps, steps_per_epoch=exp.steps_per_epoch,
+                        num_classes=exp.num_classes, class_names=exp.class_names)
   return len(jax.tree.leaves(state.params)) + len(jax.tree.leaves(state.batch_stats))
