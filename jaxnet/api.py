@@ -8,19 +8,46 @@
     model.predict(["seven.png"])                             # [[("7", 0.98), ...]]
 
 `python -m jaxnet.main` calls api.train / api.evaluate, so the command line and the API
-share one path. Unlike the command line, the API leaves the process as it finds it: no
+share one path, and print the same lines: the core reports progress, notes and warnings
+through the logger "jaxnet.report", which importing this module shows as plain lines
+(progress on stdout, warnings on stderr); `show_reports(False)` turns the progress off, and
+an application that embeds the core routes that logger as it likes. Unlike the command line, the API leaves the process as it finds it: no
 XLA flags, compilation cache, signal handlers or workdir lock (call
 `jaxnet.cli.process.setup()` first to get the command line's XLA flags and cache). See
 docs/api.md.
 """
 
+import logging
 import os
+import sys
 
 from jaxnet.core import config as config_lib
 from jaxnet.core.metrics import read_jsonl as read_metrics  # noqa: F401  (re-exported)
 from jaxnet.tools.predictor import Detector, Predictor  # noqa: F401  (re-exported)
 
 ConfigOverrideError = config_lib.ConfigOverrideError
+
+
+class _Lines(logging.Handler):
+  """A report as the line the command line prints: progress on stdout, warnings on stderr
+  (the streams of the moment, so a notebook's or a test's capture sees them)."""
+
+  def emit(self, record: logging.LogRecord) -> None:
+    stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
+    print(record.getMessage(), file=stream, flush=True)
+
+
+def show_reports(progress: bool = True) -> None:
+  """Shows the core's reports (logger "jaxnet.report") as plain lines; `progress=False` keeps
+  the warnings only. Done once on import; call again to turn the progress off or back on."""
+  logger = logging.getLogger("jaxnet.report")
+  if not any(isinstance(h, _Lines) for h in logger.handlers):
+    logger.addHandler(_Lines())
+  logger.setLevel(logging.INFO if progress else logging.WARNING)
+  logger.propagate = False  # not again through absl's or the root logger's handlers
+
+
+show_reports()
 
 
 def load_config(path: str, overrides: dict | None = None, **kwargs):

@@ -32,6 +32,12 @@ from jaxnet.cli import process  # noqa: E402  (after the path set-up; imports no
 
 process.apply_xla_flags()
 
+# The core's reports (progress lines, notes) printed as the command line prints them, for the
+# tests that train in this process and read what it printed.
+from jaxnet.api import show_reports  # noqa: E402
+
+show_reports()
+
 # Shared memory: every segment this test session makes (in this process, its `python -m`
 # subprocesses and their spawned Grain workers) is named with a prefix of its own, so the
 # tests that check /dev/shm look at their own segments only, whatever else runs on the

@@ -546,6 +546,9 @@ MUTATIONS = [
              "  def predict(self, images, min_score: float = 0.3, **unused)",
              "  def _predict(self, images, min_score: float = 0.3, **unused)",
              (DETECTION + "test_shapes_training_loss_falls_eval_is_exact_and_resume_matches",)),
+    Mutation("the_core_prints", "jaxnet/core/metrics.py",
+             "    _REPORT.info(f\"step {step:>7}", "    print(f\"step {step:>7}",
+             ("tests/test_layers.py::test_the_core_reports_and_the_shell_prints",), ci=True),
 ]
 
 

@@ -106,3 +106,23 @@ def test_only_the_workdir_gate_writes_a_workdirs_files():
   assert workdir_writers({"jaxnet/tools/x.py": "w = MetricWriter(workdir)\n",
                           "jaxnet/core/y.py": "c = ckpt.Checkpoints(workdir, read_only=True)\n"}) == \
       ["jaxnet/tools/x.py"]
+
+
+def test_the_core_reports_and_the_shell_prints(capsys):
+  """The core never prints: it reports through the logger "jaxnet.report", which the command
+  line and jaxnet.api show as the same plain lines, and a notebook can turn off."""
+  printing = [f"{path}:{i}" for path, text in _sources(os.path.join("jaxnet", "core")).items()
+              for i, line in enumerate(text.splitlines(), 1) if re.search(r"(?<![\w.])print\(", line.split("#")[0])]
+  assert printing == []
+  from jaxnet import api
+  from jaxnet.core.metrics import Progress
+  progress = Progress(10, 4, 0)
+  record = {"train/loss": 1.0, "train/learning_rate": 0.1}
+  progress.report(5, record, 100.0)
+  assert capsys.readouterr().out == "step       5/10  loss 1.0000  lr 0.1  100 img/s  ETA 0:00\n"
+  api.show_reports(False)
+  try:
+    progress.report(6, record, 100.0)
+    assert capsys.readouterr().out == ""
+  finally:
+    api.show_reports()

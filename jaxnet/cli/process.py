@@ -27,6 +27,8 @@ def setup(distributed_config=None) -> None:
   Idempotent. The XLA flags only take effect before jax starts a backend."""
   if not _state["configured"]:
     apply_xla_flags()
+    from jaxnet import api
+    api.show_reports()  # the core's progress and notes, as plain lines
     import jax
     # A rerun (resume, eval, the next experiment) loads the compiled step instead of
     # compiling it again.

@@ -41,6 +41,10 @@ from jaxnet.core import state as state_lib
 from jaxnet.core.adapters import orbax as orbax_adapter
 from jaxnet.core.errors import DIVERGED_HINT, MissingFileError, NonFiniteError, UserError
 
+# What the person running this is told (progress, notes, warnings): shown by the shell
+# (jaxnet.api.show_reports), and routable or silenced by whoever embeds the core.
+_REPORT = logging.getLogger("jaxnet.report")
+
 CHECKPOINTS_DIR, DAMAGED_DIR = "checkpoints", "checkpoints_damaged"
 STATE, DATA_ITER, CONFIG, CHECKSUMS = "state", "data_iter", "config", "checksums"
 CHECKSUM_ALGORITHM = "jaxnet-fmix32-sum-v1"
@@ -290,7 +294,7 @@ class Checkpoints:
       try:
         state = self.restore(step, abstract_state, iterator)
       except DamagedCheckpointError as e:
-        print(f"warning: {e}; trying the previous checkpoint", flush=True)
+        _REPORT.info(f"warning: {e}; trying the previous checkpoint")
         damaged.append(step)
         continue
       self._set_aside(damaged)
@@ -314,7 +318,7 @@ class Checkpoints:
     for step in steps:
       destination = os.path.join(target, f"{step}-{stamp}")
       os.replace(os.path.join(self.directory, str(step)), destination)
-      print(f"moved damaged checkpoint {step} to {destination}", flush=True)
+      _REPORT.info(f"moved damaged checkpoint {step} to {destination}")
     self.manager.reload()
 
   def close(self) -> None:

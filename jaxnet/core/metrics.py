@@ -19,6 +19,10 @@ import numpy as np
 
 from jaxnet.core.errors import UserError, os_error_cause
 
+# What the person running this is told (progress, notes, warnings): shown by the shell
+# (jaxnet.api.show_reports), and routable or silenced by whoever embeds the core.
+_REPORT = logging.getLogger("jaxnet.report")
+
 
 class RunWriteError(UserError):
   """Writing one of the run's records (metrics, TensorBoard, config, run info) failed."""
@@ -343,9 +347,9 @@ class Progress:
     note = f"  (mean of {steps} steps)" if window and steps < window else ""
     # Accuracy where the task's step reports one (a classifier's).
     acc = f"acc {metrics['train/accuracy']:.3f}  " if "train/accuracy" in metrics else ""
-    print(f"step {step:>7}/{self.total_steps}  loss {metrics['train/loss']:.4f}  "
-          f"{acc}lr {metrics['train/learning_rate']:.4g}  "
-          f"{images_per_sec:,.0f} img/s  ETA {_fmt_time(eta)}{note}", flush=True)
+    _REPORT.info(f"step {step:>7}/{self.total_steps}  loss {metrics['train/loss']:.4f}  "
+                 f"{acc}lr {metrics['train/learning_rate']:.4g}  "
+                 f"{images_per_sec:,.0f} img/s  ETA {_fmt_time(eta)}{note}")
 
   def elapsed(self) -> float:
     return time.perf_counter() - self._start_time

@@ -34,6 +34,10 @@ from jaxnet.core.experiment import Experiment
 from jaxnet.core.metrics import Progress, RunWriteError
 from jaxnet.core.state import TrainState
 
+# What the person running this is told (progress, notes, warnings): shown by the shell
+# (jaxnet.api.show_reports), and routable or silenced by whoever embeds the core.
+_REPORT = logging.getLogger("jaxnet.report")
+
 # The train step runs under jax.transfer_guard at this level. Tests set
 # JAXNET_TRANSFER_GUARD=disallow, so an implicit host<->device copy in the hot
 # loop (a Python scalar or numpy array passed to the step) fails them.
@@ -100,7 +104,7 @@ def _train(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
   exp = Experiment(config)
   is_chief = exp.process_index == 0
   if is_chief and exp.data_note:
-    print(exp.data_note, flush=True)
+    _REPORT.info(exp.data_note)
   checkpoints = gate.checkpoints(config.keep_checkpoints, config.async_checkpointing)
   control.checkpoint_sentence = checkpoints.complete_sentence
 
@@ -112,9 +116,9 @@ def _train(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
     state, start_step = exp.init_state(init_params), 0
     logging.info("no checkpoint in %s: starting from scratch", workdir)
   else:
-    print(f"resumed from checkpoint at step {start_step} in {workdir}/checkpoints", flush=True)
+    _REPORT.info(f"resumed from checkpoint at step {start_step} in {workdir}/checkpoints")
   batches.restored()
-  gate.record_config(config_json, start_step, report=lambda line: print(line, flush=True))
+  gate.record_config(config_json, start_step, report=_REPORT.info)
   gate.write_run_info(total_steps=exp.total_steps, steps_per_epoch=exp.steps_per_epoch,
                       num_classes=exp.num_classes, class_names=exp.class_names)
   gate.drop_records_after(start_step)
@@ -122,12 +126,11 @@ def _train(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
   writer.write_config(config_json)
 
   total = exp.total_steps
-  print(f"training {config.model.name} on {config.data.source}: {total} steps "
-        f"({exp.steps_per_epoch} per epoch), global batch {config.batch_size} on "
-        f"{exp.mesh.devices.size} {jax.default_backend()} device(s), precision {config.precision}",
-        flush=True)
+  _REPORT.info(f"training {config.model.name} on {config.data.source}: {total} steps "
+               f"({exp.steps_per_epoch} per epoch), global batch {config.batch_size} on "
+               f"{exp.mesh.devices.size} {jax.default_backend()} device(s), precision {config.precision}")
   if exp.fsdp_summary and is_chief:
-    print(exp.fsdp_summary.line(), flush=True)
+    _REPORT.info(exp.fsdp_summary.line())
   progress = Progress(total, config.batch_size, start_step, enabled=is_chief)
   history, checked = [], 0  # the log window's per-step metrics; how many were checked finite
   fp16 = exp.policy.uses_loss_scale
@@ -150,7 +153,7 @@ def _train(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
     while step < total:
       image_size = exp.train_image_size(step)
       if image_size != batches.image_size and is_chief:  # progressive resizing (recompiles once)
-        print(f"step {step}: training resolution is now {image_size}px", flush=True)
+        _REPORT.info(f"step {step}: training resolution is now {image_size}px")
       batch = batches.next(image_size)
       with profiler.step(step + 1) as traced, jax.transfer_guard(_TRANSFER_GUARD):
         state, metrics = exp.train_step(state, batch)
@@ -175,7 +178,7 @@ def _train(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
         eval_metrics = evaluate(exp, state)
         record.update(eval_metrics, time=progress.elapsed())
         if is_chief:
-          print(f"eval at step {step}: {exp.task.describe(eval_metrics)}", flush=True)
+          _REPORT.info(f"eval at step {step}: {exp.task.describe(eval_metrics)}")
       # One line per step, appended once (readers tail the file): a step's train and eval
       # metrics together; the final step's line waits for the final eval.
       if record and step != total:
@@ -198,7 +201,7 @@ def _train(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
     # MetricWriter then merges the eval into that step's existing line.
     writer.write(step, {**record, **eval_metrics, "train/elapsed_sec": elapsed, "time": elapsed})
     if is_chief:
-      print(f"final: step {step}  test {exp.task.describe(eval_metrics)}  ({elapsed:.1f}s)", flush=True)
+      _REPORT.info(f"final: step {step}  test {exp.task.describe(eval_metrics)}  ({elapsed:.1f}s)")
     return eval_metrics
   finally:
     # Batches from data.workers sit in /dev/shm while anything refers to them, and an
@@ -305,23 +308,21 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_co
       checkpoints.resolve_step(step)  # no checkpoint: said before the data is read
       exp = Experiment(config, need_train_data=False)
       if exp.process_index == 0 and exp.data_note:
-        print(exp.data_note, flush=True)
+        _REPORT.info(exp.data_note)
       state, step = checkpoints.read_newest(lambda s: checkpoints.restore(s, exp.abstract_state), step)
     finally:
       checkpoints.close()
     metrics = evaluate(exp, state)
     if exp.process_index == 0:
-      print(f"eval of checkpoint {step}: {exp.task.describe(metrics)}  "
-            f"({metrics['eval/examples']} examples)", flush=True)
+      _REPORT.info(f"eval of checkpoint {step}: {exp.task.describe(metrics)}  "
+                   f"({metrics['eval/examples']} examples)")
       if not gate.can_record:
-        print(f"warning: {workdir} is held by a training run: these eval metrics were not recorded",
-              file=sys.stderr, flush=True)
+        _REPORT.warning(f"warning: {workdir} is held by a training run: these eval metrics were not recorded")
         return metrics
       try:
         gate.record_eval(step, metrics)
       except RunWriteError as e:  # a read-only workdir, a full disk: the numbers are printed above
-        print(f"warning: could not record the eval metrics in {workdir} ({e.cause})",
-              file=sys.stderr, flush=True)
+        _REPORT.warning(f"warning: could not record the eval metrics in {workdir} ({e.cause})")
   return metrics
 
 
@@ -355,9 +356,8 @@ class StepProfiler:
       jax.block_until_ready(out)  # the step's device work belongs inside its annotation
     if step == self.last:
       self.stop()
-      print(f"profile of steps {self.first}-{self.last} written to {self.logdir}/plugins/profile "
-            f"(tensorboard --logdir {self.logdir}, Profile tab: pip install -e '.[tensorboard]')",
-            flush=True)
+      _REPORT.info(f"profile of steps {self.first}-{self.last} written to {self.logdir}/plugins/profile "
+                   f"(tensorboard --logdir {self.logdir}, Profile tab: pip install -e '.[tensorboard]')")
 
   def stop(self) -> None:
     if self._tracing:

@@ -28,6 +28,10 @@ from jaxnet.core.checkpoint import newest_saved_config
 from jaxnet.core.errors import UserError
 from jaxnet.core.metrics import reporting_failed_writes, write_atomically
 
+# What the person running this is told (progress, notes, warnings): shown by the shell
+# (jaxnet.api.show_reports), and routable or silenced by whoever embeds the core.
+_REPORT = logging.getLogger("jaxnet.report")
+
 LOCK_FILE, CONFIG_FILE, HISTORY_FILE = "lock", "config.json", "config_history.jsonl"
 EVALS_WITH_CHANGES_FILE = "evals_with_changes.jsonl"
 TRAIN, EVAL, IMPORT = "train", "eval", "import"  # why a workdir is opened
@@ -153,7 +157,7 @@ class Workdir:
 
   # --- the writers ------------------------------------------------------------------------
 
-  def record_config(self, config_json: str, step: int | None, report=print) -> None:
+  def record_config(self, config_json: str, step: int | None, report=None) -> None:
     self._writable()
     if self.chief:
       record_config(self.path, config_json, self.changes, step, report)
@@ -315,11 +319,11 @@ def saved_config(workdir: str) -> dict | None:
     return None
   if jax.process_index() == 0:
     write_atomically(path, json.dumps(config, indent=2))
-    print(f"{path} was missing: restored it from the config saved with checkpoint {step}", flush=True)
+    _REPORT.info(f"{path} was missing: restored it from the config saved with checkpoint {step}")
   return config
 
 
-def record_config(workdir: str, config_json: str, changes: dict, step: int | None, report=print) -> None:
+def record_config(workdir: str, config_json: str, changes: dict, step: int | None, report=None) -> None:
   """Writes config.json (atomically) and appends accepted changes to config_history.jsonl."""
   if changes:
     entry = {"time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -327,7 +331,7 @@ def record_config(workdir: str, config_json: str, changes: dict, step: int | Non
     path = os.path.join(workdir, HISTORY_FILE)
     with reporting_failed_writes(path), open(path, "a") as f:
       f.write(json.dumps(entry) + "\n")
-    report("config changes accepted on resume: " +
+    (report or _REPORT.info)("config changes accepted on resume: " +
            ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items()))
   write_atomically(os.path.join(workdir, CONFIG_FILE), config_json)
 
