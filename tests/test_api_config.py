@@ -6,6 +6,8 @@ import os
 import ml_collections
 import pytest
 
+from jaxnet.cli import process
+
 from jaxnet import api
 
 from jaxnet.core import config as config_io
@@ -101,7 +103,7 @@ def test_wall_time_continues_across_resumes():
 
 
 def test_command_line_overrides_are_read_as_each_keys_type():
-  rest, overrides = config_io.split_command_line(
+  rest, overrides = process.split_command_line(
       ["prog", "--config=configs/digits.py", "--config.batch_size=32", "--config.data.dir", "/d",
        "--workdir=/w", "--config.async_checkpointing=false", "--config.optim.learning_rate=1e-3",
        "--config.progressive_resizing=((0.5, 8),)", "--config.data.mean=(0.5,)"])

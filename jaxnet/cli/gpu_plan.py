@@ -33,7 +33,7 @@ def main(argv=None):
   with process.one_line_errors():
     from jaxnet.core import config as config_lib
     from jaxnet.tools import gpu_plan
-    rest, overrides = config_lib.split_command_line(argv)
+    rest, overrides = process.split_command_line(argv)
     args = parser.parse_args(rest)
     # Before jax starts: compile on this CPU process, never start the CUDA backend (jax#28376),
     # with the plugin from jaxnet's cache folder (never installed into the environment).

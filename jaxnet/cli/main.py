@@ -84,7 +84,7 @@ def train(config, workdir: str, accept_config_changes=()) -> dict:
 def _parse_flags(argv):
   """absl's flags, then the config: any problem is one line on stderr and exit status 2."""
   try:
-    argv, overrides = config_lib.split_command_line(argv)
+    argv, overrides = process.split_command_line(argv)
     rest = flags.FLAGS(argv)
     _config.append(config_lib.load(_CONFIG.value, overrides))
   except (flags.Error, UserError, FileNotFoundError) as e:

@@ -15,6 +15,7 @@ import signal
 import sys
 import warnings
 
+from jaxnet.core import config as config_lib
 from jaxnet.core.adapters import orbax as orbax_adapter
 from jaxnet.core.adapters import xla
 from jaxnet.core.errors import UserError
@@ -195,6 +196,26 @@ class StopSignals:
   def __exit__(self, *exc):
     for sig, previous in self._previous.items():
       signal.signal(sig, previous)
+
+
+# --- the command line -------------------------------------------------------------
+
+def split_command_line(argv: list[str]) -> tuple[list[str], dict]:
+  """Takes `--config.KEY=VALUE` (or `--config.KEY VALUE`) out of argv: (rest, {KEY: VALUE})."""
+  rest, overrides, i = [], {}, 0
+  while i < len(argv):
+    arg = argv[i]
+    if arg.startswith("--config."):
+      key, has_value, value = arg[len("--config."):].partition("=")
+      if not has_value:
+        if i + 1 >= len(argv):
+          raise config_lib.ConfigOverrideError(f"{arg} needs a value: {arg}=VALUE")
+        value, i = argv[i + 1], i + 1
+      overrides[key] = value
+    else:
+      rest.append(arg)
+    i += 1
+  return rest, overrides
 
 
 # --- one-line errors ----------------------------------------------------------------

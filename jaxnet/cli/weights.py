@@ -26,7 +26,7 @@ def main(argv=None):
   parser.add_argument("--workdir", required=True, help="a new workdir to write")
   with process.one_line_errors():
     from jaxnet.core import config as config_lib
-    rest, overrides = config_lib.split_command_line(argv)
+    rest, overrides = process.split_command_line(argv)
     args = parser.parse_args(rest)
     process.setup()
     config = config_lib.load(args.config, overrides)

@@ -206,13 +206,7 @@ def with_model_options(config) -> ml_collections.ConfigDict:
   config sets, and the model's defaults for the rest. InvalidValueError names a key the
   model does not have."""
   from jaxnet.core import models
-  options = models.options(config.model.name)  # unknown names are an error here
-  unknown = sorted(set(config.model) - {"name"} - set(options))
-  if unknown:
-    raise InvalidValueError(
-        f"config.model.{unknown[0]}: model {config.model.name!r} has no option {unknown[0]!r}"
-        f"{f' (nor {unknown[1:]})' if unknown[1:] else ''}; its options are "
-        f"{', '.join(sorted(options))}")
+  options = models.check_options(config.model)
   filled = config.copy_and_resolve_references()
   with filled.unlocked():
     for key, default in options.items():
@@ -458,24 +452,6 @@ def _parse(key: str, text: str, current):
       raise ConfigOverrideError(f"config key {key!r} is a tuple: write it as one, e.g. {current!r}")
     return tuple(value)
   return value
-
-
-def split_command_line(argv: list[str]) -> tuple[list[str], dict]:
-  """Takes `--config.KEY=VALUE` (or `--config.KEY VALUE`) out of argv: (rest, {KEY: VALUE})."""
-  rest, overrides, i = [], {}, 0
-  while i < len(argv):
-    arg = argv[i]
-    if arg.startswith("--config."):
-      key, has_value, value = arg[len("--config."):].partition("=")
-      if not has_value:
-        if i + 1 >= len(argv):
-          raise ConfigOverrideError(f"{arg} needs a value: {arg}=VALUE")
-        value, i = argv[i + 1], i + 1
-      overrides[key] = value
-    else:
-      rest.append(arg)
-    i += 1
-  return rest, overrides
 
 
 def flatten(overrides: dict, prefix: str = "") -> dict:

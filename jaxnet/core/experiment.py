@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxnet.core import models, optim, sharding, steps, tasks
-from jaxnet.core.config import duration_in_steps, with_model_options
+from jaxnet.core.config import duration_in_steps
 from jaxnet.core.data import pipeline, sources
 from jaxnet.core.errors import InvalidValueError
 from jaxnet.core.state import TrainState, get_policy, init_state
@@ -20,7 +20,7 @@ class Experiment:
 
   def __init__(self, config, *, need_train_data: bool = True, devices=None):
     """`devices`: the devices to build the mesh over (default: jax.devices())."""
-    self.config = config = with_model_options(config)  # the options the model is built with
+    self.config = config  # whole (config.load): the model's options among its keys
     m = config.mesh
     self.mesh = sharding.make_mesh(m.num_devices, devices, fsdp=m.fsdp, fsdp_devices=m.fsdp_devices)
     # The eval batch is checked now, not after training when the first eval runs.

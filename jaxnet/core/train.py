@@ -82,7 +82,6 @@ def train_and_evaluate(config, workdir: str, accept_config_changes=(), *, init_p
   JSON content} the caller's own records for the workdir (the init weights' preprocessing),
   written once the check has passed.
   """
-  config = config_lib.with_model_options(config)
   config_lib.validate(config)
   control = control or RunControl()
   with workdir_lib.Workdir.open(workdir, workdir_lib.TRAIN) as gate, contextlib.ExitStack() as stack:
@@ -299,7 +298,6 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_co
   Reads the workdir only, apart from that record (skipped with a warning where the
   workdir is read-only). A damaged checkpoint is an error.
   """
-  config = config_lib.with_model_options(config)
   config_lib.validate(config)
   with workdir_lib.Workdir.open(workdir, workdir_lib.EVAL) as gate:
     gate.check(json.loads(config.to_json_best_effort()), tuple(accept_config_changes))

@@ -164,7 +164,7 @@ def restore(workdir: str, step: int | None = None, config=None) -> "Predictor | 
   `predict(images)`, `lines(result)` and `draw(image, result, path)`."""
   if not os.path.isdir(workdir):
     raise MissingFileError(f"workdir {workdir} not found: give the --workdir of a training run")
-  config = config_lib.with_model_options(config or config_lib.load(workdir))
+  config = config or config_lib.load(workdir)
   variables, step = load_eval_variables(workdir, config, step)
   info = _class_info(workdir)
   model = models.from_config(config.model, info["num_classes"], get_policy(config.precision).compute_dtype)

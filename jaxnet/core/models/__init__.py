@@ -113,6 +113,18 @@ def task(name: str) -> str:
   return getattr(cls, "TASK", "classification")
 
 
+def check_options(model_config) -> dict:
+  """The options of the model `model_config.name` ({option: default}); InvalidValueError names
+  a key of `model_config` the model does not have."""
+  accepts = options(model_config.name)  # an unknown name is an error here
+  unknown = sorted(set(model_config) - {"name", "num_classes"} - set(accepts))
+  if unknown:
+    raise InvalidValueError(
+        f"config.model.{unknown[0]}: model {model_config.name!r} has no option {unknown[0]!r}"
+        f"{f' (nor {unknown[1:]})' if unknown[1:] else ''}; its options are {', '.join(sorted(accepts))}")
+  return accepts
+
+
 def from_config(model_config, num_classes: int, dtype, bn_num_groups: int | None = None) -> nn.Module:
   """The model `config.model` describes: `name`, and the rest as keyword arguments.
 
@@ -121,11 +133,7 @@ def from_config(model_config, num_classes: int, dtype, bn_num_groups: int | None
   statistics, not the variables, so inference rebuilds the model without it.
   """
   kwargs = {k: v for k, v in model_config.items() if k not in ("name", "num_classes")}
-  accepts = options(model_config.name)
-  unknown = sorted(set(kwargs) - set(accepts))
-  if unknown:
-    raise InvalidValueError(f"config.model.{unknown[0]}: model {model_config.name!r} has no option "
-                            f"{unknown[0]!r}; its options are {', '.join(sorted(accepts))}")
+  check_options(model_config)
   if bn_num_groups is not None:
     factory = _REGISTRY[model_config.name]
     fields = dataclasses.fields(factory.func if isinstance(factory, functools.partial) else factory)

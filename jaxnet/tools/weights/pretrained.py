@@ -278,10 +278,9 @@ def import_to_workdir(config, workdir: str, spec: str, log=print) -> int:
   through the workdir's gate (its lock: a workdir a training run holds is refused).
   Eval, predict and export take it as they take a trained workdir, and training it resumes
   from step 0, a fine-tune of the weights. Returns the number of variables loaded."""
-  from jaxnet.core import config as config_lib
   from jaxnet.core import workdir as workdir_lib
   from jaxnet.core.experiment import Experiment
-  config = config_lib.with_model_options(config).copy_and_resolve_references()
+  config = config.copy_and_resolve_references()
   with config.unlocked():
     config.init.weights = spec
   config.lock()
