@@ -11,10 +11,11 @@
 share one path, and print the same lines: the core reports progress, notes and warnings
 through the logger "jaxnet.report", which importing this module shows as plain lines
 (progress on stdout, warnings on stderr); `show_reports(False)` turns the progress off, and
-an application that embeds the core routes that logger as it likes. Unlike the command line, the API leaves the process as it finds it: no
-XLA flags, compilation cache, signal handlers or workdir lock (call
-`jaxnet.cli.process.setup()` first to get the command line's XLA flags and cache). See
-docs/api.md.
+an application that embeds the core routes that logger as it likes. Training, an eval's
+record and the weights import open the workdir through its gate (its lock, then the config
+check), as the command line does. Otherwise the API leaves the process as it finds it: no
+XLA flags, compilation cache or signal handlers (call `jaxnet.cli.process.setup()` first to
+get the command line's XLA flags and cache). See docs/api.md.
 """
 
 import logging
