@@ -21,82 +21,85 @@ class Experiment:
   def __init__(self, config, *, need_train_data: bool = True, devices=None):
     """`devices`: the devices to build the mesh over (default: jax.devices())."""
     self.config = config  # whole (config.load): the model's options among its keys
-    m = config.mesh
-    self.mesh = sharding.make_mesh(m.num_devices, devices, fsdp=m.fsdp, fsdp_devices=m.fsdp_devices)
-    # The eval batch is checked now, not after training when the first eval runs.
-    sharding.check_batch_sizes(self.mesh, config.batch_size, config.grad_accum_steps,
-                               config.data.eval_batch_size)
-    self.policy = get_policy(config.precision)
     self.process_index, self.process_count = jax.process_index(), jax.process_count()
-
+    self.policy = get_policy(config.precision)
     # The task (jaxnet/core/tasks) decides which data the model reads and what it learns.
     self.task = tasks.for_model(config.model.name)
     self.task.check_config(config)
-    self.train_source = self.task.make_source(config, "train") if need_train_data else None
-    self.eval_source = self.task.make_source(config, "eval")
+    self._build_mesh(devices)
+    self._build_data(need_train_data)
+    self._build_model_and_optimizer()
+    self._build_state()
+    self._build_steps()
+
+  def _build_mesh(self, devices) -> None:
+    c = self.config
+    self.mesh = sharding.make_mesh(c.mesh.num_devices, devices, fsdp=c.mesh.fsdp,
+                                   fsdp_devices=c.mesh.fsdp_devices)
+    # The eval batch is checked now, not after training when the first eval runs.
+    sharding.check_batch_sizes(self.mesh, c.batch_size, c.grad_accum_steps, c.data.eval_batch_size)
+    self.batch_sharding = sharding.batch_sharding(self.mesh)
+
+  def _build_data(self, need_train_data: bool) -> None:
+    """The task's sources, what they hold (classes, channels), the run's length in steps."""
+    c = self.config
+    self.train_source = self.task.make_source(c, "train") if need_train_data else None
+    self.eval_source = self.task.make_source(c, "eval")
     ref = self.train_source or self.eval_source
     # What the data sources skipped (hidden folders, Thumbs.db, ...) or changed (a detection
     # source's clipped boxes, ...), for the caller to show.
     notes = [sources.ignored_note([self.train_source, self.eval_source])]
     notes += [getattr(s, "note", None) for s in (self.train_source, self.eval_source)]
     self.data_note = "\n".join(n for n in notes if n) or None
-    self.num_classes = _head_size(config.model.num_classes, ref.num_classes, config.data.source)
+    self.num_classes = _head_size(c.model.num_classes, ref.num_classes, c.data.source)
     self.class_names = getattr(ref, "class_names", None)
-    example = ref[0]["image"] if not ref.encoded else None
-    channels = example.shape[-1] if example is not None else 3
-    self.image_shape = (config.image_size, config.image_size, channels)
-    if len(config.data.mean) != channels or len(config.data.std) != channels:
-      raise InvalidValueError(f"config.data.mean/std have {len(config.data.mean)} values but images have "
-                              f"{channels} channels")
+    channels = ref[0]["image"].shape[-1] if not ref.encoded else 3
+    self.image_shape = (c.image_size, c.image_size, channels)
+    _check_loader(c, [s for s in (self.train_source, self.eval_source) if s is not None], channels,
+                  ref.encoded)
+    train_len = len(self.train_source) if self.train_source is not None else c.batch_size
+    self.steps_per_epoch = max(train_len // c.batch_size, 1)
+    self.total_steps = duration_in_steps(c, "total", self.steps_per_epoch)
+    self.eval_every = duration_in_steps(c, "eval_every", self.steps_per_epoch)
+    self.checkpoint_every = duration_in_steps(c, "checkpoint_every", self.steps_per_epoch)
 
-    if config.data.loader not in ("grain", "dali"):
-      raise InvalidValueError(f"config.data.loader={config.data.loader!r}: use grain or dali")
-    if config.data.loader == "dali":
-      from jaxnet.core.data import dali
-      dali.require()
-      for source in (self.train_source, self.eval_source):
-        if source is not None:
-          dali.check_source(source, config.data.source, config.data.randaug_num_ops)
-    if config.progressive_resizing and not ref.encoded:
-      raise InvalidValueError("config.progressive_resizing needs a JPEG source (imagefolder or tfds): "
-                              f"{config.data.source} images have one fixed size")
-    train_len = len(self.train_source) if self.train_source is not None else config.batch_size
-    self.steps_per_epoch = max(train_len // config.batch_size, 1)
-    self.total_steps = duration_in_steps(config, "total", self.steps_per_epoch)
-    self.eval_every = duration_in_steps(config, "eval_every", self.steps_per_epoch)
-    self.checkpoint_every = duration_in_steps(config, "checkpoint_every", self.steps_per_epoch)
-
-    self.model = models.from_config(config.model, self.num_classes, self.policy.compute_dtype,
-                                    sharding.bn_num_groups(config.bn_group_size, self.mesh)
-                                    if config.bn_group_size else None)
+  def _build_model_and_optimizer(self) -> None:
+    c = self.config
+    self.model = models.from_config(c.model, self.num_classes, self.policy.compute_dtype,
+                                    sharding.bn_num_groups(c.bn_group_size, self.mesh)
+                                    if c.bn_group_size else None)
     self.schedule = optim.learning_rate_schedule(
-        config.optim, config.batch_size, self.total_steps,
-        warmup_steps=duration_in_steps(config, "warmup", self.steps_per_epoch))
-    self.tx = optim.make_optimizer(config.optim, self.schedule)
+        c.optim, c.batch_size, self.total_steps,
+        warmup_steps=duration_in_steps(c, "warmup", self.steps_per_epoch))
+    self.tx = optim.make_optimizer(c.optim, self.schedule)
 
-    init = lambda: init_state(self.model, self.tx, self.image_shape, config.seed, config.loss_scale,
-                              keep_ema=config.ema_decay > 0)
-    abstract_state = jax.eval_shape(init)  # shapes only: nothing is allocated twice
-    replicated = sharding.replicated(self.mesh)
+  def _build_state(self) -> None:
+    """The state's shapes (nothing allocated), its shardings, and the jitted init."""
+    c, m = self.config, self.config.mesh
+    init = lambda: init_state(self.model, self.tx, self.image_shape, c.seed, c.loss_scale,
+                              keep_ema=c.ema_decay > 0)
+    abstract_state = jax.eval_shape(init)
     self.state_sharding = sharding.state_shardings(abstract_state, self.mesh, m.fsdp, m.fsdp_min_size)
     self.fsdp_summary = (sharding.summarize(abstract_state, self.state_sharding, m.fsdp_min_size)
                          if m.fsdp else None)
     self.abstract_state = sharding.abstract(abstract_state, self.state_sharding)
     self._init = jax.jit(init, out_shardings=self.state_sharding)
-    self.batch_sharding = sharding.batch_sharding(self.mesh)
-
-    norm = dict(mean=tuple(config.data.mean), std=tuple(config.data.std))
+    norm = dict(mean=tuple(c.data.mean), std=tuple(c.data.std))
     # FSDP: how the steps gather the params (None: they are whole on every device already).
     self.fsdp_gather = self._fsdp_gather(abstract_state, norm) if m.fsdp else None
-    loss = self.task.loss(self.model, config, self.num_classes, sharding.batch_devices(self.mesh))
+
+  def _build_steps(self) -> None:
+    """The train step with the task's loss and the task's eval step, each jitted once with
+    explicit shardings; the train step donates the old state, updated in place."""
+    c = self.config
+    mean, std = tuple(c.data.mean), tuple(c.data.std)
+    loss = self.task.loss(self.model, c, self.num_classes, sharding.batch_devices(self.mesh))
     train_step = steps.make_train_step(
         self.model, self.tx, self.schedule, self.policy, loss,
-        steps.StepOptions(norm["mean"], norm["std"], config.ema_decay, config.grad_accum_steps,
-                          self.fsdp_gather))
-    eval_step = self.task.make_eval_step(self.model, self.policy, config, num_classes=self.num_classes,
-                                         mean=norm["mean"], std=norm["std"], fsdp=self.fsdp_gather)
-    # Jitted once, with explicit shardings; the old state's buffers are donated
-    # so params and optimizer state are updated in place.
+        steps.StepOptions(mean, std, c.ema_decay, c.grad_accum_steps, self.fsdp_gather))
+    eval_step = self.task.make_eval_step(self.model, self.policy, c, num_classes=self.num_classes,
+                                         mean=mean, std=std, fsdp=self.fsdp_gather)
+    replicated = sharding.replicated(self.mesh)
     self.train_step = jax.jit(train_step, in_shardings=(self.state_sharding, self.batch_sharding),
                               out_shardings=(self.state_sharding, replicated), donate_argnums=0)
     self.eval_step = jax.jit(eval_step, in_shardings=(self.state_sharding, self.batch_sharding),
@@ -169,6 +172,24 @@ class Experiment:
                                       **options)
     for local in batches:
       yield sharding.to_global(local, self.batch_sharding)
+
+
+def _check_loader(config, sources_: list, channels: int, encoded: bool) -> None:
+  """The normalisation fits the images, the loader exists and reads these sources, and
+  progressive resizing has JPEGs to decode at other sizes."""
+  if len(config.data.mean) != channels or len(config.data.std) != channels:
+    raise InvalidValueError(f"config.data.mean/std have {len(config.data.mean)} values but images have "
+                            f"{channels} channels")
+  if config.data.loader not in ("grain", "dali"):
+    raise InvalidValueError(f"config.data.loader={config.data.loader!r}: use grain or dali")
+  if config.data.loader == "dali":
+    from jaxnet.core.data import dali
+    dali.require()
+    for source in sources_:
+      dali.check_source(source, config.data.source, config.data.randaug_num_ops)
+  if config.progressive_resizing and not encoded:
+    raise InvalidValueError("config.progressive_resizing needs a JPEG source (imagefolder or tfds): "
+                            f"{config.data.source} images have one fixed size")
 
 
 def _head_size(model_num_classes: int, data_num_classes: int, source: str) -> int:

@@ -93,11 +93,23 @@ def train_and_evaluate(config, workdir: str, accept_config_changes=(), *, init_p
 
 def _train(config, gate: workdir_lib.Workdir, accept: tuple, init_params, control: RunControl,
            cleanup: contextlib.ExitStack, records: dict) -> dict:
-  workdir = gate.path
+  run = _start(config, gate, accept, init_params, control, cleanup, records)
+  try:
+    return run.loop()
+  finally:
+    run.profiler.stop()
+    # The checkpoints first: closing them removes a failed save's partial files, giving
+    # the disk space back before the writer flushes its buffered TensorBoard events.
+    _close_all((run.checkpoints.close, run.writer.close), failing=sys.exc_info()[0] is not None)
+
+
+def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, control: RunControl,
+           cleanup: contextlib.ExitStack, records: dict) -> "_Run":
+  """Everything before the first step: the config checked against the workdir's (before
+  anything is written), the Experiment, the state restored (or initialised), the records."""
   config_json = config.to_json_best_effort(indent=2)
   config_dict = json.loads(config_json)
-  # Before anything is written: is this the run the checkpoints came from?
-  gate.check(config_dict, accept)
+  gate.check(config_dict, accept)  # is this the run the checkpoints came from?
   for name, content in records.items():
     gate.write_json(name, content)
   exp = Experiment(config)
@@ -113,9 +125,9 @@ def _train(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
   state, start_step = checkpoints.restore_newest(exp.abstract_state, batches.iterator)
   if state is None:
     state, start_step = exp.init_state(init_params), 0
-    logging.info("no checkpoint in %s: starting from scratch", workdir)
+    logging.info("no checkpoint in %s: starting from scratch", gate.path)
   else:
-    _REPORT.info(f"resumed from checkpoint at step {start_step} in {workdir}/checkpoints")
+    _REPORT.info(f"resumed from checkpoint at step {start_step} in {gate.path}/checkpoints")
   batches.restored()
   gate.record_config(config_json, start_step, report=_REPORT.info)
   gate.write_run_info(total_steps=exp.total_steps, steps_per_epoch=exp.steps_per_epoch,
@@ -123,94 +135,120 @@ def _train(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
   gate.drop_records_after(start_step)
   writer = gate.metric_writer()
   writer.write_config(config_json)
-
-  total = exp.total_steps
-  _REPORT.info(f"training {config.model.name} on {config.data.source}: {total} steps "
+  _REPORT.info(f"training {config.model.name} on {config.data.source}: {exp.total_steps} steps "
                f"({exp.steps_per_epoch} per epoch), global batch {config.batch_size} on "
                f"{exp.mesh.devices.size} {jax.default_backend()} device(s), precision {config.precision}")
   if exp.fsdp_summary and is_chief:
     _REPORT.info(exp.fsdp_summary.line())
-  progress = Progress(total, config.batch_size, start_step, enabled=is_chief)
-  history, checked = [], 0  # the log window's per-step metrics; how many were checked finite
-  fp16 = exp.policy.uses_loss_scale
-  profiler = StepProfiler(config.profile_steps, os.path.join(workdir, "tensorboard"), enabled=is_chief)
+  return _Run(config=config, config_dict=config_dict, exp=exp, checkpoints=checkpoints, batches=batches,
+              writer=writer, control=control, state=state, start_step=start_step, step=start_step,
+              progress=Progress(exp.total_steps, config.batch_size, start_step, enabled=is_chief),
+              profiler=StepProfiler(config.profile_steps, os.path.join(gate.path, "tensorboard"),
+                                    enabled=is_chief))
 
-  def check_finite(step):  # each step's loss and gradient norm once, at a log step or a save
-    nonlocal checked
-    check_finite_metrics(history[checked:], step, checkpoints.intact_sentence(), fp16)
-    checked = len(history)
 
-  def save(step):
-    check_finite(step)
-    checkpoints.save(step, state, batches.position, config_dict)
+@dataclasses.dataclass
+class _Run:
+  """A training run from its first step to its end: what the loop reads and moves on."""
+  config: object
+  config_dict: dict
+  exp: Experiment
+  checkpoints: object
+  batches: object
+  writer: object
+  control: RunControl
+  progress: Progress
+  profiler: "StepProfiler"
+  state: TrainState
+  start_step: int
+  step: int
+  history: list = dataclasses.field(default_factory=list)  # the log window's per-step metrics
+  checked: int = 0                                          # how many of them were checked finite
 
-  record = {}
-  try:
-    step = start_step
-    if step < total:
-      sharding.compile_then_sync(exp.train_step, (state, batches.peek()), "train_step compiled")
-    while step < total:
-      image_size = exp.train_image_size(step)
-      if image_size != batches.image_size and is_chief:  # progressive resizing (recompiles once)
-        _REPORT.info(f"step {step}: training resolution is now {image_size}px")
-      batch = batches.next(image_size)
-      with profiler.step(step + 1) as traced, jax.transfer_guard(_TRANSFER_GUARD):
-        state, metrics = exp.train_step(state, batch)
-        traced.append(state)
-      history.append(metrics)
-      step += 1
-      control.step = step
+  @property
+  def is_chief(self) -> bool:
+    return self.exp.process_index == 0
 
-      record = {}
-      log_now = itstime(step, config.log_every_steps, total, last=True)
-      if log_now:
-        check_finite(step)
-        record = _summarize_window(history)
-        record["train/window_steps"] = len(history)  # fewer than log_every_steps after a resume
-        history, checked = [], 0
-        record["train/images_per_sec"] = progress.rate(step)
-        record["train/epoch"] = step / exp.steps_per_epoch
-        record["time"] = progress.elapsed()  # seconds since this process started training
-        progress.report(step, record, record["train/images_per_sec"], config.log_every_steps)
-
+  def loop(self) -> dict:
+    """Steps until the total (or a stop request), then the final save and eval."""
+    exp, total, record = self.exp, self.exp.total_steps, {}
+    if self.step < total:
+      sharding.compile_then_sync(exp.train_step, (self.state, self.batches.peek()), "train_step compiled")
+    while self.step < total:
+      self.train_step()
+      step = self.step
+      log_now = itstime(step, self.config.log_every_steps, total, last=True)
+      record = self.log_window() if log_now else {}
       if itstime(step, exp.eval_every, total, last=False):  # the final eval comes after the loop
-        eval_metrics = evaluate(exp, state)
-        record.update(eval_metrics, time=progress.elapsed())
-        if is_chief:
+        eval_metrics = evaluate(exp, self.state)
+        record.update(eval_metrics, time=self.progress.elapsed())
+        if self.is_chief:
           _REPORT.info(f"eval at step {step}: {exp.task.describe(eval_metrics)}")
       # One line per step, appended once (readers tail the file): a step's train and eval
       # metrics together; the final step's line waits for the final eval.
       if record and step != total:
-        writer.write(step, record)
-
+        self.writer.write(step, record)
       if itstime(step, exp.checkpoint_every, total, last=False):  # so does the final save
-        save(step)
-
-      if step < total and _should_stop(control, sync=log_now):  # at total the run ends anyway
-        save(step)
-        checkpoints.wait()
+        self.save()
+      if step < total and _should_stop(self.control, sync=log_now):  # at total the run ends anyway
+        self.save()
+        self.checkpoints.wait()
         return {"stopped_at_step": step}
+    return self.finish(record)
 
-    if step > start_step or checkpoints.newest_intact != step:
-      save(step)
-    eval_metrics = evaluate(exp, state)
-    elapsed = progress.elapsed()
-    checkpoints.wait()
+  def train_step(self) -> None:
+    image_size = self.exp.train_image_size(self.step)
+    if image_size != self.batches.image_size and self.is_chief:  # progressive resizing (recompiles once)
+      _REPORT.info(f"step {self.step}: training resolution is now {image_size}px")
+    batch = self.batches.next(image_size)
+    try:
+      with self.profiler.step(self.step + 1) as traced, jax.transfer_guard(_TRANSFER_GUARD):
+        self.state, metrics = self.exp.train_step(self.state, batch)
+        traced.append(self.state)
+    finally:
+      # Batches from data.workers sit in /dev/shm while anything refers to them, and an
+      # exception's traceback keeps this frame alive: drop the one taken. `batches` (closed
+      # by the caller's exit stack) drops those read ahead.
+      batch = None  # noqa: F841
+    self.history.append(metrics)
+    self.step += 1
+    self.control.step = self.step
+
+  def log_window(self) -> dict:
+    """The log step's record: the window's train metrics (checked finite), throughput, time."""
+    self.check_finite()
+    record = _summarize_window(self.history)
+    record["train/window_steps"] = len(self.history)  # fewer than log_every_steps after a resume
+    self.history, self.checked = [], 0
+    record["train/images_per_sec"] = self.progress.rate(self.step)
+    record["train/epoch"] = self.step / self.exp.steps_per_epoch
+    record["time"] = self.progress.elapsed()  # seconds since this process started training
+    self.progress.report(self.step, record, record["train/images_per_sec"], self.config.log_every_steps)
+    return record
+
+  def check_finite(self) -> None:
+    """Each step's loss and gradient norm, once, at a log step or a save."""
+    check_finite_metrics(self.history[self.checked:], self.step, self.checkpoints.intact_sentence(),
+                         self.exp.policy.uses_loss_scale)
+    self.checked = len(self.history)
+
+  def save(self) -> None:
+    self.check_finite()
+    self.checkpoints.save(self.step, self.state, self.batches.position, self.config_dict)
+
+  def finish(self, record: dict) -> dict:
+    """The final save (unless this step's is already there) and the final eval."""
+    if self.step > self.start_step or self.checkpoints.newest_intact != self.step:
+      self.save()
+    eval_metrics = evaluate(self.exp, self.state)
+    elapsed = self.progress.elapsed()
+    self.checkpoints.wait()
     # With the final step's train metrics; a rerun of a finished run has none, and
     # MetricWriter then merges the eval into that step's existing line.
-    writer.write(step, {**record, **eval_metrics, "train/elapsed_sec": elapsed, "time": elapsed})
-    if is_chief:
-      _REPORT.info(f"final: step {step}  test {exp.task.describe(eval_metrics)}  ({elapsed:.1f}s)")
+    self.writer.write(self.step, {**record, **eval_metrics, "train/elapsed_sec": elapsed, "time": elapsed})
+    if self.is_chief:
+      _REPORT.info(f"final: step {self.step}  test {self.exp.task.describe(eval_metrics)}  ({elapsed:.1f}s)")
     return eval_metrics
-  finally:
-    # Batches from data.workers sit in /dev/shm while anything refers to them, and an
-    # exception's traceback keeps this frame alive: drop the last one taken. `batches`
-    # (closed by the caller's exit stack) drops those read ahead.
-    batch = None
-    profiler.stop()
-    # The checkpoints first: closing them removes a failed save's partial files, giving
-    # the disk space back before the writer flushes its buffered TensorBoard events.
-    _close_all((checkpoints.close, writer.close), failing=sys.exc_info()[0] is not None)
 
 
 def _should_stop(control: RunControl, sync: bool) -> bool:
