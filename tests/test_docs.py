@@ -217,3 +217,19 @@ def test_the_name_pattern_finds_dotted_names_only(text, expected):
 def test_flags_are_read_from_commands():
   assert _flags("python -m jaxnet.cli.export --workdir=DIR --format=onnx [--int8] "
                 "--config.data.dir=X") == {"workdir", "format", "int8"}
+
+
+def test_the_images_the_docs_predict_on_exist():
+  """What a reader can try predict on: a repository file (docs/images/), never a made-up name."""
+  paths = set()
+  for text in DOCS.values():
+    code = _code(text)
+    for m in re.finditer(r"\.(?:predict|preprocess)\(\[([^\]]*)\]", code):
+      paths |= set(re.findall(r"\"([^\"]+\.(?:png|jpe?g|webp))\"", m.group(1)))
+    for m in re.finditer(r"(?:jaxnet\.cli\.predict|jaxnet predict)((?: +[^\s#`]+)+)", code):
+      paths |= {a for a in m.group(1).split()
+                if not a.startswith("-") and re.search(r"\.(?:png|jpe?g|webp)$|/$", a)}
+  relative = {p for p in paths if not p.startswith(("/", "$")) and not _placeholder(p)}
+  assert "docs/images/seven.png" in relative
+  missing = sorted(p for p in relative if not os.path.exists(os.path.join(REPO, p)))
+  assert not missing, f"the docs predict on files that do not exist: {missing}"
