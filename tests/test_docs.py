@@ -233,3 +233,14 @@ def test_the_images_the_docs_predict_on_exist():
   assert "docs/images/seven.png" in relative
   missing = sorted(p for p in relative if not os.path.exists(os.path.join(REPO, p)))
   assert not missing, f"the docs predict on files that do not exist: {missing}"
+
+
+def test_a_test_session_leaves_no_site_folder_behind(tmp_path):
+  # README, "Files outside the workdir": a session's jaxnet-test-site-<pid> goes at its end.
+  done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                         "tests/test_docs.py::test_flags_are_read_from_commands"],
+                        cwd=REPO, env=dict(os.environ, TMPDIR=str(tmp_path)), capture_output=True,
+                        text=True, timeout=120)
+  assert done.returncode == 0, done.stdout + done.stderr
+  assert "1 passed" in done.stdout
+  assert not glob.glob(str(tmp_path / "jaxnet-test-site-*"))
