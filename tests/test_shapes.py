@@ -31,3 +31,23 @@ def test_the_coco_source_clips_nothing(tmp_path):
   source = CocoSource(root, "train")
   assert source.counts.clipped == 0 and source.counts.empty == 0
   assert source.note is None
+
+
+def test_detections_are_drawn_magnified_with_labels_above_their_boxes(tmp_path):
+  from PIL import Image
+  from jaxnet.tools import predictor
+  pixels = np.full((136, 149, 3), 200, np.uint8)  # the size of a shapes image the issue drew
+  detections = [("circle", 0.91, [20.0, 30.0, 60.0, 70.0]), ("triangle", 0.55, [64.0, 0.0, 100.0, 40.0])]
+  predictor.draw_detections(pixels, detections, str(tmp_path / "a.png"))
+  drawn = np.asarray(Image.open(tmp_path / "a.png"))
+  scale = predictor.draw_scale(149, 136)
+  assert scale == 4 and drawn.shape == (136 * 4, 149 * 4, 3)  # the shorter side >= 512
+  red = tuple(int(255 * c) for c in predictor._PALETTE[0])
+  assert tuple(drawn[30 * 4 + 20, 20 * 4]) == red       # the first box's left edge, magnified
+  assert (drawn[30 * 4 - 1, 20 * 4:20 * 4 + 60] == red).all()  # its label's band, just above the box
+  band = drawn[30 * 4 - 20:30 * 4, 20 * 4:20 * 4 + 60]
+  assert (band == 255).all(axis=-1).sum() > 30  # with white text on it
+  green = tuple(int(255 * c) for c in predictor._PALETTE[1])
+  assert tuple(drawn[5, 64 * 4 + 2]) == green  # no room above the second box: its label inside
+  predictor.draw_detections(np.zeros((600, 800, 3), np.uint8), detections, str(tmp_path / "b.png"))
+  assert Image.open(tmp_path / "b.png").size == (800, 600)  # large images keep their size
