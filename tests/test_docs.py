@@ -244,3 +244,16 @@ def test_a_test_session_leaves_no_site_folder_behind(tmp_path):
   assert done.returncode == 0, done.stdout + done.stderr
   assert "1 passed" in done.stdout
   assert not glob.glob(str(tmp_path / "jaxnet-test-site-*"))
+
+
+def test_self_contained_python_snippets_run():
+  """The ```python blocks that need no file or workdir (none under /tmp, /data, a DIR) run, each
+  in a fresh namespace, in one process."""
+  blocks = [(rel, code) for rel, text in DOCS.items() if rel.endswith(".md")
+            for code in re.findall(r"(?s)```python\n(.*?)```", text)
+            if not re.search(r"/tmp/|/data|/models|\bDIR\b|\.onnx|\.jaxexport|\bimages\b", code)]
+  assert any("models.create" in code for _, code in blocks)  # the filter keeps docs/models.md's
+  script = "\n".join(f"exec(compile({code!r}, {rel!r}, 'exec'), {{}})" for rel, code in blocks)
+  done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                        timeout=120)
+  assert done.returncode == 0, done.stderr[-3000:]

@@ -116,6 +116,7 @@ def main(argv=None) -> int:
   if command == "recipes":
     return recipes(rest)
   if command in TOOLS:
+    sys.argv[0] = f"jaxnet {command}"  # the usage line of a parser that names no prog of its own
     module = importlib.import_module(f"jaxnet.cli.{command}")
     return module.main(rest) or 0
   print(f"error: jaxnet has no command {command!r}; the commands are {', '.join(COMMANDS)} "
