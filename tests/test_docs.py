@@ -98,6 +98,8 @@ def test_imports_in_the_docs_import():
     try:
       module = importlib.import_module(module_name)
     except ImportError as e:
+      if isinstance(e, ModuleNotFoundError) and e.name and not e.name.startswith("jaxnet"):
+        continue  # the module needs an extra that is not installed: not the docs' fault
       broken.append(f"{rel}: {m.group(0).strip()}: {e}")
       continue
     for name in names:
