@@ -5,7 +5,9 @@ The environment is set before jax is imported, and it is inherited by the
 `python -m jaxnet.main` subprocesses that the end-to-end tests start.
 """
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
@@ -48,6 +50,8 @@ show_reports()
 SHM_PREFIX = f"j{os.getpid() & 0xffff:04x}_"  # Python's names are 14 characters at most
 _site = os.path.join(tempfile.gettempdir(), f"jaxnet-test-site-{os.getpid()}")
 os.makedirs(_site, exist_ok=True)
+# Removed when the session ends: the subprocesses that read it have ended by then.
+atexit.register(shutil.rmtree, _site, ignore_errors=True)
 with open(os.path.join(_site, "sitecustomize.py"), "w") as _f:
   _f.write("import os\n"
            "if os.environ.get('JAXNET_TEST_SHM_PREFIX'):\n"

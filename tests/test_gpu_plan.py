@@ -293,6 +293,30 @@ def test_largest_batch_doubles_then_bisects(monkeypatch):
   assert compiled[:-1] == [64, 32, 16, 8, 4, 2, 3]  # halving until it fits, then between 2 and 4
 
 
+def test_the_search_says_what_it_compiles_before_each_compile(monkeypatch):
+  """--find-max-batch takes minutes: its first line announces the search, and each try is
+  named before its compile starts (with the fake compile of the test above)."""
+  from jaxnet.tools import gpu_plan as gpu_compile
+  events = []
+
+  def fake_build(config, devices, eval_step=True):
+    per_gpu = config.batch_size // len(devices)
+    events.append(f"compile {per_gpu}")
+    step = lambda gib: gpu_compile.Compiled("", int(gib * 2**30), 0, 0, 0, 0)
+    return None, step(per_gpu), step(per_gpu / 2) if eval_step else None
+
+  monkeypatch.setattr(gpu_compile, "build", fake_build)
+  from jaxnet.core import config as config_io
+  config = config_io.load("configs/resnet50.py", {})
+  gpu_compile.largest_batch(config, devices=[0, 1], usable=10.5 * 2**30, start=4, log=events.append)
+  assert events[0].startswith("finding the largest per-GPU batch that fits: one train-step compile per try")
+  compiles = [i for i, e in enumerate(events) if e.startswith("compile ")]
+  for i in compiles[:-1]:
+    assert events[i - 1] == f"  per-GPU batch {events[i].split()[1]}: compiling ..."
+    assert events[i + 1].startswith(f"  per-GPU batch {events[i].split()[1]}: step ")
+  assert events[compiles[-1] - 1] == "  per-GPU batch 10 fits: compiling its eval step too ..."
+
+
 def test_fp16_max_pool_gradient_stays_sharded_over_8_h100s():
   """models.max_pool in fp16: its gradient is not partitioned by all-gathering the batch."""
   import jax

@@ -168,3 +168,27 @@ def test_missing_split_names_the_split_dir(folder):
   with pytest.raises(FileNotFoundError) as err:
     ImageFolderSource(folder, "test")
   assert os.path.join(folder, "test") in str(err.value)
+
+
+def test_the_default_eval_split_reads_make_imagefolders_val(folder):
+  # make_imagefolder writes val/; the configs' default eval split is tfds's "validation".
+  from jaxnet.core import config as config_lib
+  from jaxnet.core.data import sources
+  config = config_lib.base_config()
+  assert config.data.eval_split == "validation" and not os.path.exists(os.path.join(folder, "validation"))
+  config.data.source, config.data.dir = "imagefolder", folder
+  source = sources.make_source(config.data, "eval", config.image_size)
+  assert len(source) == CLASSES * VAL_PER_CLASS
+  assert source.path(0) == ImageFolderSource(folder, "val").path(0)
+
+
+def test_a_missing_eval_split_names_the_key_that_picks_the_folder(folder, tmp_path):
+  root = tmp_path / "root"
+  shutil.copytree(os.path.join(folder, "train"), root / "train")
+  shutil.copytree(os.path.join(folder, "val"), root / "holdout")
+  with pytest.raises(FileNotFoundError) as err:
+    ImageFolderSource(str(root), "validation")
+  message = str(err.value)
+  assert f"{root} has no split folder 'validation' or 'val' (its folders: holdout, train)" in message
+  assert "--config.data.eval_split=FOLDER, e.g. --config.data.eval_split=holdout." in message
+  assert len(ImageFolderSource(str(root), "holdout")) == CLASSES * VAL_PER_CLASS  # the fix works

@@ -3,6 +3,7 @@
 import functools
 import math
 import re
+import sys
 
 import flax.linen as nn
 import jax
@@ -417,3 +418,21 @@ def test_summary_tool_on_a_small_model(capsys, monkeypatch):
   assert re.search(rf"^parameters +{n_params:,} ", table, re.M), table
   assert f"{s['forward_flops'] / 1e9:.3f} G" in table and "XLA counts 1 FMA = 2 FLOPs" in table
   assert "train-step temp, batch 4" in table
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["resnet5"], "error: no model 'resnet5'; did you mean resnet50"),
+    (["vit_s16", "--image-size=30"],
+     "error: vit_s16 cuts images into 16x16 patches: --image-size=30 is not a multiple of 16; use e.g. --image-size=32"),
+    (["alexnet", "--image-size=16", "--no-train-step"],
+     "error: alexnet at --image-size=16: AlexNet needs images of at least 63x63 pixels, got 16x16; raise --image-size"),
+])
+def test_summary_command_refuses_bad_input_in_one_line(argv, expected, capsys, monkeypatch):
+  monkeypatch.delenv("JAXNET_DEBUG", raising=False)
+  for hook in ("excepthook", "unraisablehook"):  # one_line_errors installs filters: put them back
+    monkeypatch.setattr(sys, hook, getattr(sys, hook))
+  with pytest.raises(SystemExit) as exit_:
+    summary_command.main(argv)
+  assert exit_.value.code == 1
+  err = capsys.readouterr().err.splitlines()
+  assert err[0].startswith(expected) and err[1:] == ["(set JAXNET_DEBUG=1 to see the traceback)"]

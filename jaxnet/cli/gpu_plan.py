@@ -24,7 +24,8 @@ def main(argv=None):
   parser.add_argument("--gpus", type=int, default=8, help="GPUs in all (over all hosts)")
   parser.add_argument("--hosts", type=int, default=1)
   parser.add_argument("--find-max-batch", action="store_true",
-                      help="also find the largest per-GPU batch that fits (several compiles)")
+                      help="also find the largest per-GPU batch that fits (one compile per try: "
+                           "minutes; each try is named on stderr as it starts)")
   parser.add_argument("--dump", default="", help="write the optimized HLO of both steps here")
   parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
   parser.add_argument("--install-plugin", action="store_true",

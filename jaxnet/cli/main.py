@@ -82,7 +82,11 @@ def train(config, workdir: str, accept_config_changes=()) -> dict:
 
 
 def _parse_flags(argv):
-  """absl's flags, then the config: any problem is one line on stderr and exit status 2."""
+  """absl's flags, then the config: any problem is one line on stderr and exit status 2.
+  --help (-h) prints jaxnet's own flags and exits 0; --helpfull adds absl's ~60."""
+  if any(a in ("--help", "-h", "--helpshort") for a in argv[1:]):
+    print(usage())
+    sys.exit(0)
   try:
     argv, overrides = process.split_command_line(argv)
     rest = flags.FLAGS(argv)
@@ -93,6 +97,13 @@ def _parse_flags(argv):
           file=sys.stderr)
     sys.exit(2)
   return rest
+
+
+def usage() -> str:
+  return (f"{__doc__.strip()}\n\nflags:{flags.FLAGS.module_help(sys.modules[__name__]).split(':', 1)[1]}\n"
+          "  --verbosity: 0 shows INFO logs, 1 also DEBUG (default: WARNING only)\n"
+          "  --helpfull: also the flags of absl and jax\n\n"
+          "Recipes and their :ARGs: jaxnet recipes (or python -m jaxnet.cli.console recipes).")
 
 
 def run():

@@ -5,7 +5,10 @@
 """
 
 import argparse
+import difflib
 import sys
+
+from jaxnet.cli import process
 
 
 def main(argv=None) -> int:
@@ -21,8 +24,24 @@ def main(argv=None) -> int:
   p.add_argument("--no-train-step", action="store_true",
                  help="skip compiling the train step (its temp memory and FLOPs)")
   a = p.parse_args(argv)
-  s = summarize(a.model, image_size=a.image_size, batch_size=a.batch_size, num_classes=a.num_classes,
-                channels=a.channels, precision_name=a.precision, train_step=not a.no_train_step)
+  from jaxnet.core.errors import UserError
+  with process.one_line_errors():
+    if a.model not in models.names():
+      close = difflib.get_close_matches(a.model, models.names(), n=3)
+      raise UserError(f"no model {a.model!r}; "
+                      + (f"did you mean {' or '.join(close)}? " if close else "")
+                      + f"pass one of: {', '.join(models.names())}")
+    patch = getattr(models.create(a.model, num_classes=a.num_classes), "patch_size", None)
+    if patch and a.image_size % patch:
+      fit = max(patch, round(a.image_size / patch) * patch)
+      raise UserError(f"{a.model} cuts images into {patch}x{patch} patches: --image-size={a.image_size} "
+                      f"is not a multiple of {patch}; use e.g. --image-size={fit}")
+    try:
+      s = summarize(a.model, image_size=a.image_size, batch_size=a.batch_size, num_classes=a.num_classes,
+                    channels=a.channels, precision_name=a.precision, train_step=not a.no_train_step)
+    except UserError as e:  # a size the model refuses (AlexNet under 63 px), told in this command's flags
+      raise UserError(f"{a.model} at --image-size={a.image_size}: "
+                      f"{str(e).replace('config.image_size', '--image-size')}") from e
   print(format_table(s))
   return 0
 

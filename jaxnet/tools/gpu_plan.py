@@ -250,9 +250,14 @@ def largest_batch(config, devices, usable: float, start: int, log=None) -> dict:
   `start`, then bisecting to within 1/8 of the answer. At the answer the eval step is
   compiled too, and the headroom left is what remains of the pool beside the larger step."""
   gpus, tried, channels = len(devices), {}, len(config.data.mean)
+  if log:  # minutes of compiling: say so first, then each try before its compile
+    log(f"finding the largest per-GPU batch that fits: one train-step compile per try (each as "
+        f"long as the first), from {start} per GPU, doubling or halving, then bisecting")
 
   def fits(per_gpu):
     if per_gpu not in tried:
+      if log:
+        log(f"  per-GPU batch {per_gpu}: compiling ...")
       _, train, _ = build(plan_config(config, per_gpu, gpus), devices, eval_step=False)
       tried[per_gpu] = run_bytes(config, train.total, per_gpu, channels, usable)
       if log:
@@ -291,6 +296,8 @@ def largest_batch(config, devices, usable: float, start: int, log=None) -> dict:
   else:
     result["does_not_fit"] = hi
   if lo:
+    if log:
+      log(f"  per-GPU batch {lo} fits: compiling its eval step too ...")
     _, train, evaluation = build(plan_config(config, lo, gpus), devices)
     needed = run_bytes(config, max(train.total, evaluation.total), lo, channels, usable)
     result.update(headroom_bytes=usable - needed, train_bytes=train.total, eval_bytes=evaluation.total,
@@ -345,6 +352,8 @@ def plan(config, *, target: str = "h100", gpus: int = 8, hosts: int = 1, dump: s
   name, text = target_text(target)
   devices = topology_devices(text, gpus, hosts)
   config = plan_config(config)
+  if log:
+    log(f"compiling the train and eval steps of {config.model.name} for {gpus}x {name} ...")
   exp, train, evaluation = build(config, devices)
   per_gpu = config.batch_size // gpus
   analysis = analyse_step(train, exp.abstract_state, per_gpu)

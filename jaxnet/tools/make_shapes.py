@@ -5,8 +5,9 @@ start (nothing is downloaded: scikit-image draws the shapes and gives their boxe
 
 gives DIR/annotations/instances_{train,val}.json and DIR/{train,val}/*.jpg: images 96-160
 pixels a side, each with 1-4 rectangles, circles, triangles and ellipses (COCO category ids
-1-4) of 16-56 pixels on a tinted, noisy background. Shapes may reach past the image's edge
-(their boxes then do too, as in real annotations: the COCO source clips and counts them).
+1-4) of 16-56 pixels on a tinted, noisy background. A shape may reach past the image's edge;
+its box is then the part inside the image, as COCO annotates a cut-off object, so no box
+needs the COCO source's clipping.
 The annotation files are written last, each in one rename, so an interrupted run leaves no
 dataset that looks complete.
 """
@@ -22,7 +23,7 @@ CATEGORIES = ("rectangle", "circle", "triangle", "ellipse")  # COCO ids 1..4, in
 
 
 def shapes_image(rng: np.random.Generator, min_side: int = 96, max_side: int = 160):
-  """One uint8 HxWx3 image and its [(category id, [x, y, w, h])], unclipped boxes."""
+  """One uint8 HxWx3 image and its [(category id, [x, y, w, h])], boxes inside the image."""
   from skimage.draw import random_shapes
   height, width = (int(v) for v in rng.integers(min_side, max_side + 1, size=2))
   # Shapes' colours stay below 255, so the untouched background is exactly the white pixels.
@@ -33,8 +34,12 @@ def shapes_image(rng: np.random.Generator, min_side: int = 96, max_side: int = 1
   tint = rng.integers(150, 256, size=3)
   image = np.where(background[..., None], tint, image).astype(np.float32)
   image += rng.normal(0, 8, image.shape).astype(np.float32)
-  boxes = [(CATEGORIES.index(name) + 1, [int(c0), int(r0), int(c1 - c0), int(r1 - r0)])
-           for name, ((r0, r1), (c0, c1)) in labels]
+  # skimage's boxes bound the whole shape, also where it was drawn past the edge: keep the
+  # part inside the image (a shape's centre is always inside, so none is left empty).
+  boxes = []
+  for name, ((r0, r1), (c0, c1)) in labels:
+    r0, c0, r1, c1 = max(int(r0), 0), max(int(c0), 0), min(int(r1), height), min(int(c1), width)
+    boxes.append((CATEGORIES.index(name) + 1, [c0, r0, c1 - c0, r1 - r0]))
   return np.clip(image, 0, 255).astype(np.uint8), boxes
 
 

@@ -137,17 +137,42 @@ class Detector:
     draw_detections(image, result, path)
 
 
+# A small image is drawn magnified, by a whole factor up to this shorter side, so that the
+# labels (a fixed 14 px font) neither hide its objects nor run into one another.
+DRAW_MIN_SIDE = 512
+_LABEL_FONT_PX = 14
+
+
+def draw_scale(width: int, height: int) -> int:
+  """The whole factor draw_detections magnifies a width x height image by (1: none)."""
+  return max(1, -(-DRAW_MIN_SIDE // min(width, height)))
+
+
 def draw_detections(image, detections, path: str) -> None:
   """Writes `image` (a path, bytes, PIL image or array) with `detections` (Detector.detect's
-  for it) drawn, as PNG at `path`, whole or not at all."""
-  from PIL import ImageDraw
+  for it) drawn, as PNG at `path`, whole or not at all: magnified by draw_scale (pixels kept
+  square, nearest-neighbour), each box with its label on a band of its colour above it."""
+  from PIL import ImageDraw, ImageFont
   from jaxnet.core.metrics import write_file_atomically
   picture = _to_pil(image).convert("RGB")
+  scale = draw_scale(*picture.size)
+  if scale > 1:
+    picture = picture.resize((picture.width * scale, picture.height * scale), Image.NEAREST)
+  try:
+    font = ImageFont.load_default(size=_LABEL_FONT_PX)
+  except TypeError:  # Pillow < 10.1: its one bitmap font, ~11 px
+    font = ImageFont.load_default()
   pen = ImageDraw.Draw(picture)
   for k, (name, score, box) in enumerate(detections):
     colour = tuple(int(255 * c) for c in _PALETTE[k % len(_PALETTE)])
-    pen.rectangle(box, outline=colour, width=2)
-    pen.text((box[0] + 2, box[1] + 1), f"{name} {score:.2f}", fill=colour)
+    x0, y0, x1, y1 = (float(v) * scale for v in box)
+    pen.rectangle((x0, y0, x1, y1), outline=colour, width=3)
+    text = f"{name} {score:.2f}"
+    left, top, right, bottom = pen.textbbox((0, 0), text, font=font)
+    height = bottom - top + 4
+    y = y0 - height if y0 >= height else y0  # above the box where there is room
+    pen.rectangle((x0, y, x0 + right - left + 6, y + height), fill=colour)
+    pen.text((x0 + 3, y + 2 - top), text, fill=(255, 255, 255), font=font)
   write_file_atomically(path, lambda tmp: picture.save(tmp, format="PNG"))
 
 

@@ -56,6 +56,30 @@ def _require_dir(path: str) -> None:
     raise MissingFileError(_missing_dir_message(path))
 
 
+# config.data.eval_split defaults to tfds's name, "validation"; image folders (ImageNet's,
+# make_imagefolder's) name it val/. Either folder serves either name.
+_SPLIT_ALIASES = {"validation": "val", "val": "validation"}
+
+
+def find_split_dir(root: str, split: str) -> str:
+  """root/split, or root/<its alias> where only that exists. A split with neither is one
+  line naming the config key that picks the folder."""
+  path = os.path.join(root, split)
+  alias = _SPLIT_ALIASES.get(split)
+  if not os.path.isdir(path) and alias and os.path.isdir(os.path.join(root, alias)):
+    return os.path.join(root, alias)
+  if not os.path.isdir(path) and os.path.isdir(root):
+    folders = sorted(e.name for e in os.scandir(root) if e.is_dir() and not is_hidden(e.name))
+    key = "train_split" if split == "train" else "eval_split"
+    others = [f for f in folders if f != _CLASSES_SPLIT] if key == "eval_split" else folders
+    example = f", e.g. --config.data.{key}={others[0]}" if others else ""
+    raise MissingFileError(
+        f"Image folder not found: {path!r}: {root} has no split folder {split!r}"
+        f"{' or ' + repr(alias) if alias else ''} (its folders: {', '.join(folders) or 'none'}). "
+        f"Name the folder to use with --config.data.{key}=FOLDER{example}. {_LAYOUT_HELP}")
+  return path
+
+
 def _class_dirs(split_dir: str, ignored: list | None = None, where: str = "") -> list[str]:
   """The sorted class folders of a split; other entries go to `ignored` (as where/name)."""
   names = []
@@ -94,9 +118,8 @@ class ImageFolderSource:
     self.split = split
     _require_dir(root)
     classes_dir = os.path.join(root, _CLASSES_SPLIT)
-    split_dir = os.path.join(root, split)
     _require_dir(classes_dir)
-    _require_dir(split_dir)
+    split_dir = find_split_dir(root, split)
     self.class_names: list[str] = _class_dirs(classes_dir)
     self.num_classes = len(self.class_names)
     # Entries of this split that are neither a class nor an image, relative to root
