@@ -2,8 +2,9 @@
 docs/*.md, pyproject.toml's comments, the configs' docstrings and the notebooks.
 
 - every `from jaxnet... import NAME` / `import jaxnet...` imports, NAME included;
-- every dotted name `jaxnet.X.Y` is a module or an attribute of one (the ONNX metadata keys
-  jaxnet writes, `jaxnet.step` and the like, excepted);
+- every dotted name `jaxnet.X.Y` is a module or an attribute of one (the names jaxnet's code
+  writes as strings excepted: the ONNX metadata keys, `jaxnet.step` and the like, and the
+  logger `jaxnet.report`);
 - every `python -m jaxnet.X` names a module whose `--help` exits 0, and every `--flag` such a
   command is shown with appears in that help (`--config.KEY` overrides excepted);
 - every `jaxnet COMMAND` of the console command likewise;
@@ -83,8 +84,15 @@ def _resolve(name: str) -> bool:
 
 
 def _metadata_keys() -> set[str]:
-  with open(os.path.join(REPO, "jaxnet", "tools", "export.py")) as f:
-    return set(re.findall(r'"(jaxnet\.\w+)"', f.read()))
+  """The names jaxnet's code writes as strings, not modules: the ONNX metadata keys, the logger
+  the core reports through ("jaxnet.report")."""
+  keys = set()
+  for folder, _, files in os.walk(os.path.join(REPO, "jaxnet")):
+    for name in files:
+      if name.endswith(".py"):
+        with open(os.path.join(folder, name)) as f:
+          keys |= set(re.findall(r'"(jaxnet\.\w+)"', f.read()))
+  return keys
 
 
 def test_imports_in_the_docs_import():
