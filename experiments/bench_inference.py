@@ -159,7 +159,8 @@ def main():
   import numpy as np
   import onnxruntime as ort
   from jaxnet import api
-  from jaxnet.tools import export
+  from jaxnet.tools import export, onnx as onnx_export
+  from jaxnet.tools.onnx import int8 as onnx_int8
   batches = [int(b) for b in args.batches.split(",")]
 
   if args.workdir:
@@ -168,7 +169,7 @@ def main():
     fp32 = randomise_bn_statistics(random_predictor(args.model, args.image_size, "fp32"))
   shape = fp32.image_shape
   rng = np.random.default_rng(0)
-  calibration = (export.calibration_images(fp32, args.calibration_images) if args.workdir else
+  calibration = (onnx_int8.calibration_images(fp32, args.calibration_images) if args.workdir else
                  rng.integers(0, 256, (args.calibration_images, *shape), dtype=np.uint8))
 
   engines, inputs, nodes = {}, {}, {}
@@ -180,16 +181,16 @@ def main():
   options = ort.SessionOptions()
   if args.threads:
     options.intra_op_num_threads = args.threads
-  onnx_models = {"jaxnet ONNX fp32": export.to_onnx(fp32)}
-  onnx_models["jaxnet ONNX int8"] = export.quantize_onnx(onnx_models["jaxnet ONNX fp32"], calibration)
+  onnx_models = {"jaxnet ONNX fp32": onnx_export.to_onnx(fp32)}
+  onnx_models["jaxnet ONNX int8"] = onnx_int8.quantize_onnx(onnx_models["jaxnet ONNX fp32"], calibration)
   if args.torch:
     def quantization(model, images):  # export.quantize_onnx, on the torch graph's own input
       try:
-        return export.quantize_onnx(model, images)
+        return onnx_int8.quantize_onnx(model, images)
       except AssertionError:  # its symbolic shape inference fails on torch's ViT graph
         print("  torch's graph: quant_pre_process's symbolic shape inference failed; quantized "
               "without it", file=sys.stderr, flush=True)
-        return export.quantize_onnx(model, images, symbolic_shapes=False)
+        return onnx_int8.quantize_onnx(model, images, symbolic_shapes=False)
     peers, to_input = torch_peer(fp32, calibration, quantization)
     onnx_models.update(peers)
     inputs["torch.onnx.export fp32"] = inputs["torch.onnx.export int8"] = to_input

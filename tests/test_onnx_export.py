@@ -18,11 +18,13 @@ import numpy as np
 import pytest
 
 from jaxnet.cli import export as export_command
-from jaxnet.tools import export as onnx_export
+from jaxnet.tools import export
+from jaxnet.tools import onnx as onnx_export
+from jaxnet.tools.onnx import int8 as onnx_int8
 from jaxnet.core.metrics import replace_atomically
 
 for _name in ("onnx", "onnxruntime", "jax2onnx"):
-  pytest.importorskip(_name, reason=f"the onnx extra is not installed: {onnx_export.INSTALL}")
+  pytest.importorskip(_name, reason=f"the onnx extra is not installed: {export.INSTALL}")
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
@@ -281,7 +283,6 @@ def digits_test_set():
 
 
 def _export(workdir, out, *flags):
-  from jaxnet.tools import export
   assert export_command.main([f"--workdir={workdir}", "--format=onnx", f"--out={out}", *flags]) == 0
   return onnx.load_model(str(out))
 
@@ -340,10 +341,9 @@ def test_int8_top1_within_one_point_of_fp32(digits_workdir, digits_test_set, tmp
 def test_jax_int8_export_computes_in_int8_within_one_point_of_fp32(digits_workdir, digits_test_set,
                                                                    tmp_path):
   """`--format=jax --int8`: qwix PTQ, served by jax alone."""
-  pytest.importorskip("qwix", reason=f"qwix is not installed: {onnx_export.INSTALL}")
+  pytest.importorskip("qwix", reason=f"qwix is not installed: {export.INSTALL}")
   import json
   from jaxnet import api
-  from jaxnet.tools import export
   out = tmp_path / "digits-int8.jax"
   assert export_command.main([f"--workdir={digits_workdir}", f"--out={out}", "--int8"]) == 0
   model = export.load(str(out))
@@ -357,7 +357,6 @@ def test_jax_int8_export_computes_in_int8_within_one_point_of_fp32(digits_workdi
 
 
 def _fails_with_one_line(argv, capsys, expected: str, code: int = 1):
-  from jaxnet.tools import export
   with pytest.raises(SystemExit) as stopped:
     export_command.main(argv)
   assert stopped.value.code == code
@@ -410,7 +409,7 @@ def test_unconvertible_model_and_missing_package_are_one_line(digits_workdir, tm
       raise ModuleNotFoundError(f"No module named {name!r}", name="onnxruntime")
     return real_import(name, *args)
   monkeypatch.setattr(importlib, "import_module", without_onnxruntime)
-  line = _fails_with_one_line(argv[:2] + ["--int8", f"--out={out}"], capsys, onnx_export.INSTALL)
+  line = _fails_with_one_line(argv[:2] + ["--int8", f"--out={out}"], capsys, export.INSTALL)
   assert "onnxruntime" in line
   assert os.listdir(tmp_path) == []
 
@@ -458,13 +457,12 @@ def folder(tmp_path_factory):
 
 def test_calibration_images_are_train_jpegs_preprocessed_as_eval(folder):
   from jaxnet.core import errors
-  from jaxnet.tools import export as onnx_quantize
   from jaxnet.core.data.imagefolder import ImageFolderSource
   from jaxnet.core.data.transforms import EvalDecodeCrop
   predictor = random_predictor("resnet_tiny", 24, num_classes=3, **{
       "data.source": "imagefolder", "data.dir": folder, "data.eval_split": "val",
       "data.eval_crop_fraction": 0.8})
-  images = onnx_quantize.calibration_images(predictor, 5)
+  images = onnx_int8.calibration_images(predictor, 5)
   train = ImageFolderSource(folder, "train")
   crop = EvalDecodeCrop(24, 0.8, predictor.config.data.eval_interpolation)
   every = np.stack([crop.map(train[i])["image"] for i in range(len(train))])
@@ -473,7 +471,7 @@ def test_calibration_images_are_train_jpegs_preprocessed_as_eval(folder):
   matches = [int(np.flatnonzero((every == image).all(axis=(1, 2, 3)))[0]) for image in images]
   assert len(set(matches)) == 5
   with pytest.raises(errors.UserError, match="has only 12 images; pass --calibration-images=12"):
-    onnx_quantize.calibration_images(predictor, 13)
+    onnx_int8.calibration_images(predictor, 13)
 
 
 def test_unreadable_calibration_files_are_named_once_in_one_line_and_the_advice_works(folder, tmp_path, capsys):
@@ -481,7 +479,6 @@ def test_unreadable_calibration_files_are_named_once_in_one_line_and_the_advice_
   without a name), and the count the advice gives is one that works."""
   import shutil
   from jaxnet.core import errors
-  from jaxnet.tools import export
   root = tmp_path / "folder"
   shutil.copytree(folder, root)
   bad = sorted((root / "train").glob("*/*"))[:5]
@@ -491,8 +488,8 @@ def test_unreadable_calibration_files_are_named_once_in_one_line_and_the_advice_
       "data.source": "imagefolder", "data.dir": str(root), "data.eval_split": "val"})
   with pytest.raises(errors.UserError, match=r"only 7 of the 12 train images .* are readable: pass "
                                              r"--calibration-images=7 or fewer"):
-    export.calibration_images(predictor, 10)
-  assert len(export.calibration_images(predictor, 7)) == 7  # the advice works
+    onnx_int8.calibration_images(predictor, 10)
+  assert len(onnx_int8.calibration_images(predictor, 7)) == 7  # the advice works
   out = capsys.readouterr().out
   notes = [line for line in out.splitlines() if "unreadable" in line]
   assert notes and all("5 unreadable train file(s)" in n for n in notes)
@@ -500,7 +497,7 @@ def test_unreadable_calibration_files_are_named_once_in_one_line_and_the_advice_
   for path in (root / "train").glob("*/*"):
     path.write_bytes(b"not an image")
   with pytest.raises(errors.UserError, match="only 0 of the 12 .* fix or remove the unreadable files"):
-    export.calibration_images(predictor, 1)
+    onnx_int8.calibration_images(predictor, 1)
 
 
 @pytest.mark.slow
@@ -532,7 +529,6 @@ def test_a_head_wider_than_the_dataset_names_its_extra_logits_by_index():
   """A fine-tune whose model.num_classes (1000) exceeds the dataset's classes: predict crashed
   (IndexError) and the ONNX metadata listed fewer names than logits."""
   import json
-  from jaxnet.tools import export
   from jaxnet.tools.predictor import Predictor
   base = random_predictor("resnet_tiny", 24, num_classes=5)
   wide = Predictor(base.config, base.model, base.variables, num_classes=5, class_names=["cat", "dog"],
@@ -540,7 +536,7 @@ def test_a_head_wider_than_the_dataset_names_its_extra_logits_by_index():
   assert wide.class_names == ["cat", "dog", "2", "3", "4"]
   top = wide.predict(eval_split(24)[:2], top_k=5)
   assert all(len(row) == 5 for row in top)
-  meta = export.metadata(wide)
+  meta = onnx_export.metadata(wide)
   assert json.loads(meta["jaxnet.class_names"]) == wide.class_names
   assert meta["jaxnet.workdir"] == "run7"  # the run's name, no path of this machine
 

@@ -1,4 +1,4 @@
-"""A trained model out of jaxnet (jaxnet/tools/export.py; docs/deploy.md):
+"""A trained model out of jaxnet (jaxnet/tools/export.py, jaxnet/tools/onnx/; docs/deploy.md):
 
   python -m jaxnet.cli.export --workdir=DIR --out=FILE [--step=N] [--platforms=cpu,cuda] [--int8]
   python -m jaxnet.cli.export --workdir=DIR --format=torch --out=FILE.safetensors
@@ -54,6 +54,8 @@ def main(argv=None):
     process.setup()
     from jaxnet import api
     from jaxnet.tools import export
+    from jaxnet.tools import onnx as onnx_export
+    from jaxnet.tools.onnx import int8 as onnx_int8
     predictor = api.restore(args.workdir, step=args.step)
     asked = "int8" if args.int8 else args.format
     if asked not in predictor.task.exports:
@@ -75,18 +77,18 @@ def main(argv=None):
       if args.int8:
         given = args.calibration_images
         if given is None:
-          calibration = export.DEFAULT_CALIBRATION_IMAGES
+          calibration = onnx_int8.DEFAULT_CALIBRATION_IMAGES
         elif given.lstrip("-").isdigit():
           calibration = int(given)  # 0 is an error (calibration_images), not the default
         else:
           calibration = given
-        export.save_onnx_int8(predictor, args.out, calibration)
+        onnx_int8.save_onnx_int8(predictor, args.out, calibration)
         kind = (f"int8, calibrated on the images in {calibration}" if isinstance(calibration, str)
                 else f"int8, calibrated on {calibration} train images")
       else:
-        export.save_onnx(predictor, args.out)
+        onnx_export.save_onnx(predictor, args.out)
         kind = "fp32"
-      outputs = export.onnx_outputs(predictor)
+      outputs = onnx_export.onnx_outputs(predictor)
       what = f"ONNX {kind}; input uint8 {shape} named images, {outputs}"
     else:
       platforms = args.platforms.split(",") if args.platforms else None

@@ -1,7 +1,7 @@
 """A trained model restored from a workdir, and image files made into its input.
 
 `Predictor.logits_fn` is `steps.make_logits_fn`, the same function the eval step runs, so
-predictions, eval metrics and the exports (jaxnet/tools/export.py) agree. The checkpoint is
+predictions, eval metrics and the exports (jaxnet/tools/export.py, jaxnet/tools/onnx/) agree. The checkpoint is
 read without the optimizer or the dataset (classes.json, written at train time, says how
 many classes there are and their names).
 
