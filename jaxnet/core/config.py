@@ -96,7 +96,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.randaug_num_ops = 0       # RandAugment: ops per train image (0: off); in the Grain
   c.data.randaug_magnitude = 10    # workers, on uint8 images; magnitude of 0..10
 
-  # Object detection (data.source=coco, a retinanet_* model; jaxnet/core/detection.py).
+  # Object detection (data.source=coco, a retinanet_* model; jaxnet/core/tasks/detection.py).
   c.detection = ml_collections.ConfigDict()
   c.detection.max_boxes = 100      # ground-truth boxes per image the batch holds (more: the first)
   c.detection.scale_jitter = (1.0, 1.0)  # train: the resize's random factor, (low, high)

@@ -103,7 +103,7 @@ def onnx_outputs(predictor) -> str:
 
 def to_onnx(predictor):
   """The predictor's eval-mode fp32 function as an onnx.ModelProto with a dynamic batch
-  (`_family`: written directly, or through jax2onnx)."""
+  (`family`: written directly, or through jax2onnx)."""
   writer = family(predictor)[0]
   (onnx,) = require("onnx")
   model = writer(predictor)
