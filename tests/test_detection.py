@@ -340,12 +340,15 @@ def test_shapes_training_loss_falls_eval_is_exact_and_resume_matches(shapes, tmp
   for image, detections in zip(images, found):
     rows = proc.stdout.split(f"{image}: ")[1].split("\n")
     assert len(detections) == int(rows[0].removesuffix(" detections"))
-    name, score, box = detections[0]
-    assert rows[1].split()[:2] == [f"{score:.4f}", name] and len(box) == 4
+    for (name, score, box), row in zip(detections, rows[1:]):
+      assert row.split()[:2] == [f"{score:.4f}", name] and len(box) == 4
+  assert sum(map(len, found)) > 0
   for image in images:
     rows = proc.stdout.split(f"{image}: ")[1].split("\n")
     count = int(rows[0].removesuffix(" detections"))  # those past the score threshold and NMS
-    assert 0 < count <= 300  # detection.max_detections
+    # 24 steps teach the detector little: an image may have no box scoring 0.05 yet (on
+    # some CPUs), but the two together have some (above).
+    assert 0 <= count <= 300  # detection.max_detections
     width, height = sizes[os.path.basename(image)]
     scores = [float(row.split()[0]) for row in rows[1:count + 1]]
     assert scores == sorted(scores, reverse=True) and scores[-1] >= 0.05
