@@ -236,10 +236,14 @@ def _place(value: np.ndarray, like: jax.Array) -> jax.Array:
   return jax.make_array_from_callback(like.shape, like.sharding, lambda index: value[index])
 
 
-def initialiser(config, log=print):
+def initialiser(config, log=print, loaded: dict | None = None):
   """`init_params(variables) -> variables` for jaxnet.core (Experiment.init_state): the params
-  and BN statistics from `config.init.weights`, placed as the fresh ones are (dtype, sharding)."""
+  and BN statistics from `config.init.weights`, placed as the fresh ones are (dtype, sharding).
+  `loaded`, when given, is filled with what was done: {"arrays": how many came from the
+  weights, "of": the model's count, "head": why the class layer was re-initialised or None,
+  "head_arrays": how many arrays that layer has}."""
   spec = config.init.weights
+  loaded = {} if loaded is None else loaded
 
   def init_params(variables):
     target = flatten_dict(variables)
@@ -249,6 +253,9 @@ def initialiser(config, log=print):
     if in_backbone(target) and not in_backbone(source.variables):
       return init_backbone(target)  # a classifier's weights for a detector
     values, reason = fill(shapes, source, config.init.keep_head, f"init.weights={spec}")
+    layer = _class_layer(shapes)
+    loaded.update(arrays=len(values), of=len(target), head=reason,
+                  head_arrays=sum(1 for p in shapes if reason and p[1] == layer))
     if jax.process_index() == 0:
       head = f"; classifier head re-initialised: {reason}" if reason else ""
       log(f"init: {len(values)} of {len(target)} variables from {spec}{head}")
@@ -265,6 +272,8 @@ def initialiser(config, log=print):
                                  unknown=[n for n in source.unknown if n not in head_names])
     values, _ = fill(shapes, source, keep_head=False, spec=f"init.weights={spec}")
     values = {p[:1] + ("backbone",) + p[1:]: v for p, v in values.items()}
+    loaded.update(arrays=len(values), of=len(target), head="only the backbone is in the weights",
+                  head_arrays=len(target) - len(values))
     if jax.process_index() == 0:
       log(f"init: {len(values)} of {len(target)} variables (the backbone's) from {spec}")
     return unflatten_dict({p: _place(values[p], x) if p in values else x for p, x in target.items()})
@@ -272,22 +281,44 @@ def initialiser(config, log=print):
   return init_params
 
 
-def import_to_workdir(config, workdir: str, spec: str, log=print) -> int:
+def import_to_workdir(config, workdir: str, spec: str, log=print) -> dict:
   """A jaxnet workdir from pretrained weights, without training: `config`'s model and data
   with its params and BN statistics from `spec` (a .safetensors/.pth file under torchvision/
   timm names, hf-hub:OWNER/NAME, or another workdir) and the preprocessing they expect,
   saved as the checkpoint of step 0 with config.json, classes.json and environment.json.
   Eval, predict and export take it as they take a trained workdir, and training it resumes
-  from step 0, a fine-tune of the weights. Returns the number of variables loaded."""
+  from step 0, a fine-tune of the weights. Returns what was loaded (`initialiser`'s `loaded`:
+  "arrays" from the weights, "of" the model's, "head" why its class layer was re-initialised,
+  "head_arrays"). Weights that do not fit the model are one error naming both architectures,
+  and a failed import leaves nothing behind: a workdir it created is removed, a file it wrote
+  into one that was there (preprocessing.json) too."""
   from jaxnet.core import checkpoint as ckpt
-  from jaxnet.core import config as config_lib
   from jaxnet.core import workdir as workdir_lib
   from jaxnet.core.errors import UserError
-  from jaxnet.core.experiment import Experiment
-  from jaxnet.core.metrics import write_run_info
   workdir_lib.check_path(workdir)
   if ckpt.has_checkpoints(workdir):
     raise UserError(f"{workdir} already holds checkpoints: import into a new --workdir")
+  existed = os.path.isdir(workdir)
+  before = set(os.listdir(workdir)) if existed else set()
+  try:
+    return _import(config, workdir, spec, log)
+  except BaseException:
+    import shutil
+    if not existed:
+      shutil.rmtree(workdir, ignore_errors=True)
+    elif os.path.isdir(workdir):
+      for name in set(os.listdir(workdir)) - before:
+        path = os.path.join(workdir, name)
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+    raise
+
+
+def _import(config, workdir: str, spec: str, log) -> dict:
+  from jaxnet.core import checkpoint as ckpt
+  from jaxnet.core import config as config_lib
+  from jaxnet.core import workdir as workdir_lib
+  from jaxnet.core.experiment import Experiment
+  from jaxnet.core.metrics import write_run_info
   os.makedirs(workdir, exist_ok=True)
   config = config_lib.with_model_options(config).copy_and_resolve_references()
   with config.unlocked():
@@ -295,9 +326,12 @@ def import_to_workdir(config, workdir: str, spec: str, log=print) -> int:
   config.lock()
   config = fetch_and_record_preprocessing(config, workdir, log)
   exp = Experiment(config)
-  loaded = []
-  init = initialiser(config, log=lambda line: loaded.append(line) or log(line))
-  state = exp.init_state(init)
+  loaded = {}
+  init = initialiser(config, log=log, loaded=loaded)
+  try:
+    state = exp.init_state(init)
+  except WeightsMismatchError as e:
+    raise InvalidValueError(_another_architecture(spec, config, str(e))) from None
   config_json = config.to_json_best_effort(indent=2)
   with exp.device_batches() as batches:  # the data position of a run at step 0
     checkpoints = ckpt.Checkpoints(workdir, async_save=False)
@@ -308,4 +342,52 @@ def import_to_workdir(config, workdir: str, spec: str, log=print) -> int:
   workdir_lib.record_config(workdir, config_json, {}, 0)
   write_run_info(workdir, total_steps=exp.total_steps, steps_per_epoch=exp.steps_per_epoch,
                  num_classes=exp.num_classes, class_names=exp.class_names)
-  return len(jax.tree.leaves(state.params)) + len(jax.tree.leaves(state.batch_stats))
+  return loaded
+
+
+def _another_architecture(spec: str, config, problems: str) -> str:
+  """One line for weights that do not fit config.model.name: the architecture they fit, when
+  one of jaxnet's models does, and the first of `problems` (fill's list)."""
+  model = config.model.name
+  fits = architecture_of(spec, config.image_size, model)
+  lines = problems.splitlines()
+  count = len(lines) - 2
+  what = f"the weights of a {fits}" if fits else "weights of no jaxnet model of their names"
+  fix = (f"set --config.model.name={fits}, or import weights of a {model}" if fits
+         else f"import weights of a {model}")
+  return (f"{spec} holds {what}, not of a {model} (config.model.name): {count} tensor"
+          f"{'s do' if count != 1 else ' does'} not fit, e.g. {lines[1].strip()}. {fix[0].upper()}{fix[1:]}")
+
+
+def architecture_of(spec: str, image_size: int, model: str) -> str | None:
+  """The first jaxnet model (`model`'s family first) whose variables `spec`'s tensors fill,
+  the class layer aside; None if none does. Only shapes are traced (jax.eval_shape)."""
+  from jaxnet.core import models
+  if _is_workdir(spec):
+    from jaxnet.core import config as config_lib
+    return config_lib.load(spec).model.name
+  path = hub.fetch(spec)[0] if hub.is_hub_spec(spec) else spec
+  tensors, metadata = tensor_files.read(path)
+  family = next((p for p in FAMILIES if model.startswith(p)), "")
+  recorded = metadata.get("model")  # a jaxnet export names its model
+
+  def order(name):  # the recorded model, then the config's family, smallest first (cheap to trace)
+    import re
+    depth = int((re.findall(r"\d+", name) or ["0"])[0])
+    return (name != recorded, not name.startswith(family), depth, name)
+
+  candidates = sorted((n for n in models.names() if n != model and any(n.startswith(p) for p in FAMILIES)),
+                      key=order)
+  for name in candidates:
+    try:
+      module = models.create(name, num_classes=10)
+      abstract = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0),
+                                                    np.zeros((1, image_size, image_size, 3), np.float32),
+                                                    train=False))
+      shapes = {p: tuple(x.shape) for p, x in flatten_dict(abstract).items()}
+      flat, unknown = names_of(name).from_torch(tensors, shapes)
+      fill(shapes, Source(flat, unknown, _describe_jaxnet), keep_head=False)
+    except (WeightsMismatchError, KeyError, ValueError, TypeError):  # not this one
+      continue
+    return name
+  return None
