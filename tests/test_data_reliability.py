@@ -449,3 +449,14 @@ def test_an_image_folder_with_no_readable_train_image_stops_before_its_first_ste
                          f"{root}/train/a/0.jpg: cannot decode 10 bytes as an image")
   assert line.endswith("); the run stops before its first step: check data.dir and the image files")
   assert "metrics.jsonl" not in left and not os.listdir(tmp_path / "workdir" / "checkpoints")
+
+
+def test_predicts_unreadable_image_error_names_the_file_and_why(tmp_path, caplog):
+  """It said "skipping an unreadable image, record ? (label 0)" before the error."""
+  bad = tmp_path / "photo.jpg"
+  bad.write_bytes(b"not a jpeg")
+  config = config_io.load("configs/resnet.py:runlocal", {"data.source": "imagefolder", "image_size": 16})
+  with caplog.at_level("WARNING", logger="jaxnet"), pytest.raises(preprocess.ImageReadError) as e:
+    preprocess.load_image(str(bad), config, 3)
+  assert str(e.value).startswith(f"could not decode {bad} as an image (cannot decode 10 bytes as an image")
+  assert "record ?" not in caplog.text and caplog.records == []

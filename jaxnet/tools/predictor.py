@@ -198,10 +198,20 @@ def load_image(image, config, channels: int) -> np.ndarray:
     out = np.asarray(pil, np.uint8)
     return out[..., None] if channels == 1 else out
   from jaxnet.core.data.transforms import EvalDecodeCrop  # the pipeline's own eval transform
-  op = EvalDecodeCrop(size, config.data.eval_crop_fraction, config.data.eval_interpolation)
-  example = op.map({"image": _to_bytes(image), "label": np.int32(0)})
+  # warn=False: the error below names the file and why; the transform's own warning knows
+  # neither (it said "record ?").
+  op = EvalDecodeCrop(size, config.data.eval_crop_fraction, config.data.eval_interpolation, warn=False)
+  data = _to_bytes(image)
+  example = op.map({"image": data, "label": np.int32(0)})
   if not example["mask"]:
-    raise ImageReadError(f"could not decode image {image if isinstance(image, str) else ''}".strip())
+    from jaxnet.core.data import decode
+    try:
+      decode.decode_full(data)
+      why = ""
+    except decode.CorruptImageError as e:
+      why = f" ({e})"
+    where = os.fspath(image) if isinstance(image, (str, os.PathLike)) else "an image given as bytes or pixels"
+    raise ImageReadError(f"could not decode {where} as an image{why}")
   out = np.asarray(example["image"], np.uint8)
   if channels == 1 and out.shape[-1] == 3:
     out = np.asarray(Image.fromarray(out).convert("L"), np.uint8)[..., None]
