@@ -5,13 +5,11 @@ predictions, eval metrics and the exports (jaxnet/tools/export.py) agree. The ch
 read without the optimizer or the dataset (classes.json, written at train time, says how
 many classes there are and their names).
 
-Prediction must see images the way eval saw them (`load_image`):
-  array sources (digits, synthetic) hold whole images already resized to image_size
-    (digits: bilinear upsampling of the 8x8 originals), so a file is converted to the
-    model's channels (L or RGB) and resized the same way;
-  encoded sources (imagefolder, tfds) go through the input pipeline's own eval transform
-    (decode, resize the shorter side to image_size / config.data.eval_crop_fraction with
-    config.data.eval_interpolation, center crop).
+Prediction must see images the way eval saw them (`load_image`): every file, whatever the data
+source, goes through the input pipeline's own eval transform (decode, resize the shorter side to
+image_size / config.data.eval_crop_fraction with config.data.eval_interpolation, center crop):
+the one eval preprocessing that config.json, preprocessing.json, the ONNX metadata and int8
+calibration record and use. (Digits, stored upsampled whole, record a crop fraction of 1.0.)
 Normalization (mean/std) is not done here: it is part of the model function.
 """
 
@@ -184,19 +182,16 @@ def _check_matches_model(model, variables, input_shape, workdir):
 
 # --- image files -> the eval input ----------------------------------------------------
 
-# Sources whose records are decoded arrays rather than JPEG bytes (see data/sources.py).
-ARRAY_SOURCES = ("digits", "synthetic")
-
-
 def load_image(image, config, channels: int) -> np.ndarray:
-  """A path, bytes, PIL image or HxW[xC] array -> uint8 (image_size, image_size, channels)."""
+  """A path, bytes, PIL image or HxW[xC] array -> uint8 (image_size, image_size, channels):
+  the pipeline's eval transform (EvalDecodeCrop: the shorter side to image_size /
+  data.eval_crop_fraction with data.eval_interpolation, the center crop), whatever the
+  workdir's data source. It is what config.json, preprocessing.json and the exports' metadata
+  record; array sources (digits, synthetic) once resized files straight to image_size instead,
+  so weights imported with data.source=synthetic saw other pixels than their record said.
+  (Digits record eval_crop_fraction=1.0: the shorter side to image_size, which for their square
+  images is the resize their stored images had.)"""
   size = config.image_size
-  if config.data.source in ARRAY_SOURCES:
-    pil = _to_pil(image).convert("L" if channels == 1 else "RGB")
-    if pil.size != (size, size):
-      pil = pil.resize((size, size), Image.BILINEAR)
-    out = np.asarray(pil, np.uint8)
-    return out[..., None] if channels == 1 else out
   from jaxnet.core.data.transforms import EvalDecodeCrop  # the pipeline's own eval transform
   # warn=False: the error below names the file and why; the transform's own warning knows
   # neither (it said "record ?").
