@@ -922,3 +922,22 @@ def test_warnings_about_unreadable_images_name_the_file_through_jaxnets_logger(t
   assert not out["mask"]
   [record] = [r for r in caplog.records if "unreadable" in r.getMessage()]
   assert record.name == "jaxnet" and "bomb.png" in record.getMessage()
+
+
+def test_a_torch_export_onto_a_full_disk_is_one_line_and_keeps_the_old_file(trained, tmp_path, capsys):
+  """--format=torch wrote through safetensors' own writer, whose full-disk error was a
+  23-line traceback (issue 46)."""
+  out = tmp_path / "model.safetensors"
+  assert export_command.main([f"--workdir={trained}", "--format=torch", f"--out={out}"]) == 0
+  good = out.read_bytes()
+  capsys.readouterr()
+  with _tmpfs(tmp_path / "small", f"{len(good) * 3 // 2 // 1024 + 8}k") as mount:
+    target = mount / "model.safetensors"
+    shutil.copy(out, target)
+    with pytest.raises(SystemExit) as stopped:
+      export_command.main([f"--workdir={trained}", "--format=torch", f"--out={target}"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 1 and "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and str(target) in errors[0] and "no space left on device" in errors[0], err
+    assert target.read_bytes() == good and os.listdir(mount) == ["model.safetensors"]

@@ -53,11 +53,20 @@ def _unreadable(path: str, error: Exception) -> InvalidValueError:
 def write(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
   if not path.endswith(SAFETENSORS):
     raise InvalidValueError(f"{path}: weights are written as .safetensors; name the file *.safetensors")
-  from safetensors.numpy import save_file
+  from safetensors.numpy import save
   from jaxnet.core.metrics import write_file_atomically
   # np.array(order="C"), not ascontiguousarray, which turns 0-d counters into shape (1,).
   arrays = {k: np.array(v, order="C") for k, v in tensors.items()}
-  write_file_atomically(path, lambda tmp: save_file(arrays, tmp, metadata=metadata))
+  data = save(arrays, metadata=metadata)
+
+  # The bytes are written by Python, not by safetensors' save_file: its writer reports a full
+  # disk as its own exception, without an errno, so the failure was a traceback; Python's
+  # OSError becomes one line naming the file and the cause (write_file_atomically), and the
+  # old file stays as it was. It holds the file in memory once (ViT-H: 2.5 GB).
+  def write(tmp):
+    with open(tmp, "wb") as f:
+      f.write(data)
+  write_file_atomically(path, write)
 
 
 def _check_exists(path: str) -> None:
