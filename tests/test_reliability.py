@@ -985,3 +985,20 @@ def test_a_checkpoint_whose_deletion_is_under_way_is_rotated_not_damaged(trained
                           f"writing this workdir rotated it away (keep_checkpoints), so it is not damaged. "
                           f"Its checkpoints now: steps [20, 30]; read one of those, or leave out the step "
                           f"to read the newest")
+
+
+def test_a_data_position_of_another_loader_names_data_loader(trained, tmp_path, monkeypatch):
+  """A DALI run resumed with data.loader=grain: Grain's refusal named worker_count, not the
+  loader that wrote the position (issue 46)."""
+  workdir = _copy(trained, tmp_path)
+  checkpoints = ckpt.Checkpoints(str(workdir), read_only=True)
+
+  def grains_refusal(*args, **kwargs):  # what Grain says of DALI's saved position
+    raise KeyError("worker_count")
+  monkeypatch.setattr(checkpoints.manager, "restore", grains_refusal)
+  try:
+    with pytest.raises(ckpt.CheckpointMismatchError) as e:
+      checkpoints._restore_position(20, iterator=object(), saved_processes=None)
+  finally:
+    checkpoints.close()
+  assert "Resume with the same data.loader (grain or dali: each saves its own kind of position)" in str(e.value)

@@ -312,8 +312,9 @@ class Checkpoints:
     except Exception as e:
       raise CheckpointMismatchError(
           f"the data position saved at step {step} in {where} does not fit this run's input "
-          f"pipeline ({orbax_adapter.first_line(e)}). Resume with the same data.source, data.dir, "
-          f"data.workers, batch_size and seed as the run that wrote it, or use a new workdir.") from e
+          f"pipeline ({orbax_adapter.first_line(e)}). Resume with the same data.loader (grain or "
+          f"dali: each saves its own kind of position), data.source, data.dir, data.workers, "
+          f"batch_size and seed as the run that wrote it, or use a new workdir.") from e
 
   def restore_newest(self, abstract_state, iterator=None):
     """The newest checkpoint that verifies: (state, step), or (None, None) if there is none.
