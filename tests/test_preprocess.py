@@ -84,3 +84,23 @@ def test_predict_eval_export_metadata_and_calibration_see_the_same_pixels(tmp_pa
     assert np.abs(predicted.astype(int) - reference).mean() < 1.5, source
     straight = np.asarray(Image.open(path).convert("RGB").resize((32, 32), Image.Resampling.BILINEAR))
     assert np.abs(predicted.astype(int) - straight).mean() > 10, source
+
+
+def test_int8_calibration_refuses_random_pixels_of_a_synthetic_workdir(tmp_path):
+  """Weights imported with data.source=synthetic: a count of calibration images took random
+  pixels as the int8 ranges' sample, silently (issue 46, a hole of the same class)."""
+  import jax
+  import pytest
+  from jaxnet.core import models
+  from jaxnet.core.errors import UserError
+  from jaxnet.tools import export
+  model = models.create("resnet_tiny", num_classes=3)
+  variables = model.init(jax.random.PRNGKey(0), np.zeros((1, 16, 16, 3), np.float32), train=False)
+  config = base_config()
+  config.data.source, config.image_size = "synthetic", 16
+  predictor = preprocess.Predictor(config, model, variables, num_classes=3, workdir=str(tmp_path))
+  with pytest.raises(UserError) as e:
+    export.calibration_images(predictor, 8)
+  assert str(e.value) == (f"--calibration-images=8 calibrates on train images, and the workdir {tmp_path} has "
+                          f"data.source=synthetic (random pixels): pass --calibration-images=DIR, a folder "
+                          f"of images like those the model will see")
