@@ -549,7 +549,7 @@ MUTATIONS = [
              "    loaded.update(arrays=len(target), of=len(target), head=reason,",
              ("tests/test_weights.py::test_an_import_with_another_class_count_says_how_many_arrays_came_from_the_weights",)),
     Mutation("import_of_another_architecture_one_line", "jaxnet/tools/weights/pretrained.py",
-             "    raise InvalidValueError(_another_architecture(spec, config, str(e))) from None\n", "    raise\n",
+             "      raise InvalidValueError(_another_architecture(spec, config, str(e))) from None\n", "      raise\n",
              ("tests/test_weights.py::test_an_import_of_another_architecture_is_one_line_naming_both_and_leaves_nothing",)),
     Mutation("failed_import_leaves_nothing", "jaxnet/tools/weights/pretrained.py",
              "    if not existed:\n      shutil.rmtree(workdir, ignore_errors=True)\n",

@@ -252,7 +252,10 @@ def initialiser(config, log=print, loaded: dict | None = None):
     in_backbone = lambda paths: any(p[1] == "backbone" for p in paths)
     if in_backbone(target) and not in_backbone(source.variables):
       return init_backbone(target)  # a classifier's weights for a detector
-    values, reason = fill(shapes, source, config.init.keep_head, f"init.weights={spec}")
+    try:
+      values, reason = fill(shapes, source, config.init.keep_head, f"init.weights={spec}")
+    except WeightsMismatchError as e:  # the import and init.weights in training: one line
+      raise InvalidValueError(_another_architecture(spec, config, str(e))) from None
     layer = _class_layer(shapes)
     loaded.update(arrays=len(values), of=len(target), head=reason,
                   head_arrays=sum(1 for p in shapes if reason and p[1] == layer))
@@ -328,10 +331,7 @@ def _import(config, workdir: str, spec: str, log) -> dict:
   exp = Experiment(config)
   loaded = {}
   init = initialiser(config, log=log, loaded=loaded)
-  try:
-    state = exp.init_state(init)
-  except WeightsMismatchError as e:
-    raise InvalidValueError(_another_architecture(spec, config, str(e))) from None
+  state = exp.init_state(init)
   config_json = config.to_json_best_effort(indent=2)
   with exp.device_batches() as batches:  # the data position of a run at step 0
     checkpoints = ckpt.Checkpoints(workdir, async_save=False)
