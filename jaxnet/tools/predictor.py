@@ -97,14 +97,14 @@ class Detector:
     """Files, bytes, PIL images or arrays -> (the uint8 batch eval would have seen, each
     image's (scale from its own pixels to the batch's, its (height, width)))."""
     from jaxnet.core.data.coco import DetectionTransform
-    transform = DetectionTransform(self.config.image_size, 1, train=False)
+    transform = DetectionTransform(self.config.image_size, 1, train=False, warn=False)
     examples = []
     for image in images:
-      example = transform.map({"image": _to_bytes(image), "boxes": np.zeros((0, 4), np.float32),
-                               "classes": np.zeros((0,), np.int32), "image_id": 0,
-                               "path": image if isinstance(image, str) else "an image"})
+      data = _to_bytes(image)
+      example = transform.map({"image": data, "boxes": np.zeros((0, 4), np.float32),
+                               "classes": np.zeros((0,), np.int32), "image_id": 0, "path": ""})
       if not example["mask"]:
-        raise ImageReadError(f"could not decode image {image if isinstance(image, str) else ''}".strip())
+        raise _unreadable(image, data)
       examples.append(example)
     return np.stack([e["image"] for e in examples]), [(e["scale"], e["source_size"]) for e in examples]
 
@@ -199,18 +199,24 @@ def load_image(image, config, channels: int) -> np.ndarray:
   data = _to_bytes(image)
   example = op.map({"image": data, "label": np.int32(0)})
   if not example["mask"]:
-    from jaxnet.core.data import decode
-    try:
-      decode.decode_full(data)
-      why = ""
-    except decode.CorruptImageError as e:
-      why = f" ({e})"
-    where = os.fspath(image) if isinstance(image, (str, os.PathLike)) else "an image given as bytes or pixels"
-    raise ImageReadError(f"could not decode {where} as an image{why}")
+    raise _unreadable(image, data)
   out = np.asarray(example["image"], np.uint8)
   if channels == 1 and out.shape[-1] == 3:
     out = np.asarray(Image.fromarray(out).convert("L"), np.uint8)[..., None]
   return out
+
+
+def _unreadable(image, data: bytes) -> "ImageReadError":
+  """The error for an image the eval transform could not decode: the file and why (the
+  transforms are told not to warn, so this is the one line said)."""
+  from jaxnet.core.data import decode
+  try:
+    decode.decode_full(data)
+    why = ""
+  except decode.CorruptImageError as e:
+    why = f" ({e})"
+  where = os.fspath(image) if isinstance(image, (str, os.PathLike)) else "an image given as bytes or pixels"
+  return ImageReadError(f"could not decode {where} as an image{why}")
 
 
 def load_batch(images, config, channels: int) -> np.ndarray:

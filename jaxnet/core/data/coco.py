@@ -276,9 +276,11 @@ class DetectionTransform(grain.RandomMapTransform):
   `scale_jitter` = (low, high)), crop or pad to image_size square, flip (training); boxes
   moved with the pixels, clipped, those left without area dropped, padded to `max_boxes`."""
 
-  def __init__(self, image_size: int, max_boxes: int, train: bool, scale_jitter=(1.0, 1.0)):
+  def __init__(self, image_size: int, max_boxes: int, train: bool, scale_jitter=(1.0, 1.0),
+               warn: bool = True):
     self.image_size, self.max_boxes, self.train = image_size, max_boxes, train
     self.scale_jitter = tuple(scale_jitter)
+    self.warn = warn  # False: the caller names the unreadable images itself (predict)
 
   def map(self, element: dict[str, Any]):
     """Eval's transform draws nothing: the same output for any generator."""
@@ -290,7 +292,8 @@ class DetectionTransform(grain.RandomMapTransform):
     try:
       pixels = decode.decode_record(element)
     except decode.CorruptImageError as err:
-      logging.getLogger("jaxnet").warning("skipping an unreadable image, %s: %s", element["path"], err)
+      if self.warn:
+        logging.getLogger("jaxnet").warning("skipping an unreadable image, %s: %s", element["path"], err)
       return example(np.zeros((size, size, 3), np.uint8), np.zeros((0, 4), np.float32),
                      np.zeros((0,), np.int32), element["image_id"], 1.0, (0, 0), self.max_boxes, ok=False)
     height, width = pixels.shape[:2]
