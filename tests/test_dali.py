@@ -127,3 +127,39 @@ def test_a_resumed_dali_run_sees_the_batches_an_uninterrupted_one_sees(folder, t
   import jax
   for x, y in zip(jax.tree.leaves(a["params"]), jax.tree.leaves(b["params"])):
     np.testing.assert_array_equal(x, y)
+
+
+def test_a_file_dali_cannot_decode_is_one_line_naming_it(tmp_path):
+  """DALI's decode error (nvImageCodec's message, 57 lines) names no file; the loaders name
+  the first file that is no image. Runs without DALI: a pipeline standing in for DALI's
+  raises what DALI raises (RuntimeError) (issue 46)."""
+  import simplejpeg
+  from PIL import Image
+  from jaxnet.core.data import dali
+  good = tmp_path / "a.jpg"
+  good.write_bytes(simplejpeg.encode_jpeg(np.full((8, 8, 3), 9, np.uint8)))
+  png = tmp_path / "b.jpg"  # a PNG named .jpg is an image
+  Image.new("RGB", (4, 4)).save(png, format="PNG")
+  bad = tmp_path / "c.jpg"
+  bad.write_bytes(b"<html>not an image</html>")
+
+  class Pipe:
+    def __init__(self, error=None):
+      self.error = error
+
+    def run(self):
+      if self.error:
+        raise self.error
+      return "batch"
+
+  files = [str(good), str(png), str(bad)]
+  assert dali.run(Pipe(), files) == "batch"
+  with pytest.raises(UserError) as e:
+    dali.run(Pipe(RuntimeError("nvImageCodec: unsupported format")), files)
+  assert str(e.value).startswith(f"data.loader=dali cannot decode {bad} (not an image: ")
+  assert str(e.value).endswith("; DALI stops at a file it cannot decode: remove or replace it, or use "
+                               "data.loader=grain, which skips, masks and counts unreadable images")
+  assert dali.unreadable_file(files[:2]) is None
+  assert dali.unreadable_file([str(tmp_path / "gone.jpg")]) == (str(tmp_path / "gone.jpg"), "not found")
+  with pytest.raises(RuntimeError, match="out of memory"):  # not a file's fault: DALI's error as it is
+    dali.run(Pipe(RuntimeError("out of memory")), files[:2])

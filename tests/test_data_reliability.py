@@ -333,3 +333,137 @@ def test_closing_a_loader_returns_once_its_segments_are_unlinked(tmp_path, monke
   assert other.name in os.listdir("/dev/shm")
   other.close()
   other.unlink()
+
+
+# --- issue 46: malformed COCO files, images that are not there, a set with nothing readable ---
+
+def _coco_folder(root, images, annotations, categories=({"id": 1, "name": "a"},), text=None):
+  """DIR/annotations/instances_train.json (`text` as it is, else the three lists) and DIR/train/."""
+  (root / "annotations").mkdir(parents=True, exist_ok=True)
+  (root / "train").mkdir(exist_ok=True)
+  if text is None:
+    text = json.dumps({"images": images, "annotations": annotations, "categories": list(categories)})
+  (root / "annotations" / "instances_train.json").write_text(text)
+  return str(root / "annotations" / "instances_train.json")
+
+
+def _train_error(tmp_path, capsys, config="configs/resnet.py:runlocal", **overrides) -> tuple[str, list]:
+  """(the one error line training prints, what the workdir holds after) for a short run."""
+  config = config_io.load(config, {
+      "total_steps": 2, "image_size": 16, "batch_size": 8, "data.eval_batch_size": 8, **overrides})
+  with pytest.raises(SystemExit) as exit_info, process.one_line_errors():
+    api.train(config, str(tmp_path / "workdir"))
+  assert exit_info.value.code == 1
+  captured = capsys.readouterr()
+  assert "Traceback" not in captured.err and "step 1" not in captured.out
+  workdir = tmp_path / "workdir"
+  errors_printed = [line for line in captured.err.splitlines() if line.startswith("error:")]
+  assert len(errors_printed) == 1, captured.err
+  return errors_printed[0], sorted(os.listdir(workdir)) if workdir.exists() else []
+
+
+def test_malformed_coco_annotations_are_one_line_naming_the_file_and_entry(tmp_path, capsys):
+  from jaxnet.core.data.coco import CocoSource
+  fix = 'a COCO annotation file is a JSON object with "images", "annotations" and "categories" lists'
+  image = {"id": 1, "file_name": "a.jpg", "width": 32, "height": 24}
+  path = _coco_folder(tmp_path, [], [], text='{"images": [}')
+  with pytest.raises(errors.InvalidValueError) as e:
+    CocoSource(str(tmp_path), "train")
+  assert str(e.value) == f"{path} is not valid JSON (Expecting value: line 1 column 13 (char 12)): {fix}"
+  _coco_folder(tmp_path, [], [], text=json.dumps({"images": [image], "annotations": []}))
+  with pytest.raises(errors.InvalidValueError, match="^" + path + ' has no "categories" list: ') as e:
+    CocoSource(str(tmp_path), "train")
+  _coco_folder(tmp_path, [{"id": 1, "file_name": "a.jpg"}], [])
+  with pytest.raises(errors.InvalidValueError) as e:
+    CocoSource(str(tmp_path), "train")
+  assert str(e.value) == (f"{path}: images[0] has no 'width', 'height': each of the \"images\" holds "
+                          f"'id', 'file_name', 'width', 'height'")
+  bad = {"id": 7, "image_id": 1, "category_id": 1, "bbox": [1, 2, 3]}
+  _coco_folder(tmp_path, [image], [{"id": 6, "image_id": 1, "category_id": 1, "bbox": [1, 2, 3, 4]}, bad])
+  (tmp_path / "train" / "a.jpg").write_bytes(_jpeg(90))
+  message = (f"error: {path}: annotations[1] (id 7) has bbox [1, 2, 3]: a COCO bbox is 4 numbers, "
+             f"[x, y, width, height] in the image's pixels")
+  line, left = _train_error(tmp_path, capsys, config="configs/retinanet.py:shapes",
+                              **{"data.dir": str(tmp_path), "data.eval_split": "train"})
+  assert line == message and left == []
+
+
+def test_a_coco_folder_whose_train_images_are_all_missing_stops_before_its_first_step(tmp_path, capsys):
+  from jaxnet.tools.make_shapes import make_shapes
+  root = make_shapes(str(tmp_path / "shapes"), train_images=6, val_images=4, verbose=False)
+  names = sorted(os.listdir(os.path.join(root, "train")))
+  for name in names:
+    os.remove(os.path.join(root, "train", name))
+  line, left = _train_error(tmp_path, capsys, config="configs/retinanet.py:shapes",
+                              **{"data.dir": root})
+  assert line == (f"error: none of the 6 images that {root}/annotations/instances_train.json lists is in "
+                  f"{root}/train (e.g. {root}/train/{names[0]} not found): put the images there, or "
+                  f"point data.dir at the folder that holds them")
+  assert left == []
+
+
+def test_coco_sizes_that_differ_from_the_file_and_missing_images_are_counted_and_named(tmp_path, caplog):
+  from jaxnet.core.data.coco import CocoSource
+  images = [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 48},   # the file is 32x24
+            {"id": 2, "file_name": "b.jpg", "width": 32, "height": 24},
+            {"id": 3, "file_name": "gone.jpg", "width": 32, "height": 24}]
+  path = _coco_folder(tmp_path, images, [
+      {"id": 1, "image_id": 1, "category_id": 1, "bbox": [20, 10, 40, 30]},
+      {"id": 2, "image_id": 2, "category_id": 1, "bbox": [2, 2, 10, 10]}])
+  for name in ("a.jpg", "b.jpg"):
+    (tmp_path / "train" / name).write_bytes(_jpeg(90))
+  source = CocoSource(str(tmp_path), "train")
+  np.testing.assert_array_equal(source[0]["boxes"], [[20, 10, 32, 24]])  # clipped to the file's 32x24
+  np.testing.assert_array_equal(source[1]["boxes"], [[2, 2, 12, 12]])
+  assert source.note == (
+      f"note: {path}: 1 image files not found (they are skipped, masked and counted), 1 images whose "
+      f"annotated width/height differ from the file's (their boxes are clipped to the file's size), "
+      f"1 boxes clipped to their image, 1 images without a box kept as background")
+  with caplog.at_level("WARNING", logger="jaxnet"):
+    out = source.transform(16, train=False).map(source[2])
+  assert not out["mask"] and out["corrupt"] == 1
+  assert [r.getMessage() for r in caplog.records] == [
+      f"skipping an unreadable image, {tmp_path}/train/gone.jpg: not found"]
+
+
+def test_an_image_folder_file_gone_since_listing_is_named_not_found(tmp_path, caplog):
+  root = _make_folder(tmp_path)
+  source = ImageFolderSource(str(root), "train")
+  os.remove(source.path(0))
+  with caplog.at_level("WARNING", logger="jaxnet"):
+    out = TrainDecodeCrop(16).random_map(source[0], np.random.default_rng(0))
+  assert not out["mask"] and out["corrupt"] == 1
+  assert [r.getMessage() for r in caplog.records] == [
+      f"skipping an unreadable image, {source.path(0)}: not found"]
+
+
+def test_an_image_folder_with_no_readable_train_image_stops_before_its_first_step(tmp_path, capsys):
+  root = _make_folder(tmp_path / "data")
+  for k in CLASSES:
+    for name in os.listdir(root / "train" / k):
+      (root / "train" / k / name).write_bytes(b"not a jpeg")
+  line, left = _train_error(tmp_path, capsys, **{"data.source": "imagefolder", "data.dir": str(root),
+                                                 "data.eval_split": "val"})
+  assert line.startswith(f"error: not one of the 12 train examples of ImageFolderSource(root='{root}', "
+                         f"split='train', len=12, num_classes=3) can be read (the first, "
+                         f"{root}/train/a/0.jpg: cannot decode 10 bytes as an image")
+  assert line.endswith("); the run stops before its first step: check data.dir and the image files")
+  assert "metrics.jsonl" not in left and not os.listdir(tmp_path / "workdir" / "checkpoints")
+
+
+def test_predicts_unreadable_image_error_names_the_file_and_why(tmp_path, caplog):
+  """It said "skipping an unreadable image, record ? (label 0)" before the error."""
+  bad = tmp_path / "photo.jpg"
+  bad.write_bytes(b"not a jpeg")
+  config = config_io.load("configs/resnet.py:runlocal", {"data.source": "imagefolder", "image_size": 16})
+  with caplog.at_level("WARNING", logger="jaxnet"), pytest.raises(preprocess.ImageReadError) as e:
+    preprocess.load_image(str(bad), config, 3)
+  assert str(e.value).startswith(f"could not decode {bad} as an image (cannot decode 10 bytes as an image")
+  assert "record ?" not in caplog.text and caplog.records == []
+  # A detector's predict too: it said "could not decode image PATH" without why, after a warning.
+  detector = object.__new__(preprocess.Detector)  # preprocess needs only the config
+  detector.config = config_io.load("configs/retinanet.py:shapes", {"image_size": 32})
+  with caplog.at_level("WARNING", logger="jaxnet"), pytest.raises(preprocess.ImageReadError) as e:
+    detector.preprocess([str(bad)])
+  assert str(e.value).startswith(f"could not decode {bad} as an image (cannot decode 10 bytes as an image")
+  assert caplog.records == []

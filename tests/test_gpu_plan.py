@@ -7,6 +7,7 @@ saying so, without them.
 """
 
 import importlib.metadata
+import os
 import subprocess
 import sys
 
@@ -521,3 +522,40 @@ def test_retinanet_on_8_h100s_is_cudnn_nhwc_without_activation_transposes():
   assert train["convolutions"]["backward-filter"] == 111
   assert train["transposes"]["activation"] == 0
   assert set(train["collectives"]) == {"all-reduce"}
+
+
+def _fake_wheels(folder, version):
+  for name in ("jax-cuda12-plugin", "jax-cuda12-pjrt"):
+    info = os.path.join(folder, f"{name.replace('-', '_')}-{version}.dist-info")
+    os.makedirs(info)
+    with open(os.path.join(info, "METADATA"), "w") as f:
+      f.write(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def test_install_plugin_replaces_a_folder_of_another_jaxlibs_plugin(tmp_path, monkeypatch):
+  """gpu_plan advised --install-plugin for a mismatched plugin in its folder, and
+  --install-plugin skipped the folder because it existed: the same error came back."""
+  from jaxnet.cli import gpu_plan as command
+  from jaxnet.tools import gpu_plan as gpu_compile
+  jaxlib = importlib.metadata.version("jaxlib")
+  folder = str(tmp_path / "cuda-plugin" / jaxlib)
+  monkeypatch.setenv("JAXNET_CUDA_PLUGIN_DIR", folder)
+  monkeypatch.setattr(sys, "path", list(sys.path))
+  _fake_wheels(folder, "0.0.1")
+  assert gpu_compile.folder_plugin_versions(folder) == {"jax-cuda12-plugin": "0.0.1", "jax-cuda12-pjrt": "0.0.1"}
+  pip_runs = []
+
+  def pip(argv, **kwargs):  # pip install --target STAGING: this jaxlib's wheels there
+    pip_runs.append(argv)
+    _fake_wheels(argv[argv.index("--target") + 1], jaxlib)
+    return subprocess.CompletedProcess(argv, 0)
+
+  monkeypatch.setattr(command.subprocess, "run", pip)
+  command.prepare_plugin(install=False)
+  assert pip_runs == [] and not gpu_compile.folder_matches(folder)
+  command.prepare_plugin(install=True)
+  assert len(pip_runs) == 1 and gpu_compile.folder_matches(folder)
+  assert gpu_compile.folder_plugin_versions(folder) == {"jax-cuda12-plugin": jaxlib, "jax-cuda12-pjrt": jaxlib}
+  assert sorted(os.listdir(tmp_path / "cuda-plugin")) == [jaxlib]  # nothing left beside it
+  command.prepare_plugin(install=True)  # a matching folder is kept
+  assert len(pip_runs) == 1

@@ -922,3 +922,83 @@ def test_warnings_about_unreadable_images_name_the_file_through_jaxnets_logger(t
   assert not out["mask"]
   [record] = [r for r in caplog.records if "unreadable" in r.getMessage()]
   assert record.name == "jaxnet" and "bomb.png" in record.getMessage()
+
+
+def test_a_torch_export_onto_a_full_disk_is_one_line_and_keeps_the_old_file(trained, tmp_path, capsys):
+  """--format=torch wrote through safetensors' own writer, whose full-disk error was a
+  23-line traceback (issue 46)."""
+  out = tmp_path / "model.safetensors"
+  assert export_command.main([f"--workdir={trained}", "--format=torch", f"--out={out}"]) == 0
+  good = out.read_bytes()
+  capsys.readouterr()
+  with _tmpfs(tmp_path / "small", f"{len(good) * 3 // 2 // 1024 + 8}k") as mount:
+    target = mount / "model.safetensors"
+    shutil.copy(out, target)
+    with pytest.raises(SystemExit) as stopped:
+      export_command.main([f"--workdir={trained}", "--format=torch", f"--out={target}"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 1 and "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and str(target) in errors[0] and "no space left on device" in errors[0], err
+    assert target.read_bytes() == good and os.listdir(mount) == ["model.safetensors"]
+
+
+def test_a_checkpoint_whose_deletion_is_under_way_is_rotated_not_damaged(trained, tmp_path, monkeypatch):
+  """Rotation deletes a step directory file by file: a reader that meets it half-deleted (the
+  directory still there) called it damaged, and a listing that met a vanishing directory was
+  orbax's 40-line FileNotFoundError (issue 46)."""
+  workdir = _copy(trained, tmp_path)
+  directory = workdir / "checkpoints"
+  checkpoints = ckpt.Checkpoints(str(workdir), read_only=True)
+  calls = []
+
+  def read(step):
+    calls.append(step)
+    if len(calls) == 1:  # the run saves step 30, then rotation starts deleting step 20
+      shutil.copytree(directory / "20", directory / "30")
+      for entry in os.listdir(directory / "20"):
+        path = directory / "20" / entry
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return checkpoints.read(step)[0]
+  real = checkpoints.manager.all_steps
+  listed = []
+
+  def racing_listing(*args, **kwargs):  # the first listing meets a directory being deleted
+    listed.append(1)
+    if len(listed) == 1:
+      raise FileNotFoundError(2, "No such file or directory", str(directory / "10"))
+    return real(*args, **kwargs)
+  monkeypatch.setattr(checkpoints.manager, "all_steps", racing_listing)
+  try:
+    _, step = checkpoints.read_newest(read)
+    assert calls == [20, 30] and step == 30 and len(listed) > 1
+    assert not (workdir / ckpt.DAMAGED_DIR).exists()
+    # A step asked for by number that rotation deleted is said so, not called damaged.
+    def rotated(step):
+      shutil.rmtree(directory / str(step))
+      raise FileNotFoundError(2, "No such file or directory", str(directory / str(step)))
+    with pytest.raises(errors.MissingFileError) as e:
+      checkpoints.read_newest(rotated, 10)
+  finally:
+    checkpoints.close()
+  assert str(e.value) == (f"checkpoint 10 in {directory} was deleted while it was read: the training run "
+                          f"writing this workdir rotated it away (keep_checkpoints), so it is not damaged. "
+                          f"Its checkpoints now: steps [20, 30]; read one of those, or leave out the step "
+                          f"to read the newest")
+
+
+def test_a_data_position_of_another_loader_names_data_loader(trained, tmp_path, monkeypatch):
+  """A DALI run resumed with data.loader=grain: Grain's refusal named worker_count, not the
+  loader that wrote the position (issue 46)."""
+  workdir = _copy(trained, tmp_path)
+  checkpoints = ckpt.Checkpoints(str(workdir), read_only=True)
+
+  def grains_refusal(*args, **kwargs):  # what Grain says of DALI's saved position
+    raise KeyError("worker_count")
+  monkeypatch.setattr(checkpoints.manager, "restore", grains_refusal)
+  try:
+    with pytest.raises(ckpt.CheckpointMismatchError) as e:
+      checkpoints._restore_position(20, iterator=object(), saved_processes=None)
+  finally:
+    checkpoints.close()
+  assert "Resume with the same data.loader (grain or dali: each saves its own kind of position)" in str(e.value)

@@ -15,6 +15,7 @@ from safetensors.numpy import load_file, save_file
 from jaxnet.core import models
 from jaxnet.tools.weights import export, hub, pretrained, tensor_files
 from jaxnet.tools.weights.preprocessing import Preprocessing
+from jaxnet.core.errors import InvalidValueError
 from tests import reference_weights
 from tests.helpers import REPO
 from tests.test_torch_reference import model_shapes, torchvision_shapes
@@ -171,3 +172,65 @@ def test_import_writes_a_workdir_that_evaluates_predicts_and_exports_like_the_or
                              rtol=1e-5, atol=1e-5)
   with pytest.raises(SystemExit):  # a workdir that holds checkpoints is not overwritten
     weights_command.main(["import", f"--from={file}", f"--config={digits}", f"--workdir={imported}"])
+
+
+# --- issue 46: an import says what it did, and a refused one leaves nothing behind ---
+
+def _import(tmp_path, capsys, weights, workdir, *overrides):
+  """`python -m jaxnet.cli.weights import` in this process: (exit status, stdout, stderr)."""
+  from jaxnet.cli import weights as weights_command
+  argv = ["import", f"--from={weights}", "--config=configs/resnet.py:runlocal", f"--workdir={workdir}",
+          "--config.model.name=resnet_tiny", "--config.data.source=synthetic", "--config.image_size=16",
+          "--config.batch_size=8", *overrides]
+  try:
+    status = weights_command.main(argv)
+  except SystemExit as e:
+    status = e.code
+  out, err = capsys.readouterr()
+  return status, out, err
+
+
+def test_an_import_with_another_class_count_says_how_many_arrays_came_from_the_weights(tmp_path, capsys):
+  path, _, _ = drawn_file(tmp_path, "resnet_tiny", num_classes=3)
+  workdir = tmp_path / "w"
+  status, out, _ = _import(tmp_path, capsys, path, workdir, "--config.data.num_classes=5")
+  assert status == 0
+  assert (f"imported 45 arrays of {path} into {workdir} (checkpoint of step 0); the class layer's 2 arrays "
+          f"of the model's 47 are freshly initialised (the weights have 3 classes, this run 5): its eval "
+          f"and predictions are at chance until it is trained") in out
+  assert "imported 47" not in out
+
+
+def test_an_import_of_another_architecture_is_one_line_naming_both_and_leaves_nothing(tmp_path, capsys):
+  path, _, _ = drawn_file(tmp_path, "resnet_tiny", num_classes=3)
+  workdir = tmp_path / "w"
+  status, out, err = _import(tmp_path, capsys, path, workdir, "--config.model.name=resnet18",
+                             "--config.data.num_classes=3")
+  assert status == 1 and "Traceback" not in err
+  errors = [line for line in err.splitlines() if line.startswith("error:")]
+  assert errors == [f"error: {path} holds the weights of a resnet_tiny, not of a resnet18 (config.model.name): "
+                    f"101 tensors do not fit, e.g. missing from the weights: layer1.1.bn1.bias "
+                    f"(stage1_block2/BatchNorm_0/bias) (64,). Set --config.model.name=resnet_tiny, or "
+                    f"import weights of a resnet18"]
+  assert not workdir.exists()  # preprocessing.json was written before the failure: removed with it
+  workdir.mkdir()
+  (workdir / "mine.txt").write_text("kept")
+  status, _, _ = _import(tmp_path, capsys, path, workdir, "--config.model.name=resnet18")
+  assert status == 1 and os.listdir(workdir) == ["mine.txt"]
+
+
+@pytest.mark.parametrize("cut", ["empty", "truncated"])
+def test_a_truncated_or_empty_safetensors_is_one_line_naming_the_file(tmp_path, capsys, cut):
+  path, _, _ = drawn_file(tmp_path, "resnet_tiny", num_classes=3)
+  data = open(path, "rb").read()
+  with open(path, "wb") as f:
+    f.write(b"" if cut == "empty" else data[:len(data) // 2])
+  status, _, err = _import(tmp_path, capsys, path, tmp_path / "w")
+  errors = [line for line in err.splitlines() if line.startswith("error:")]
+  assert status == 1 and len(errors) == 1 and "Traceback" not in err
+  size = 0 if cut == "empty" else len(data) // 2
+  assert errors[0].startswith(f"error: weights file {path} ({size} bytes) is not a whole .safetensors file (")
+  assert errors[0].endswith("): an interrupted download or copy leaves one cut short; fetch or export it again")
+  assert not (tmp_path / "w").exists()
+  with pytest.raises(InvalidValueError, match=f"^weights file {path} "):
+    tensor_files.read(path)

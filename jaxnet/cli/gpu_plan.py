@@ -39,10 +39,7 @@ def main(argv=None):
     # Before jax starts: compile on this CPU process, never start the CUDA backend (jax#28376),
     # with the plugin from jaxnet's cache folder (never installed into the environment).
     os.environ["JAX_PLATFORMS"] = "cpu"
-    if args.install_plugin and not os.path.isdir(gpu_plan.plugin_dir()):
-      install_plugin(gpu_plan.plugin_dir())
-    if os.path.isdir(gpu_plan.plugin_dir()):
-      sys.path.insert(0, gpu_plan.plugin_dir())
+    prepare_plugin(args.install_plugin)
     gpu_plan.check_plugin()
     process.apply_xla_flags()
     config = config_lib.load(args.config, overrides)
@@ -50,6 +47,18 @@ def main(argv=None):
     result = gpu_plan.plan(config, target=args.target, gpus=args.gpus, hosts=args.hosts,
                            dump=args.dump, find_max_batch=args.find_max_batch, log=log)
   print(json.dumps(result, indent=1, default=str) if args.json else gpu_plan.table(result))
+
+
+def prepare_plugin(install: bool) -> None:
+  """The plugin folder on sys.path, first installed (`install`) unless it holds this jaxlib's
+  plugin: a folder holding another jaxlib's is replaced, where skipping it (as when it was only
+  checked to exist) gave back the very mismatch that advised --install-plugin."""
+  from jaxnet.tools import gpu_plan
+  folder = gpu_plan.plugin_dir()
+  if install and not gpu_plan.folder_matches(folder):
+    install_plugin(folder)
+  if os.path.isdir(folder):
+    sys.path.insert(0, folder)
 
 
 def install_plugin(target: str) -> None:
@@ -66,7 +75,15 @@ def install_plugin(target: str) -> None:
     done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", staging,
                            f"jax-cuda{cuda}-plugin=={version}", f"jax-cuda{cuda}-pjrt=={version}"])
     if done.returncode == 0:
+      # A mismatched folder there is moved aside first (os.replace cannot overwrite a folder
+      # that holds files), then deleted once the new one is in place.
+      old = None
+      if os.path.exists(target):
+        old = tempfile.mkdtemp(prefix=".replaced-", dir=os.path.dirname(target))
+        os.replace(target, os.path.join(old, "plugin"))
       os.replace(staging, target)
+      if old:
+        shutil.rmtree(old, ignore_errors=True)
       return
     shutil.rmtree(staging, ignore_errors=True)
   raise UserError(f"pip could not install the CUDA plugin wheels of jaxlib {version} (see above): "

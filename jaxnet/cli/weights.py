@@ -31,9 +31,16 @@ def main(argv=None):
     process.setup()
     config = config_lib.load(args.config, overrides)
     from jaxnet.tools.weights import pretrained
-    count = pretrained.import_to_workdir(config, args.workdir, args.source)
-  print(f"imported {count} arrays of {args.source} into {args.workdir} (checkpoint of step 0): "
-        f"evaluate it with python -m jaxnet.main --config={args.config} --workdir={args.workdir} --mode=eval")
+    loaded = pretrained.import_to_workdir(config, args.workdir, args.source)
+  # The count is of the arrays that came from the weights: a re-initialised class layer's are not.
+  if loaded["head"]:
+    print(f"imported {loaded['arrays']} arrays of {args.source} into {args.workdir} (checkpoint of step "
+          f"0); the class layer's {loaded['head_arrays']} arrays of the model's {loaded['of']} are freshly "
+          f"initialised ({loaded['head']}): its eval and predictions are at chance until it is trained "
+          f"(python -m jaxnet.main --config={args.config} --workdir={args.workdir} fine-tunes it)")
+  else:
+    print(f"imported {loaded['arrays']} arrays of {args.source} into {args.workdir} (checkpoint of step 0): "
+          f"evaluate it with python -m jaxnet.main --config={args.config} --workdir={args.workdir} --mode=eval")
   return 0
 
 

@@ -57,6 +57,9 @@ class CheckpointSaveError(UserError):
   noisy_teardown = True
 
 
+_LISTING_TRIES = 3  # reads and listings of a workdir that a training run rotates under them
+
+
 class DamagedCheckpointError(UserError):
   """A checkpoint failed verification, could not be read, or is incomplete."""
 
@@ -117,7 +120,16 @@ class Checkpoints:
     self.newest_intact = None      # newest step known to be complete and verified
 
   def steps(self) -> list[int]:
-    return sorted(self.manager.all_steps())
+    # A listing that races rotation (a step directory deleted while orbax looks into it) is
+    # a FileNotFoundError: list again, the deleted step is then gone from the listing.
+    for attempt in range(_LISTING_TRIES):
+      try:
+        return sorted(self.manager.all_steps())
+      except FileNotFoundError:
+        if attempt == _LISTING_TRIES - 1:
+          raise
+        self._reload()
+    raise AssertionError("unreachable")
 
   def resolve_step(self, step: int | None = None) -> int:
     """`step` (default: the newest); MissingFileError, naming the fix, where there is none."""
@@ -134,17 +146,42 @@ class Checkpoints:
     """(read(s), s) for checkpoint `step`, or for the newest one when `step` is None. A reader
     beside a training run: a newest checkpoint that rotation deletes while it is read is gone,
     not damaged, so the then newest one is read instead (once)."""
-    for attempt in (0, 1):
+    for attempt in range(_LISTING_TRIES):
       if attempt:
-        self.manager.reload()
+        self._reload()
       resolved = self.resolve_step(step)
       try:
         return read(resolved), resolved
-      except DamagedCheckpointError:
-        rotated = not os.path.isdir(os.path.join(self.directory, str(resolved)))
-        if step is not None or attempt or not rotated:
+      except (DamagedCheckpointError, FileNotFoundError) as e:
+        if not self._rotated_away(resolved):
+          if isinstance(e, FileNotFoundError):  # orbax's own, for a file of a step still listed
+            raise DamagedCheckpointError(resolved, self.directory, f"a file of it is missing ({e})") from None
           raise
+        if step is None and attempt < _LISTING_TRIES - 1:
+          continue  # the then newest one
+        self._reload()
+        raise MissingFileError(
+            f"checkpoint {resolved} in {self.directory} was deleted while it was read: the training "
+            f"run writing this workdir rotated it away (keep_checkpoints), so it is not damaged. "
+            f"Its checkpoints now: steps {self.steps()}; " + (
+                "read one of those, or leave out the step to read the newest" if step is not None
+                else "rerun to read the newest")) from None
     raise AssertionError("unreachable")
+
+  def _reload(self) -> None:
+    try:
+      self.manager.reload()
+    except FileNotFoundError:  # raced a deletion again: steps() lists once more
+      pass
+
+  def _rotated_away(self, step: int) -> bool:
+    """Whether `step`, which failed to read, was being deleted by rotation: its directory is
+    gone, or (a deletion still under way leaves the directory with some files gone) a newer
+    checkpoint has completed since, which is when rotation deletes older ones."""
+    if not os.path.isdir(os.path.join(self.directory, str(step))):
+      return True
+    self._reload()
+    return self.steps()[-1:] > [step]
 
   def _no_checkpoint(self) -> MissingFileError:
     return MissingFileError(f"no checkpoint in {self.directory}: train first "
@@ -279,8 +316,9 @@ class Checkpoints:
     except Exception as e:
       raise CheckpointMismatchError(
           f"the data position saved at step {step} in {where} does not fit this run's input "
-          f"pipeline ({orbax_adapter.first_line(e)}). Resume with the same data.source, data.dir, "
-          f"data.workers, batch_size and seed as the run that wrote it, or use a new workdir.") from e
+          f"pipeline ({orbax_adapter.first_line(e)}). Resume with the same data.loader (grain or "
+          f"dali: each saves its own kind of position), data.source, data.dir, data.workers, "
+          f"batch_size and seed as the run that wrote it, or use a new workdir.") from e
 
   def restore_newest(self, abstract_state, iterator=None):
     """The newest checkpoint that verifies: (state, step), or (None, None) if there is none.

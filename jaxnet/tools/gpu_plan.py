@@ -47,6 +47,23 @@ def install_hint(version: str) -> str:
           f"your Python environment; no CUDA libraries or GPU needed)")
 
 
+def folder_plugin_versions(folder: str) -> dict[str, str]:
+  """{distribution name: version} of the plugin wheels installed in `folder` (an --install-plugin
+  folder); {} when it holds none."""
+  if not os.path.isdir(folder):
+    return {}
+  names = {name for pair in PLUGINS for name in pair}
+  return {d.metadata["Name"]: d.version for d in importlib.metadata.distributions(path=[folder])
+          if d.metadata["Name"] in names}
+
+
+def folder_matches(folder: str, version: str | None = None) -> bool:
+  """Whether `folder` holds a plugin and its PJRT of jaxlib `version` (default: the installed one)."""
+  version = version or importlib.metadata.version("jaxlib")
+  found = folder_plugin_versions(folder)
+  return any(found.get(plugin) == found.get(pjrt) == version for plugin, pjrt in PLUGINS)
+
+
 def check_plugin() -> str:
   """The CUDA plugin's name, found in the Python environment or in plugin_dir() (which the
   command line puts on sys.path); a UserError naming the fix when none matches jaxlib."""

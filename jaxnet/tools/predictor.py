@@ -5,13 +5,11 @@ predictions, eval metrics and the exports (jaxnet/tools/export.py, jaxnet/tools/
 read without the optimizer or the dataset (classes.json, written at train time, says how
 many classes there are and their names).
 
-Prediction must see images the way eval saw them (`load_image`):
-  array sources (digits, synthetic) hold whole images already resized to image_size
-    (digits: bilinear upsampling of the 8x8 originals), so a file is converted to the
-    model's channels (L or RGB) and resized the same way;
-  encoded sources (imagefolder, tfds) go through the input pipeline's own eval transform
-    (decode, resize the shorter side to image_size / config.data.eval_crop_fraction with
-    config.data.eval_interpolation, center crop).
+Prediction must see images the way eval saw them (`load_image`): every file, whatever the data
+source, goes through the input pipeline's own eval transform (decode, resize the shorter side to
+image_size / config.data.eval_crop_fraction with config.data.eval_interpolation, center crop):
+the one eval preprocessing that config.json, preprocessing.json, the ONNX metadata and int8
+calibration record and use. (Digits, stored upsampled whole, record a crop fraction of 1.0.)
 Normalization (mean/std) is not done here: it is part of the model function.
 """
 
@@ -101,14 +99,14 @@ class Detector:
     """Files, bytes, PIL images or arrays -> (the uint8 batch eval would have seen, each
     image's (scale from its own pixels to the batch's, its (height, width)))."""
     from jaxnet.core.data.coco import DetectionTransform
-    transform = DetectionTransform(self.config.image_size, 1, train=False)
+    transform = DetectionTransform(self.config.image_size, 1, train=False, warn=False)
     examples = []
     for image in images:
-      example = transform.map({"image": _to_bytes(image), "boxes": np.zeros((0, 4), np.float32),
-                               "classes": np.zeros((0,), np.int32), "image_id": 0,
-                               "path": image if isinstance(image, str) else "an image"})
+      data = _to_bytes(image)
+      example = transform.map({"image": data, "boxes": np.zeros((0, 4), np.float32),
+                               "classes": np.zeros((0,), np.int32), "image_id": 0, "path": ""})
       if not example["mask"]:
-        raise ImageReadError(f"could not decode image {image if isinstance(image, str) else ''}".strip())
+        raise _unreadable(image, data)
       examples.append(example)
     return np.stack([e["image"] for e in examples]), [(e["scale"], e["source_size"]) for e in examples]
 
@@ -230,28 +228,41 @@ def _check_matches_model(model, variables, input_shape, workdir):
 
 # --- image files -> the eval input ----------------------------------------------------
 
-# Sources whose records are decoded arrays rather than JPEG bytes (see data/sources.py).
-ARRAY_SOURCES = ("digits", "synthetic")
-
-
 def load_image(image, config, channels: int) -> np.ndarray:
-  """A path, bytes, PIL image or HxW[xC] array -> uint8 (image_size, image_size, channels)."""
+  """A path, bytes, PIL image or HxW[xC] array -> uint8 (image_size, image_size, channels):
+  the pipeline's eval transform (EvalDecodeCrop: the shorter side to image_size /
+  data.eval_crop_fraction with data.eval_interpolation, the center crop), whatever the
+  workdir's data source. It is what config.json, preprocessing.json and the exports' metadata
+  record; array sources (digits, synthetic) once resized files straight to image_size instead,
+  so weights imported with data.source=synthetic saw other pixels than their record said.
+  (Digits record eval_crop_fraction=1.0: the shorter side to image_size, which for their square
+  images is the resize their stored images had.)"""
   size = config.image_size
-  if config.data.source in ARRAY_SOURCES:
-    pil = _to_pil(image).convert("L" if channels == 1 else "RGB")
-    if pil.size != (size, size):
-      pil = pil.resize((size, size), Image.BILINEAR)
-    out = np.asarray(pil, np.uint8)
-    return out[..., None] if channels == 1 else out
   from jaxnet.core.data.transforms import EvalDecodeCrop  # the pipeline's own eval transform
-  op = EvalDecodeCrop(size, config.data.eval_crop_fraction, config.data.eval_interpolation)
-  example = op.map({"image": _to_bytes(image), "label": np.int32(0)})
+  # warn=False: the error below names the file and why; the transform's own warning knows
+  # neither (it said "record ?").
+  op = EvalDecodeCrop(size, config.data.eval_crop_fraction, config.data.eval_interpolation, warn=False)
+  data = _to_bytes(image)
+  example = op.map({"image": data, "label": np.int32(0)})
   if not example["mask"]:
-    raise ImageReadError(f"could not decode image {image if isinstance(image, str) else ''}".strip())
+    raise _unreadable(image, data)
   out = np.asarray(example["image"], np.uint8)
   if channels == 1 and out.shape[-1] == 3:
     out = np.asarray(Image.fromarray(out).convert("L"), np.uint8)[..., None]
   return out
+
+
+def _unreadable(image, data: bytes) -> "ImageReadError":
+  """The error for an image the eval transform could not decode: the file and why (the
+  transforms are told not to warn, so this is the one line said)."""
+  from jaxnet.core.data import decode
+  try:
+    decode.decode_full(data)
+    why = ""
+  except decode.CorruptImageError as e:
+    why = f" ({e})"
+  where = os.fspath(image) if isinstance(image, (str, os.PathLike)) else "an image given as bytes or pixels"
+  return ImageReadError(f"could not decode {where} as an image{why}")
 
 
 def load_batch(images, config, channels: int) -> np.ndarray:

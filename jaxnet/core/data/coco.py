@@ -38,12 +38,18 @@ class Counts:
   empty: int = 0          # boxes of no area after clipping, dropped
   crowd: int = 0          # crowd boxes, left out of the targets
   background: int = 0     # images without a box, kept as background
+  missing: int = 0        # image files not found: masked and counted when read
+  resized: int = 0        # images whose annotated width/height is not the file's
 
   def note(self, where: str) -> str | None:
-    parts = [f"{n} {what}" for n, what in ((self.clipped, "boxes clipped to their image"),
-                                            (self.empty, "boxes of no area dropped"),
-                                            (self.crowd, "crowd boxes left out of the targets"),
-                                            (self.background, "images without a box kept as background"))
+    parts = [f"{n} {what}" for n, what in (
+        (self.missing, "image files not found (they are skipped, masked and counted)"),
+        (self.resized, "images whose annotated width/height differ from the file's (their boxes are "
+                       "clipped to the file's size)"),
+        (self.clipped, "boxes clipped to their image"),
+        (self.empty, "boxes of no area dropped"),
+        (self.crowd, "crowd boxes left out of the targets"),
+        (self.background, "images without a box kept as background"))
              if n]
     return f"note: {where}: {', '.join(parts)}" if parts else None
 
@@ -72,8 +78,7 @@ class CocoSource(_BoxRecords):
     if not os.path.exists(annotations):
       raise MissingFileError(f"{annotations} not found: a COCO-format data.dir holds annotations/"
                              f"instances_{split}.json and the images in {split}/")
-    with open(annotations) as f:
-      coco = json.load(f)
+    coco = _read_annotations(annotations)
     categories = sorted(coco["categories"], key=lambda c: c["id"])
     self.category_ids = [c["id"] for c in categories]
     self.class_names = [c["name"] for c in categories]
@@ -87,9 +92,23 @@ class CocoSource(_BoxRecords):
     by_image = collections.defaultdict(list)
     for a in coco["annotations"]:
       by_image[a["image_id"]].append(a)
+    images = sorted(coco["images"], key=lambda i: i["id"])
+    paths = [os.path.join(root, split, image["file_name"]) for image in images]
+    # The files' own sizes (headers only): boxes are clipped to the image they lie on, and
+    # annotations that give another size, or images that are not there, are counted and said.
+    sizes = _file_sizes(paths)
+    missing = [path for path, size in zip(paths, sizes) if size is None]
+    if images and len(missing) == len(images):
+      raise MissingFileError(f"none of the {len(images)} images that {annotations} lists is in "
+                             f"{os.path.join(root, split)} (e.g. {missing[0]} not found): put the images "
+                             f"there, or point data.dir at the folder that holds them")
+    self.counts.missing = len(missing)
     self._images = []
-    for image in sorted(coco["images"], key=lambda i: i["id"]):
+    for image, path, size in zip(images, paths, sizes):
       width, height = image["width"], image["height"]
+      if size and size != (width, height):
+        self.counts.resized += 1
+        width, height = size
       boxes, classes = [], []
       for a in by_image[image["id"]]:
         if a.get("iscrowd", 0):
@@ -107,7 +126,7 @@ class CocoSource(_BoxRecords):
         classes.append(label_of[a["category_id"]])
       if not boxes:
         self.counts.background += 1
-      self._images.append({"path": os.path.join(root, split, image["file_name"]), "image_id": image["id"],
+      self._images.append({"path": path, "image_id": image["id"],
                            "boxes": np.asarray(boxes, np.float32).reshape(-1, 4),
                            "classes": np.asarray(classes, np.int32)})
     if not self._images:
@@ -127,13 +146,57 @@ class CocoSource(_BoxRecords):
     return f"CocoSource({self.annotations!r}, n={len(self)})"
 
   def __getitem__(self, index: int) -> dict:
-    record = self._images[index]
+    return {**self._images[index], **decode.read_file(self._images[index]["path"])}
+
+
+def _read_annotations(path: str) -> dict:
+  """A COCO annotation file, its parts checked: one line naming the file and what is wrong
+  rather than a KeyError deep in the source."""
+  fix = "a COCO annotation file is a JSON object with \"images\", \"annotations\" and \"categories\" lists"
+  try:
+    with open(path, "rb") as f:
+      coco = json.load(f)
+  except ValueError as e:  # not JSON, not UTF-8
+    raise InvalidValueError(f"{path} is not valid JSON ({e}): {fix}") from None
+  if not isinstance(coco, dict):
+    raise InvalidValueError(f"{path} holds a JSON {type(coco).__name__}, not an object: {fix}")
+  for key in ("images", "annotations", "categories"):
+    if not isinstance(coco.get(key), list):
+      raise InvalidValueError(f"{path} has no \"{key}\" list: {fix}")
+  needs = {"categories": ("id", "name"), "images": ("id", "file_name", "width", "height"),
+           "annotations": ("image_id", "category_id", "bbox")}
+  for key, fields in needs.items():
+    for index, entry in enumerate(coco[key]):
+      lacking = [f for f in fields if not isinstance(entry, dict) or f not in entry]
+      if lacking:
+        raise InvalidValueError(f"{path}: {key}[{index}] has no {', '.join(map(repr, lacking))}: each of "
+                                f"the \"{key}\" holds {', '.join(map(repr, fields))}")
+  for index, a in enumerate(coco["annotations"]):
+    box = a["bbox"]
+    if (not isinstance(box, list) or len(box) != 4
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)):
+      raise InvalidValueError(f"{path}: annotations[{index}] (id {a.get('id')}) has bbox {box!r}: a COCO "
+                              f"bbox is 4 numbers, [x, y, width, height] in the image's pixels")
+  return coco
+
+
+def _file_sizes(paths: list[str]) -> list:
+  """Each image file's (width, height) from its header, None where it is not found, () where
+  it is there but unreadable (it keeps its annotated size; its decode masks and counts it).
+  Read by 16 threads: COCO's train split is 118k headers."""
+  from concurrent.futures import ThreadPoolExecutor
+
+  def size(path):
     try:
-      with open(record["path"], "rb") as f:
-        data = f.read()
-    except OSError:
-      data = b""  # decoded as unreadable: masked and counted, the file named
-    return {**record, "image": data}
+      with Image.open(path) as image:
+        return image.size
+    except FileNotFoundError:
+      return None
+    except Exception:  # not an image, a permission error: the decode counts it when it is read
+      return ()
+
+  with ThreadPoolExecutor(16) as pool:
+    return list(pool.map(size, paths))
 
 
 class TfdsDetections(_BoxRecords):
@@ -213,9 +276,11 @@ class DetectionTransform(grain.RandomMapTransform):
   `scale_jitter` = (low, high)), crop or pad to image_size square, flip (training); boxes
   moved with the pixels, clipped, those left without area dropped, padded to `max_boxes`."""
 
-  def __init__(self, image_size: int, max_boxes: int, train: bool, scale_jitter=(1.0, 1.0)):
+  def __init__(self, image_size: int, max_boxes: int, train: bool, scale_jitter=(1.0, 1.0),
+               warn: bool = True):
     self.image_size, self.max_boxes, self.train = image_size, max_boxes, train
     self.scale_jitter = tuple(scale_jitter)
+    self.warn = warn  # False: the caller names the unreadable images itself (predict)
 
   def map(self, element: dict[str, Any]):
     """Eval's transform draws nothing: the same output for any generator."""
@@ -225,9 +290,10 @@ class DetectionTransform(grain.RandomMapTransform):
   def random_map(self, element: dict[str, Any], rng: np.random.Generator):
     size = self.image_size
     try:
-      pixels = decode.decode_full(element["image"])
+      pixels = decode.decode_record(element)
     except decode.CorruptImageError as err:
-      logging.getLogger("jaxnet").warning("skipping an unreadable image, %s: %s", element["path"], err)
+      if self.warn:
+        logging.getLogger("jaxnet").warning("skipping an unreadable image, %s: %s", element["path"], err)
       return example(np.zeros((size, size, 3), np.uint8), np.zeros((0, 4), np.float32),
                      np.zeros((0,), np.int32), element["image_id"], 1.0, (0, 0), self.max_boxes, ok=False)
     height, width = pixels.shape[:2]

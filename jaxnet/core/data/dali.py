@@ -111,7 +111,7 @@ class _TrainIterator:
     return self
 
   def __next__(self) -> dict:
-    images, labels = self.pipe.run()
+    images, labels = run(self.pipe, self.loader.files)
     images = _to_numpy(images).astype(np.uint8)
     n = len(images)
     return {"image": images, "label": _to_numpy(labels).reshape(n).astype(np.int32),
@@ -134,6 +134,41 @@ class _TrainIterator:
 
   def close(self) -> None:
     self.pipe = None
+
+
+def run(pipe, files: list[str]):
+  """`pipe.run()`; a file DALI cannot decode is one line naming it, instead of DALI's traceback
+  with nvImageCodec's message, which names no file. DALI does not say which file failed, so
+  `files` are looked through for the first that is not an image (only after a failure)."""
+  try:
+    return pipe.run()
+  except RuntimeError:  # DALI raises its decode errors as RuntimeError
+    culprit = unreadable_file(files)
+    if culprit is None:
+      raise  # not a file's fault: DALI's own error, as it is
+    path, why = culprit
+    raise UserError(f"data.loader=dali cannot decode {path} ({why}); DALI stops at a file it cannot "
+                    f"decode: remove or replace it, or use data.loader=grain, which skips, masks and "
+                    f"counts unreadable images") from None
+
+
+def unreadable_file(files: list[str]) -> tuple[str, str] | None:
+  """(the first of `files` that is not a readable image, why), or None."""
+  from PIL import Image
+  from jaxnet.core.data import decode
+  for path in files:
+    try:
+      with open(path, "rb") as f:
+        head = f.read(64 * 1024)
+    except OSError as e:
+      return path, "not found" if isinstance(e, FileNotFoundError) else f"cannot be read: {e.strerror}"
+    try:
+      if decode.jpeg_size(head) is None:  # not a JPEG: let PIL tell whether it is an image
+        with Image.open(path) as image:
+          image.verify()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+      return path, f"not an image: {e}" if str(e) else "not an image"
+  return None
 
 
 def _half_even(x):
@@ -188,7 +223,7 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, process_ind
   for i in range(num_batches):
     valid = max(0, min(batch, len(files) - i * batch))
     if valid:
-      images, lab = pipe.run()
+      images, lab = run(pipe, files)
       images, lab = _to_numpy(images).astype(np.uint8), _to_numpy(lab).reshape(-1).astype(np.int32)
     else:
       images, lab = np.zeros((batch, image_size, image_size, 3), np.uint8), np.zeros(batch, np.int32)

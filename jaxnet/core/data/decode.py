@@ -14,6 +14,7 @@ transforms turn that into a masked zero image instead of killing the run.
 from __future__ import annotations
 
 import io
+import os
 
 import numpy as np
 import simplejpeg
@@ -131,3 +132,24 @@ def decode_region(data: bytes, height: int, width: int, box, factor: int, fast_d
   except ValueError:
     return None  # CMYK, corrupt data, ...: the full decode decides
   return np.frombuffer(rows, np.uint8).reshape(h, w, 3)
+
+
+def read_file(path: str) -> dict:
+  """A source's read of an image file: {"image": bytes}, or, when it cannot be read (gone
+  since the source listed it, no permission), empty bytes and {"read_error": why}, so the
+  transform masks and counts it and its warning says why ("not found"), not that 0 bytes
+  would not decode."""
+  try:
+    with open(path, "rb") as f:
+      return {"image": f.read()}
+  except FileNotFoundError:
+    return {"image": b"", "read_error": "not found"}
+  except OSError as e:
+    return {"image": b"", "read_error": f"cannot be read ({os.strerror(e.errno) if e.errno else e})"}
+
+
+def decode_record(element: dict) -> np.ndarray:
+  """decode_full of a record's image, or CorruptImageError with its read_error (read_file)."""
+  if element.get("read_error"):
+    raise CorruptImageError(element["read_error"])
+  return decode_full(element["image"])

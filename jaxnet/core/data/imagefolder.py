@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+from jaxnet.core.data import decode
 from jaxnet.core.errors import InvalidValueError, MissingFileError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
@@ -160,9 +161,8 @@ class ImageFolderSource:
     return list(self._paths), list(self._labels)
 
   def __getitem__(self, index: int) -> dict:
-    with open(self._paths[index], "rb") as f:
-      data = f.read()
-    return {"image": data, "label": self._labels[index], "path": self._paths[index]}
+    # A file gone since the listing is masked and counted as unreadable, named "not found".
+    return {**decode.read_file(self._paths[index]), "label": self._labels[index], "path": self._paths[index]}
 
   def path(self, index: int) -> str:
     """File behind record `index` (for tracking down corrupt images)."""

@@ -45,6 +45,29 @@ def _eval_transform(source, image_size: int, crop_fraction: float, interpolation
   return EvalDecodeCrop(image_size, crop_fraction, interpolation, warn=warn_corrupt)
 
 
+def check_some_example_reads(source, split: str) -> None:
+  """Raises, naming the first file and why, when not one record of an encoded `source` decodes.
+
+  Unreadable images are masked and counted, so a set with none readable would train every
+  step on nothing (loss 0.0000) and exit 0. Records are tried in order up to the first that
+  decodes: one decode for a healthy set, each time a loader is made (before step 1).
+  """
+  if not getattr(source, "encoded", False):
+    return
+  from jaxnet.core.data import decode
+  first = None
+  for index in range(len(source)):
+    record = source[index]
+    try:
+      decode.decode_record(record)
+      return
+    except decode.CorruptImageError as err:
+      first = first or f"{record.get('path') or f'record {index}'}: {err}"
+  raise InvalidValueError(f"not one of the {len(source)} {split} examples of {source!r} can be read "
+                          f"(the first, {first}); the run stops before its first step: check data.dir "
+                          f"and the image files")
+
+
 def per_process_batch_size(global_batch_size: int, process_count: int) -> int:
   if global_batch_size % process_count:
     raise InvalidValueError(f"batch size {global_batch_size} does not divide over {process_count} processes")
@@ -64,6 +87,7 @@ def train_loader(source, *, global_batch_size: int, image_size: int, seed: int, 
   and the record's position in the stream: they replay exactly too. `transform`: a
   task's own record -> example transform (default: decode and random-resized-crop an image).
   """
+  check_some_example_reads(source, "train")
   shard = grain.ShardOptions(process_index, process_count, drop_remainder=True)
   sampler = grain.IndexSampler(len(source), shard, shuffle=True, num_epochs=None, seed=seed)
   batch = per_process_batch_size(global_batch_size, process_count)

@@ -242,6 +242,8 @@ class TrainDecodeCrop(grain.RandomMapTransform):
       return random_resized_crop_box(rng, height, width,
                                      self.area_range, self.ratio_range)
     try:
+      if element.get("read_error"):  # the source could not read the file (decode.read_file)
+        raise CorruptImageError(element["read_error"])
       image = _decode_crop_resize(element["image"], self.image_size, box_fn, fast_dct=True)
     except CorruptImageError as err:
       return _corrupt_output(element, self.image_size, err)
@@ -270,7 +272,7 @@ class EvalDecodeCrop(grain.MapTransform):
 
   def map(self, element: dict[str, Any]):
     try:
-      pixels = decode.decode_full(element["image"])
+      pixels = decode.decode_record(element)
     except CorruptImageError as err:
       return _corrupt_output(element, self.image_size, err, self.warn)
     image = eval_resize_crop(pixels, self.image_size, self.crop_fraction, self.interpolation)

@@ -39,6 +39,12 @@ def calibration_images(predictor, num_images: int, seed: int = 0) -> np.ndarray:
   config = predictor.config
   if num_images < 1:
     raise UserError(f"--calibration-images={num_images}: give at least 1")
+  if config.data.source == "synthetic":
+    # Random pixels would set the int8 ranges, silently: imported weights get this source when
+    # there is no dataset (python -m jaxnet.cli.weights import --config.data.source=synthetic).
+    raise UserError(f"--calibration-images={num_images} calibrates on train images, and the workdir "
+                    f"{predictor.workdir} has data.source=synthetic (random pixels): pass "
+                    f"--calibration-images=DIR, a folder of images like those the model will see")
   source = sources.make_source(config.data, "train", config.image_size)
   if len(source) < num_images:
     raise UserError(f"--calibration-images={num_images}, but the train split of "

@@ -234,10 +234,14 @@ def _place(value: np.ndarray, like: jax.Array) -> jax.Array:
   return jax.make_array_from_callback(like.shape, like.sharding, lambda index: value[index])
 
 
-def initialiser(config, log=print):
+def initialiser(config, log=print, loaded: dict | None = None):
   """`init_params(variables) -> variables` for jaxnet.core (Experiment.init_state): the params
-  and BN statistics from `config.init.weights`, placed as the fresh ones are (dtype, sharding)."""
+  and BN statistics from `config.init.weights`, placed as the fresh ones are (dtype, sharding).
+  `loaded`, when given, is filled with what was done: {"arrays": how many came from the
+  weights, "of": the model's count, "head": why the class layer was re-initialised or None,
+  "head_arrays": how many arrays that layer has}."""
   spec = config.init.weights
+  loaded = {} if loaded is None else loaded
 
   def init_params(variables):
     target = flatten_dict(variables)
@@ -246,7 +250,13 @@ def initialiser(config, log=print):
     in_backbone = lambda paths: any(p[1] == "backbone" for p in paths)
     if in_backbone(target) and not in_backbone(source.variables):
       return init_backbone(target)  # a plain network's weights for the backbone of a model
-    values, reason = fill(shapes, source, config.init.keep_head, f"init.weights={spec}")
+    try:
+      values, reason = fill(shapes, source, config.init.keep_head, f"init.weights={spec}")
+    except WeightsMismatchError as e:  # the import and init.weights in training: one line
+      raise InvalidValueError(_another_architecture(spec, config, str(e))) from None
+    layer = _class_layer(shapes)
+    loaded.update(arrays=len(values), of=len(target), head=reason,
+                  head_arrays=sum(1 for p in shapes if reason and p[1] == layer))
     if jax.process_index() == 0:
       head = f"; classifier head re-initialised: {reason}" if reason else ""
       log(f"init: {len(values)} of {len(target)} variables from {spec}{head}")
@@ -263,6 +273,8 @@ def initialiser(config, log=print):
                                  unknown=[n for n in source.unknown if n not in head_names])
     values, _ = fill(shapes, source, keep_head=False, spec=f"init.weights={spec}")
     values = {p[:1] + ("backbone",) + p[1:]: v for p, v in values.items()}
+    loaded.update(arrays=len(values), of=len(target), head="only the backbone is in the weights",
+                  head_arrays=len(target) - len(values))
     if jax.process_index() == 0:
       log(f"init: {len(values)} of {len(target)} variables (the backbone's) from {spec}")
     return unflatten_dict({p: _place(values[p], x) if p in values else x for p, x in target.items()})
@@ -270,14 +282,38 @@ def initialiser(config, log=print):
   return init_params
 
 
-def import_to_workdir(config, workdir: str, spec: str, log=print) -> int:
+def import_to_workdir(config, workdir: str, spec: str, log=print) -> dict:
   """A jaxnet workdir from pretrained weights, without training: `config`'s model and data
   with its params and BN statistics from `spec` (a .safetensors/.pth file under torchvision/
   timm names, hf-hub:OWNER/NAME, or another workdir) and the preprocessing they expect,
   saved as the checkpoint of step 0 with config.json, classes.json and environment.json,
   through the workdir's gate (its lock: a workdir a training run holds is refused).
   Eval, predict and export take it as they take a trained workdir, and training it resumes
-  from step 0, a fine-tune of the weights. Returns the number of variables loaded."""
+  from step 0, a fine-tune of the weights. Returns what was loaded (`initialiser`'s `loaded`:
+  "arrays" from the weights, "of" the model's, "head" why its class layer was re-initialised,
+  "head_arrays"). Weights that do not fit the model are one error naming both architectures,
+  and a failed import leaves nothing behind: a workdir it created is removed, a file it wrote
+  into one that was there (preprocessing.json) too."""
+  from jaxnet.core import workdir as workdir_lib
+  workdir_lib.check_path(workdir)
+  existed = os.path.isdir(workdir)
+  before = set(os.listdir(workdir)) if existed else set()
+  try:
+    return _import(config, workdir, spec, log)
+  except workdir_lib.WorkdirLockedError:
+    raise  # another run holds the workdir and writes into it: nothing here is this import's
+  except BaseException:
+    import shutil
+    if not existed:
+      shutil.rmtree(workdir, ignore_errors=True)
+    elif os.path.isdir(workdir):
+      for name in set(os.listdir(workdir)) - before:
+        path = os.path.join(workdir, name)
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+    raise
+
+
+def _import(config, workdir: str, spec: str, log) -> dict:
   from jaxnet.core import workdir as workdir_lib
   from jaxnet.core.experiment import Experiment
   config = config.copy_and_resolve_references()
@@ -289,9 +325,8 @@ def import_to_workdir(config, workdir: str, spec: str, log=print) -> int:
     config_json = config.to_json_best_effort(indent=2)
     gate.check(json.loads(config_json))
     exp = Experiment(config)
-    loaded = []
-    init = initialiser(config, log=lambda line: loaded.append(line) or log(line))
-    state = exp.init_state(init)
+    loaded = {}
+    state = exp.init_state(initialiser(config, log=log, loaded=loaded))
     if record:
       gate.write_json(preprocessing.FILE, record)
     with exp.device_batches() as batches:  # the data position of a run at step 0
@@ -303,4 +338,52 @@ def import_to_workdir(config, workdir: str, spec: str, log=print) -> int:
     gate.record_config(config_json, 0)
     gate.write_run_info(total_steps=exp.total_steps, steps_per_epoch=exp.steps_per_epoch,
                         num_classes=exp.num_classes, class_names=exp.class_names)
-  return len(jax.tree.leaves(state.params)) + len(jax.tree.leaves(state.batch_stats))
+  return loaded
+
+
+def _another_architecture(spec: str, config, problems: str) -> str:
+  """One line for weights that do not fit config.model.name: the architecture they fit, when
+  one of jaxnet's models does, and the first of `problems` (fill's list)."""
+  model = config.model.name
+  fits = architecture_of(spec, config.image_size, model)
+  lines = problems.splitlines()
+  count = len(lines) - 2
+  what = f"the weights of a {fits}" if fits else "weights of no jaxnet model of their names"
+  fix = (f"set --config.model.name={fits}, or import weights of a {model}" if fits
+         else f"import weights of a {model}")
+  return (f"{spec} holds {what}, not of a {model} (config.model.name): {count} tensor"
+          f"{'s do' if count != 1 else ' does'} not fit, e.g. {lines[1].strip()}. {fix[0].upper()}{fix[1:]}")
+
+
+def architecture_of(spec: str, image_size: int, model: str) -> str | None:
+  """The first jaxnet model (`model`'s family first) whose variables `spec`'s tensors fill,
+  the class layer aside; None if none does. Only shapes are traced (jax.eval_shape)."""
+  from jaxnet.core import models
+  if _is_workdir(spec):
+    from jaxnet.core import config as config_lib
+    return config_lib.load(spec).model.name
+  path = hub.fetch(spec)[0] if hub.is_hub_spec(spec) else spec
+  tensors, metadata = tensor_files.read(path)
+  family = next((p for p in FAMILIES if model.startswith(p)), "")
+  recorded = metadata.get("model")  # a jaxnet export names its model
+
+  def order(name):  # the recorded model, then the config's family, smallest first (cheap to trace)
+    import re
+    depth = int((re.findall(r"\d+", name) or ["0"])[0])
+    return (name != recorded, not name.startswith(family), depth, name)
+
+  candidates = sorted((n for n in models.names() if n != model and any(n.startswith(p) for p in FAMILIES)),
+                      key=order)
+  for name in candidates:
+    try:
+      module = models.create(name, num_classes=10)
+      abstract = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0),
+                                                    np.zeros((1, image_size, image_size, 3), np.float32),
+                                                    train=False))
+      shapes = {p: tuple(x.shape) for p, x in flatten_dict(abstract).items()}
+      flat, unknown = names_of(name).from_torch(tensors, shapes)
+      fill(shapes, Source(flat, unknown, _describe_jaxnet), keep_head=False)
+    except (WeightsMismatchError, KeyError, ValueError, TypeError):  # not this one
+      continue
+    return name
+  return None

@@ -19,9 +19,12 @@ def read(path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
   """(tensors by name, metadata) of a .safetensors or .pth file."""
   _check_exists(path)
   if path.endswith(SAFETENSORS):
-    from safetensors import safe_open
-    with safe_open(path, framework="numpy") as f:
-      return {name: f.get_tensor(name) for name in f.keys()}, dict(f.metadata() or {})
+    from safetensors import SafetensorError, safe_open
+    try:
+      with safe_open(path, framework="numpy") as f:
+        return {name: f.get_tensor(name) for name in f.keys()}, dict(f.metadata() or {})
+    except (SafetensorError, OSError) as e:
+      raise _unreadable(path, e) from None
   if path.endswith(TORCH_PICKLES):
     return _read_torch(path), {}
   raise InvalidValueError(f"{path}: unknown weights format; use a .safetensors file (or a torch "
@@ -33,19 +36,37 @@ def read_metadata(path: str) -> dict[str, str]:
   _check_exists(path)
   if not path.endswith(SAFETENSORS):
     return {}
-  from safetensors import safe_open
-  with safe_open(path, framework="numpy") as f:
-    return dict(f.metadata() or {})
+  from safetensors import SafetensorError, safe_open
+  try:
+    with safe_open(path, framework="numpy") as f:
+      return dict(f.metadata() or {})
+  except (SafetensorError, OSError) as e:
+    raise _unreadable(path, e) from None
+
+
+def _unreadable(path: str, error: Exception) -> InvalidValueError:
+  size = os.path.getsize(path) if os.path.exists(path) else 0
+  return InvalidValueError(f"weights file {path} ({size} bytes) is not a whole .safetensors file ({error}): "
+                           f"an interrupted download or copy leaves one cut short; fetch or export it again")
 
 
 def write(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
   if not path.endswith(SAFETENSORS):
     raise InvalidValueError(f"{path}: weights are written as .safetensors; name the file *.safetensors")
-  from safetensors.numpy import save_file
+  from safetensors.numpy import save
   from jaxnet.core.metrics import write_file_atomically
   # np.array(order="C"), not ascontiguousarray, which turns 0-d counters into shape (1,).
   arrays = {k: np.array(v, order="C") for k, v in tensors.items()}
-  write_file_atomically(path, lambda tmp: save_file(arrays, tmp, metadata=metadata))
+  data = save(arrays, metadata=metadata)
+
+  # The bytes are written by Python, not by safetensors' save_file: its writer reports a full
+  # disk as its own exception, without an errno, so the failure was a traceback; Python's
+  # OSError becomes one line naming the file and the cause (write_file_atomically), and the
+  # old file stays as it was. It holds the file in memory once (ViT-H: 2.5 GB).
+  def write(tmp):
+    with open(tmp, "wb") as f:
+      f.write(data)
+  write_file_atomically(path, write)
 
 
 def _check_exists(path: str) -> None:
