@@ -74,7 +74,7 @@ def _initialize_and_record(dist_config) -> None:
   workdir = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--workdir="))
   os.makedirs(workdir, exist_ok=True)
   record = dict(process_index=jax.process_index(), process_count=jax.process_count(),
-                gpus=jax.config.jax_cuda_visible_devices, local_devices=jax.local_device_count(),
+                gpus=jax.config.values["jax_cuda_visible_devices"], local_devices=jax.local_device_count(),
                 devices=jax.device_count())
   with open(os.path.join(workdir, f"devices_process{jax.process_index()}.json"), "w") as f:
     json.dump(record, f)
