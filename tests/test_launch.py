@@ -321,6 +321,7 @@ def test_sbatch_one_process_per_gpu_trains_like_the_explicit_run(tmp_path, two_p
   assert not (state / "scontrol.log").exists()  # finished: nothing requeued
 
 
+@pytest.mark.slow  # ~150 s on the shared 2-core VM: three 2-process starts; the per-GPU test above is the fast one
 def test_sbatch_one_process_per_node_stops_at_the_time_limit_and_requeues(tmp_path):
   """2 nodes x 1 task: each process gets every GPU of its node; Slurm's time-limit warning
   (USR1 to the batch script, --signal=B:USR1@300) stops both tasks at the same step with a
