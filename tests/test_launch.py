@@ -398,3 +398,77 @@ def test_job_command_line_trains_like_the_explicit_run(tmp_path, two_process_ref
   assert [(d["process_index"], d["gpus"], d["devices"]) for d in _devices(workdir)] == [(0, "all", 4), (1, "all", 4)]
   lines = _check_against_reference(workdir, two_process_reference, STEPS)
   print("\nJob command line x 2 indices: losses", [round(l["train/loss"], 6) for l in lines if "train/loss" in l])
+
+
+# --- the H100 cluster profile (config.distributed.cluster_profile) ----------------------
+
+
+def test_cluster_profile_sets_its_flags_and_variables_unless_the_user_did(monkeypatch):
+  from jaxnet.core import config as config_io
+  from jaxnet.core.adapters import xla
+  from jaxnet.core.errors import UserError
+  config = config_io.load("configs/digits.py", {})
+  assert process.cluster_profile(config.distributed) == "" and process.cluster_profile(None) == ""
+  config.distributed.cluster_profile = "h200"
+  with pytest.raises(UserError, match=r"^distributed.cluster_profile='h200' is not a profile: use h100, or '' for none$"):
+    process.cluster_profile(config.distributed)
+
+  for key in xla.CLUSTER_PROFILES["h100"]["env"]:  # set, then removed: undone after the test
+    monkeypatch.setenv(key, "")
+    monkeypatch.delenv(key)
+  monkeypatch.setenv("NCCL_PROTO", "Simple")  # the user's own value stays
+  process.apply_cluster_environment("h100")
+  assert os.environ["NCCL_PROTO"] == "Simple"
+  assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and os.environ["NCCL_NVLS_ENABLE"] == "1"
+
+  # The profile's GPU flags, then jaxnet's GPU defaults it does not name; the user's XLA_FLAGS win.
+  flags = process.default_xla_flags("h100")
+  names = [xla.flag_name(f) for f in flags]
+  assert len(names) == len(set(names))
+  assert "--xla_gpu_all_reduce_combine_threshold_bytes=134217728" in flags
+  assert "--xla_gpu_all_gather_combine_threshold_bytes=8589934592" in flags
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_all_gather_combine_threshold_bytes=1024")
+  process.apply_xla_flags("h100")
+  merged = os.environ["XLA_FLAGS"].split()
+  assert merged[0] == "--xla_gpu_all_gather_combine_threshold_bytes=1024"
+  assert "--xla_gpu_all_gather_combine_threshold_bytes=8589934592" not in merged
+  assert "--xla_gpu_enable_highest_priority_async_stream=true" in merged
+
+
+def test_this_xla_knows_every_flag_of_the_profile(tmp_path):
+  """An XLA that no longer has a flag aborts on it in XLA_FLAGS, or refuses it as a compile
+  option (jaxlib 0.12 dropped JAX-Toolbox's xla_gpu_enable_pipelined_* this way)."""
+  import jax
+  import jax.numpy as jnp
+  from jaxnet.tools import gpu_plan
+  options = gpu_plan.run_options("h100")
+  assert len(options) == len(process.default_xla_flags("h100"))
+  jax.jit(lambda x: x + 1).lower(jnp.zeros(3)).compile(compiler_options=options)
+  env = {**os.environ, "XLA_FLAGS": " ".join(process.default_xla_flags("h100")), "JAX_PLATFORMS": "cpu"}
+  done = subprocess.run([sys.executable, "-c", "import jax; print(jax.numpy.ones(2).sum())"],
+                        env=env, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0 and done.stdout.strip() == "2.0", done.stderr[-2000:]
+
+
+def test_the_workdir_records_the_profile_s_environment(tmp_path, monkeypatch):
+  from jaxnet.core import metrics
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_highest_priority_async_stream=true")
+  for key in [k for k in os.environ if k.startswith("NCCL_")]:
+    monkeypatch.delenv(key)
+  monkeypatch.setenv("NCCL_PROTO", "SIMPLE,LL,LL128")
+  monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+  metrics.write_run_info(str(tmp_path), total_steps=1, steps_per_epoch=1, num_classes=2, class_names=["a", "b"])
+  recorded = json.loads((tmp_path / "environment.json").read_text())
+  assert recorded["xla_flags"] == "--xla_gpu_enable_highest_priority_async_stream=true"
+  assert recorded["cluster_environment"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_PROTO": "SIMPLE,LL,LL128"}
+
+
+def test_an_unknown_profile_is_one_line_from_the_command_line(tmp_path):
+  done = subprocess.run([sys.executable, "-m", "jaxnet.main", "--config=configs/digits.py",
+                         f"--workdir={tmp_path / 'run'}", "--config.distributed.cluster_profile=h200"],
+                        cwd=REPO, capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "PYTHONPATH": REPO})
+  assert done.returncode == 1
+  assert done.stderr.strip().splitlines()[0] == (
+      "error: distributed.cluster_profile='h200' is not a profile: use h100, or '' for none"), done.stderr
+  assert not (tmp_path / "run").exists()
