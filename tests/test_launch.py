@@ -440,9 +440,10 @@ def test_this_xla_knows_every_flag_of_the_profile(tmp_path):
   option (jaxlib 0.12 dropped JAX-Toolbox's xla_gpu_enable_pipelined_* this way)."""
   import jax
   import jax.numpy as jnp
+  from jaxnet.core.adapters import xla
   from jaxnet.tools import gpu_plan
   options = gpu_plan.run_options("h100")
-  assert len(options) == len(process.default_xla_flags("h100"))
+  assert len(options) == len(xla.profile_flags("h100")) == 8
   jax.jit(lambda x: x + 1).lower(jnp.zeros(3)).compile(compiler_options=options)
   env = {**os.environ, "XLA_FLAGS": " ".join(process.default_xla_flags("h100")), "JAX_PLATFORMS": "cpu"}
   done = subprocess.run([sys.executable, "-c", "import jax; print(jax.numpy.ones(2).sum())"],
