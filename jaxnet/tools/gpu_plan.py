@@ -478,18 +478,22 @@ def table(r: dict) -> str:
   else:
     lines.append("collectives: none")
   if "cluster_profile" in r:
-    p = r["cluster_profile"]
-    lines.append(f"distributed.cluster_profile={p['profile']} (above) beside the defaults: options "
-                 f"{' '.join(f'{k}={v}' for k, v in p['options'].items()) or 'none changed'}; "
-                 f"environment {' '.join(f'{k}={v}' for k, v in p['environment'].items())}")
-    lines.append(f"  train step kernels {p['kernels'][0]} -> {p['kernels'][1]} (fusions {p['fusions'][0]} -> "
-                 f"{p['fusions'][1]}), temporaries {p['temporaries'][0] / GIB:.2f} -> "
-                 f"{p['temporaries'][1] / GIB:.2f} GiB")
-    for op, (count, new_count, exposed, new_exposed) in p["collectives"].items():
-      lines.append(f"  {op}: x{count} -> x{new_count}, exposed {exposed} -> {new_exposed}")
+    lines += profile_lines(r["cluster_profile"])
   if "roofline" in r:
     rf = r["roofline"]
     lines.append(f"roofline: {t['flops'] / 1e12:.2f} TFLOP and {t['hbm_bytes'] / GIB:.2f} GiB of HBM "
                  f"traffic per GPU per step -> at least {rf['step_seconds'] * 1e3:.2f} ms/step, at most "
                  f"{rf['images_per_second']:,.0f} img/s (an upper bound, not a prediction)")
   return "\n".join(lines)
+
+
+def profile_lines(p: dict) -> list[str]:
+  """profile_changes(...) as the lines the plan prints: defaults -> with the profile."""
+  lines = [f"distributed.cluster_profile={p['profile']} (above) beside the defaults: options "
+           f"{' '.join(f'{k}={v}' for k, v in p['options'].items()) or 'none changed'}; "
+           f"environment {' '.join(f'{k}={v}' for k, v in p['environment'].items())}",
+           f"  train step kernels {p['kernels'][0]} -> {p['kernels'][1]} (fusions {p['fusions'][0]} -> "
+           f"{p['fusions'][1]}), temporaries {p['temporaries'][0] / GIB:.2f} -> {p['temporaries'][1] / GIB:.2f} GiB"]
+  for op, (count, new_count, exposed, new_exposed) in p["collectives"].items():
+    lines.append(f"  {op}: x{count} -> x{new_count}, exposed {exposed} -> {new_exposed}")
+  return lines
