@@ -366,9 +366,9 @@ def test_sbatch_one_process_per_node_stops_at_the_time_limit_and_requeues(tmp_pa
 # --- launched: Kubernetes --------------------------------------------------------------
 
 
-def test_job_command_line_trains_like_the_explicit_run(tmp_path, two_process_reference):
-  """The Indexed Job's container command, run twice with JOB_COMPLETION_INDEX=0 and 1 (the
-  coordinator's DNS name replaced by 127.0.0.1), trains like the explicit 2-process run."""
+def _start_pods(tmp_path, *flags):
+  """The Indexed Job's container command (args under bash -c), once per completion index, with
+  the coordinator's DNS name replaced by 127.0.0.1 and the test's config and workdir."""
   command, port = _container_command(JOB), _free_port()
   replaced = {"exec python -m jaxnet.main": f"exec {sys.executable} {WORKER}",
               "--config=configs/resnet50.py": "--config=configs/digits.py",
@@ -378,21 +378,32 @@ def test_job_command_line_trains_like_the_explicit_run(tmp_path, two_process_ref
   for old, new in replaced.items():
     assert command.count(old) == 1, old
     command = command.replace(old, new)
-  command += " " + " ".join(RUN_FLAGS)
+  command = " ".join([command, *RUN_FLAGS, *flags])
   env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_COORDINATOR"))}
   env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
   logs = [tmp_path / f"pod{i}.log" for i in range(2)]
   pods = [subprocess.Popen(["bash", "-c", command], cwd=REPO, env={**env, "JOB_COMPLETION_INDEX": str(i)},
                            stdout=open(log, "w"), stderr=subprocess.STDOUT) for i, log in enumerate(logs)]
+  return pods, logs
+
+
+def _wait_for_pods(pods, logs, timeout=400) -> list[str]:
   try:
     for pod in pods:
-      pod.wait(timeout=400)
+      pod.wait(timeout=timeout)
   finally:
     for pod in pods:
       if pod.poll() is None:
         pod.kill()
   for pod, log in zip(pods, logs):
     assert pod.returncode == 0, log.read_text()[-3000:]
+  return [log.read_text() for log in logs]
+
+
+def test_job_command_line_trains_like_the_explicit_run(tmp_path, two_process_reference):
+  """The Indexed Job's container command, run twice with JOB_COMPLETION_INDEX=0 and 1 (the
+  coordinator's DNS name replaced by 127.0.0.1), trains like the explicit 2-process run."""
+  _wait_for_pods(*_start_pods(tmp_path))
   workdir = tmp_path / "run"
   # Every GPU of the pod (nvidia.com/gpu), none held back.
   assert [(d["process_index"], d["gpus"], d["devices"]) for d in _devices(workdir)] == [(0, "all", 4), (1, "all", 4)]
@@ -473,3 +484,29 @@ def test_an_unknown_profile_is_one_line_from_the_command_line(tmp_path):
   assert done.stderr.strip().splitlines()[0] == (
       "error: distributed.cluster_profile='h200' is not a profile: use h100, or '' for none"), done.stderr
   assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow  # ~100 s on the shared 2-core VM: a 2-process run until its stop
+def test_a_terminated_pod_saves_and_both_stop_at_the_same_step(tmp_path):
+  """What the kubelet does to a preempted pod: SIGTERM to the container's process. The Job's
+  command execs python, so the signal reaches jaxnet (not bash) in pod 1 only, and both pods
+  save a checkpoint at the same step and exit 0 within the grace period."""
+  pods, logs = _start_pods(tmp_path, "--config.total_steps=100000")
+  metrics = tmp_path / "run" / "metrics.jsonl"
+  deadline = time.time() + 400
+  while not (metrics.exists() and '"step": 2' in metrics.read_text()):
+    assert all(p.poll() is None for p in pods), "\n".join(l.read_text()[-3000:] for l in logs)
+    assert time.time() < deadline, "no step 2 after 400 s"
+    time.sleep(0.2)
+  pods[1].send_signal(signal.SIGTERM)  # the pod's PID 1: bash exec'd python
+  signalled = time.time()
+  outputs = _wait_for_pods(pods, logs, timeout=180)
+  stopped_after = time.time() - signalled
+  assert "SIGTERM received" in outputs[1] and "SIGTERM received" not in outputs[0]
+  stopped = [int(re.search(r"preempted: checkpoint saved at step (\d+);", out)[1]) for out in outputs]
+  assert stopped[0] == stopped[1] >= 2 and (tmp_path / "run" / "checkpoints" / str(stopped[0])).is_dir()
+  job = next(d for d in yaml.safe_load_all(read(JOB)) if d["kind"] == "Job")
+  grace = job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+  print(f"\nJob pod 1 terminated: both pods saved step {stopped[0]} and exited {stopped_after:.1f} s "
+        f"after the SIGTERM (grace period {grace} s)")
+  assert stopped_after < grace
