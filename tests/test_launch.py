@@ -52,7 +52,7 @@ def test_dockerfile_passes_hadolint():
   assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_images_install_what_the_readme_says():
+def test_images_install_what_the_readme_says(monkeypatch):
   """Both images' pip lines are README lines, on the same pinned base, with the same entry
   point and compilation cache, which is the variable jaxnet reads."""
   readme = read(os.path.join(REPO, "README.md"))
@@ -72,12 +72,8 @@ def test_images_install_what_the_readme_says():
   cache = re.search(r"^ENV JAXNET_COMPILATION_CACHE=(\S+)$", dockerfile, re.M)[1]
   assert f"export JAXNET_COMPILATION_CACHE={cache}" in definition
   assert cache.startswith("/cache/") and 'VOLUME ["/cache", "/runs"]' in dockerfile
-  old = os.environ.get("JAXNET_COMPILATION_CACHE")
-  try:
-    os.environ["JAXNET_COMPILATION_CACHE"] = cache
-    assert process.compilation_cache_dir() == cache
-  finally:
-    os.environ["JAXNET_COMPILATION_CACHE"] = old or ""
+  monkeypatch.setenv("JAXNET_COMPILATION_CACHE", cache)
+  assert process.compilation_cache_dir() == cache
   sections = re.findall(r"^%(\w+)$", definition, re.M)
   assert sections == ["files", "post", "environment", "runscript"]
   ignored = read(os.path.join(REPO, ".dockerignore")).split()
