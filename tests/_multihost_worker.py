@@ -9,8 +9,13 @@ WORKDIR/replica_<step>_process<i>.npz (arrays FSDP splits are in the checkpoint)
 
 With JAXNET_TEST_SIGTERM=P:S, process P sends itself SIGTERM once step S is done,
 as a scheduler preempting one host would; the other process gets no signal.
+
+Once jax.distributed is up it writes WORKDIR/devices_process<i>.json: what jax.distributed resolved for this
+process (its index and count, the GPUs it would use, its local devices), which the launch
+tests compare with what a Slurm or Kubernetes layout should give.
 """
 
+import json
 import os
 import runpy
 import signal
@@ -18,6 +23,7 @@ import sys
 
 import numpy as np
 
+from jaxnet.cli import process
 from jaxnet.core import checkpoint
 from jaxnet.core import train as train_lib
 
@@ -62,6 +68,20 @@ def _sigterm_after(process: int, step: int) -> None:
   train_lib._should_stop = should_stop
 
 
+def _initialize_and_record(dist_config) -> None:
+  import jax
+  _original_initialize(dist_config)
+  workdir = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--workdir="))
+  os.makedirs(workdir, exist_ok=True)
+  record = dict(process_index=jax.process_index(), process_count=jax.process_count(),
+                gpus=jax.config.values["jax_cuda_visible_devices"], local_devices=jax.local_device_count(),
+                devices=jax.device_count())
+  with open(os.path.join(workdir, f"devices_process{jax.process_index()}.json"), "w") as f:
+    json.dump(record, f)
+
+
+_original_initialize = process.initialize_distributed
+process.initialize_distributed = _initialize_and_record
 _original_save = checkpoint.Checkpoints.save
 checkpoint.Checkpoints.save = _save_with_replica
 if os.environ.get("JAXNET_TEST_SIGTERM"):

@@ -47,6 +47,7 @@ RECIPE = "tests/test_imagenet_recipe.py::"
 DATA = "tests/test_data_reliability.py::"
 ONNX = "tests/test_onnx_export.py::"
 DETECTION = "tests/test_detection.py::"
+LAUNCH = "tests/test_launch.py::"
 
 MUTATIONS = [
     # --- the training loop -------------------------------------------------------
@@ -623,6 +624,19 @@ MUTATIONS = [
     Mutation("data_position_names_the_loader", "jaxnet/core/checkpoint.py",
              "Resume with the same data.loader (grain or \"", "Resume with the same (\"",
              ("tests/test_reliability.py::test_a_data_position_of_another_loader_names_data_loader",)),
+    # --- cluster launch files and the H100 profile (issue 44) ----------------------------
+    Mutation("cluster_profile_overrides_the_user", "jaxnet/cli/process.py",
+             "    os.environ.setdefault(key, value)\n", "    os.environ[key] = value\n",
+             (LAUNCH + "test_cluster_profile_sets_its_flags_and_variables_unless_the_user_did",), ci=True),
+    Mutation("cluster_profile_duplicates_default_flags", "jaxnet/core/adapters/xla.py",
+             "[f for f in GPU_XLA_FLAGS if flag_name(f) not in named]", "list(GPU_XLA_FLAGS)",
+             (LAUNCH + "test_cluster_profile_sets_its_flags_and_variables_unless_the_user_did",), ci=True),
+    Mutation("gpu_plan_ignores_the_profile", "jaxnet/tools/gpu_plan.py",
+             "  for flag in xla.profile_flags(profile):\n", "  for flag in xla.profile_flags(\"\"):\n",
+             (LAUNCH + "test_this_xla_knows_every_flag_of_the_profile",), ci=True),
+    Mutation("job_hosts_disagree", "launch/k8s/job.yaml",
+             "  completions: 2                   # hosts\n", "  completions: 3                   # hosts\n",
+             (LAUNCH + "test_manifest_parameters_agree",), ci=True),
 ]
 
 

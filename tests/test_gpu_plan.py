@@ -8,6 +8,7 @@ saying so, without them.
 
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 
@@ -559,3 +560,32 @@ def test_install_plugin_replaces_a_folder_of_another_jaxlibs_plugin(tmp_path, mo
   assert sorted(os.listdir(tmp_path / "cuda-plugin")) == [jaxlib]  # nothing left beside it
   command.prepare_plugin(install=True)  # a matching folder is kept
   assert len(pip_runs) == 1
+
+
+@pytest.mark.slow  # ~3 min on the shared 2-core VM (two GPU compiles); tests/test_launch.py checks the flags on the CPU
+def test_the_h100_cluster_profile_compiles_and_is_reported_beside_the_defaults():
+  """distributed.cluster_profile=h100: every flag of the profile reaches XLA's GPU compiler as
+  a compile option (an XLA without one refuses it), and the plan says what changed."""
+  from jaxnet.core import config as config_io
+  from jaxnet.core.adapters import xla
+  from jaxnet.tools import gpu_plan as gpu_compile
+  _require_plugin()
+  _, text = gpu_compile.target_text("h100")
+  devices = gpu_compile.topology_devices(text, 8)
+  config = gpu_compile.plan_config(config_io.load("configs/vit.py:s16", {
+      "model.name": "vit_mini", "image_size": 16, "data.num_classes": 10, "mesh.fsdp_min_size": 256,
+      "mesh.fsdp": True, "distributed.cluster_profile": "h100"}), 8, 8)
+  exp, train, _ = gpu_compile.build(config, devices, eval_step=False)
+  assert train.options == gpu_compile.run_options("h100")
+  assert {xla.flag_name(f) for f in xla.CLUSTER_PROFILES["h100"]["xla_flags"]} <= set(train.options)
+  changes = gpu_compile.profile_changes(config, devices, train, gpu_compile.analyse_step(train, exp.abstract_state, 8))
+  print(f"\nvit_mini FSDP on 8 H100s, the h100 profile beside the defaults: {changes}")
+  # The latency-hiding scheduler is on in both; the rest is the profile's own.
+  assert "xla_gpu_enable_latency_hiding_scheduler" not in changes["options"]
+  assert changes["options"]["xla_gpu_all_gather_combine_threshold_bytes"] == 8589934592
+  assert changes["environment"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+  assert {"all-gather", "reduce-scatter", "all-reduce"} <= set(changes["collectives"])
+  assert all(before >= 1 and after >= 1 for before, after, _, _ in changes["collectives"].values())
+  lines = gpu_compile.profile_lines(changes)
+  assert any(l.startswith("distributed.cluster_profile=h100 (above) beside the defaults: options ") for l in lines)
+  assert any(re.fullmatch(r"  reduce-scatter: x\d+ -> x\d+, exposed \d+ -> \d+", l) for l in lines)

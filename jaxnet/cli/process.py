@@ -27,7 +27,9 @@ def setup(distributed_config=None) -> None:
   """XLA flags, the persistent compilation cache, and (when configured) jax.distributed.
   Idempotent. The XLA flags only take effect before jax starts a backend."""
   if not _state["configured"]:
-    apply_xla_flags()
+    profile = cluster_profile(distributed_config)
+    apply_cluster_environment(profile)
+    apply_xla_flags(profile)
     from jaxnet import api
     api.show_reports()  # the core's progress and notes, as plain lines
     import jax
@@ -59,10 +61,27 @@ def _platforms() -> list[str]:
   return [p.strip() for p in os.environ.get("JAX_PLATFORMS", "").lower().split(",") if p.strip()]
 
 
-def default_xla_flags() -> list[str]:
+def cluster_profile(dist_config) -> str:
+  """config.distributed.cluster_profile, checked: "" (none) or a name of xla.CLUSTER_PROFILES."""
+  name = str(dist_config.get("cluster_profile", "")) if dist_config is not None else ""
+  if name and name not in xla.CLUSTER_PROFILES:
+    raise UserError(f"distributed.cluster_profile={name!r} is not a profile: use "
+                    f"{', '.join(sorted(xla.CLUSTER_PROFILES))}, or '' for none")
+  return name
+
+
+def apply_cluster_environment(profile: str) -> None:
+  """The profile's environment variables (CUDA, NCCL), each unless the user set it; before jax
+  starts, as NCCL and CUDA read them when the backend starts."""
+  for key, value in (xla.CLUSTER_PROFILES[profile]["env"].items() if profile else ()):
+    os.environ.setdefault(key, value)
+
+
+def default_xla_flags(profile: str = "") -> list[str]:
   """jaxnet's XLA flags for this machine: the GPU flags where a GPU plugin is installed (and
   JAX_PLATFORMS does not say cpu), the YNNPACK workaround where jax computes on a CPU with
-  a jaxlib that has the bug (jaxnet/core/adapters/xla.py)."""
+  a jaxlib that has the bug (jaxnet/core/adapters/xla.py). A cluster profile's GPU flags
+  apply wherever it is asked for (they are known to every XLA, and a CPU run records them)."""
   import importlib.util
   installed = lambda modules: any(importlib.util.find_spec(m) for m in modules)
   platforms = _platforms()
@@ -71,17 +90,17 @@ def default_xla_flags() -> list[str]:
   else:
     on_cpu = not installed(xla.GPU_PLUGINS + ("libtpu",))
   flags = []
-  if not on_cpu and installed(xla.GPU_PLUGINS):
-    flags += xla.GPU_XLA_FLAGS
+  if profile or (not on_cpu and installed(xla.GPU_PLUGINS)):
+    flags += xla.profile_flags(profile)
   if on_cpu and xla.has_ynn_bug(xla.jaxlib_version()):
     flags.append(xla.YNN_FUSION_OFF)
   return flags
 
 
-def apply_xla_flags() -> None:
-  """Adds `default_xla_flags()` to XLA_FLAGS; a flag the user set there wins."""
+def apply_xla_flags(profile: str = "") -> None:
+  """Adds `default_xla_flags(profile)` to XLA_FLAGS; a flag the user set there wins."""
   current = os.environ.get("XLA_FLAGS", "")
-  merged = merge_flags(current, default_xla_flags())
+  merged = merge_flags(current, default_xla_flags(profile))
   if merged != current.strip():
     os.environ["XLA_FLAGS"] = merged
 

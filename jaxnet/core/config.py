@@ -152,6 +152,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.distributed.heartbeat_timeout_sec = 100.0  # a process silent this long counts as dead: the
                                    # others stop with one line naming it (jaxnet/cli/heartbeat.py);
                                    # jax's own heartbeat timeout is set to twice this
+  # "h100": the XLA flags and NCCL/CUDA variables NVIDIA's JAX-Toolbox documents for H100
+  # clusters, set by the command line before jax starts (docs/multihost.md); "" adds none.
+  c.distributed.cluster_profile = ""
   return c
 
 

@@ -291,7 +291,11 @@ def write_run_info(workdir: str, *, total_steps: int, steps_per_epoch: int, num_
       "python": sys.version.split()[0], "platform": jax.default_backend(),
       "devices": [str(d) for d in jax.devices()], "device_kind": jax.devices()[0].device_kind,
       "process_count": jax.process_count(), "git_revision": revision,
-      "total_steps": total_steps, "steps_per_epoch": steps_per_epoch}
+      "total_steps": total_steps, "steps_per_epoch": steps_per_epoch,
+      # What the process ran under (config.distributed.cluster_profile, or the user's own).
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "cluster_environment": {k: v for k, v in sorted(os.environ.items())
+                              if k.startswith("NCCL_") or k == "CUDA_DEVICE_MAX_CONNECTIONS"}}
   for name, content in (("environment.json", environment),
                         ("classes.json", {"num_classes": num_classes, "class_names": class_names})):
     write_atomically(os.path.join(workdir, name), json.dumps(content, indent=2))

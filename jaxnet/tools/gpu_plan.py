@@ -164,23 +164,23 @@ class Compiled:
 NO_TRITON_GEMM = {"xla_gpu_enable_triton_gemm": False}
 
 
-def run_options() -> dict:
+def run_options(profile: str = "") -> dict:
   """The XLA flags a GPU run gets from the command line (xla.GPU_XLA_FLAGS: latency-hiding
-  scheduler, all-reduce combine threshold), as compile options; a flag set in XLA_FLAGS is
-  left to XLA_FLAGS."""
+  scheduler, all-reduce combine threshold; with config.distributed.cluster_profile, that
+  profile's), as compile options; a flag set in XLA_FLAGS is left to XLA_FLAGS."""
   user = {xla.flag_name(f) for f in os.environ.get("XLA_FLAGS", "").split()}
   options = {}
-  for flag in xla.GPU_XLA_FLAGS:
+  for flag in xla.profile_flags(profile):
     name, _, value = flag.lstrip("-").partition("=")
     if name not in user:  # compile options are typed: "true" -> True, "134217728" -> int
       options[name] = {"true": True, "false": False}.get(value, int(value) if value.isdigit() else value)
   return options
 
 
-def compile_step(jitted, *args) -> Compiled:
+def compile_step(jitted, *args, profile: str = "") -> Compiled:
   import jax
   lowered = jitted.lower(*args)
-  options = run_options()
+  options = run_options(profile)
   try:
     compiled = lowered.compile(compiler_options=options)
   except jax.errors.JaxRuntimeError as e:
@@ -223,18 +223,51 @@ def weight_elements(abstract_state) -> set:
   return sizes
 
 
-def build(config, devices, *, eval_step: bool = True):
-  """Experiment over `devices`, and its compiled (train, eval) steps."""
+def build(config, devices, *, eval_step: bool = True, profile: str | None = None):
+  """Experiment over `devices`, and its compiled (train, eval) steps, with the XLA options of
+  cluster profile `profile` (default: the config's distributed.cluster_profile)."""
   from jaxnet.core import models
   from jaxnet.core.experiment import Experiment
+  profile = cluster_profile(config) if profile is None else profile
   exp = Experiment(config, devices=devices)
   with models.tracing_for("gpu"):  # the kernels a GPU run picks (e.g. ViT's cuDNN attention)
-    train = compile_step(exp.train_step, exp.abstract_state, abstract_batch(exp, config.batch_size))
+    train = compile_step(exp.train_step, exp.abstract_state, abstract_batch(exp, config.batch_size),
+                         profile=profile)
     evaluation = None
     if eval_step:
       evaluation = compile_step(exp.eval_step, exp.abstract_state,
-                                abstract_batch(exp, config.data.eval_batch_size or config.batch_size))
+                                abstract_batch(exp, config.data.eval_batch_size or config.batch_size),
+                                profile=profile)
   return exp, train, evaluation
+
+
+def cluster_profile(config) -> str:
+  """config.distributed.cluster_profile, or a UserError naming the profiles there are."""
+  name = str(config.distributed.get("cluster_profile", ""))
+  if name and name not in xla.CLUSTER_PROFILES:
+    raise UserError(f"distributed.cluster_profile={name!r} is not a profile: use "
+                    f"{', '.join(sorted(xla.CLUSTER_PROFILES))}, or '' for none")
+  return name
+
+
+def profile_changes(config, devices, train: Compiled, analysis) -> dict:
+  """What the config's cluster profile changes in the train step: the step compiled again
+  with only the default flags, and both steps' kernels and collectives side by side."""
+  from jaxnet.tools import hlo
+  profile = cluster_profile(config)
+  exp, default, _ = build(config, devices, eval_step=False, profile="")
+  base = hlo.summary(analyse_step(default, exp.abstract_state, config.batch_size // len(devices)))
+  with_profile = hlo.summary(analysis)
+  return {"profile": profile, "environment": dict(xla.CLUSTER_PROFILES[profile]["env"]),
+          "options": {k: v for k, v in train.options.items() if default.options.get(k) != v},
+          "kernels": (base["kernels"], with_profile["kernels"]),
+          "fusions": (base["fusions"], with_profile["fusions"]),
+          "collectives": {op: ((base["collectives"].get(op) or {}).get("count", 0),
+                               (with_profile["collectives"].get(op) or {}).get("count", 0),
+                               (base["collectives"].get(op) or {}).get("exposed", 0),
+                               (with_profile["collectives"].get(op) or {}).get("exposed", 0))
+                          for op in sorted(set(base["collectives"]) | set(with_profile["collectives"]))},
+          "temporaries": (default.temporaries, train.temporaries)}
 
 
 def analyse_step(compiled: Compiled, state_abstract, per_gpu_batch: int):
@@ -406,6 +439,8 @@ def plan(config, *, target: str = "h100", gpus: int = 8, hosts: int = 1, dump: s
                           "compute_seconds": sum(k.count * k.flops / (peaks.get(k.dtype) or max(peaks.values()))
                                                  for k in analysis.kernels),
                           "memory_seconds": analysis.hbm_bytes / hbm_bandwidth}
+  if cluster_profile(config):
+    result["cluster_profile"] = profile_changes(config, devices, train, analysis)
   if find_max_batch:
     result["max_per_gpu_batch"] = largest_batch(config, devices, usable, per_gpu, log=log)
   return result
@@ -464,9 +499,23 @@ def table(r: dict) -> str:
                    f"{c['bytes'] / 2**20:.1f} MiB per step (fp32 params: {r['params_bytes'] / 2**20:.1f} MiB)")
   else:
     lines.append("collectives: none")
+  if "cluster_profile" in r:
+    lines += profile_lines(r["cluster_profile"])
   if "roofline" in r:
     rf = r["roofline"]
     lines.append(f"roofline: {t['flops'] / 1e12:.2f} TFLOP and {t['hbm_bytes'] / GIB:.2f} GiB of HBM "
                  f"traffic per GPU per step -> at least {rf['step_seconds'] * 1e3:.2f} ms/step, at most "
                  f"{rf['images_per_second']:,.0f} img/s (an upper bound, not a prediction)")
   return "\n".join(lines)
+
+
+def profile_lines(p: dict) -> list[str]:
+  """profile_changes(...) as the lines the plan prints: defaults -> with the profile."""
+  lines = [f"distributed.cluster_profile={p['profile']} (above) beside the defaults: options "
+           f"{' '.join(f'{k}={v}' for k, v in p['options'].items()) or 'none changed'}; "
+           f"environment {' '.join(f'{k}={v}' for k, v in p['environment'].items())}",
+           f"  train step kernels {p['kernels'][0]} -> {p['kernels'][1]} (fusions {p['fusions'][0]} -> "
+           f"{p['fusions'][1]}), temporaries {p['temporaries'][0] / GIB:.2f} -> {p['temporaries'][1] / GIB:.2f} GiB"]
+  for op, (count, new_count, exposed, new_exposed) in p["collectives"].items():
+    lines.append(f"  {op}: x{count} -> x{new_count}, exposed {exposed} -> {new_exposed}")
+  return lines

@@ -27,6 +27,42 @@ GPU_XLA_FLAGS = ("--xla_gpu_enable_latency_hiding_scheduler=true",
 
 GPU_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")
 
+# config.distributed.cluster_profile: opt-in settings for a kind of cluster, on top of
+# GPU_XLA_FLAGS (a profile's flag replaces a default of the same name; the user's XLA_FLAGS and
+# environment variables still win). "h100" is what NVIDIA's JAX-Toolbox documents for H100
+# training (rosetta/docs/GPU_performance.md; docs/multihost.md cites each setting): collectives
+# on their own highest-priority stream, FSDP's all-gathers and reduce-scatters combined into
+# large buffers, not by dimension; loops double-buffered; one CUDA queue so that the
+# latency-hiding scheduler's order is the order the GPU runs; NCCL's protocols and NVLink
+# SHARP (NVLS) all-reduce on NVLink4. Left out: the all-reduce threshold stays GPU_XLA_FLAGS'
+# 128 MiB (JAX-Toolbox's 8 GiB combines a data-parallel step's gradients into one all-reduce
+# that cannot start before the backward pass ends), and the xla_gpu_enable_pipelined_* flags,
+# which jaxlib 0.12's XLA no longer has (a compile option naming one is refused).
+CLUSTER_PROFILES = {
+    "h100": {
+        "xla_flags": ("--xla_gpu_enable_latency_hiding_scheduler=true",
+                      "--xla_gpu_enable_highest_priority_async_stream=true",
+                      "--xla_gpu_all_gather_combine_threshold_bytes=8589934592",
+                      "--xla_gpu_reduce_scatter_combine_threshold_bytes=8589934592",
+                      "--xla_gpu_enable_all_gather_combine_by_dim=false",
+                      "--xla_gpu_enable_reduce_scatter_combine_by_dim=false",
+                      "--xla_gpu_enable_while_loop_double_buffering=true"),
+        "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1",
+                "NCCL_PROTO": "SIMPLE,LL,LL128",
+                "NCCL_NVLS_ENABLE": "1",
+                "NCCL_LL_BUFFSIZE": "-2",
+                "NCCL_LL128_BUFFSIZE": "-2"},
+    },
+}
+
+
+def profile_flags(profile: str) -> list[str]:
+  """The GPU flags of a run with cluster profile `profile` ("" for none): the profile's, then
+  each of GPU_XLA_FLAGS the profile does not name."""
+  flags = list(CLUSTER_PROFILES[profile]["xla_flags"]) if profile else []
+  named = {flag_name(f) for f in flags}
+  return flags + [f for f in GPU_XLA_FLAGS if flag_name(f) not in named]
+
 
 def flag_name(flag: str) -> str:
   """'--xla_foo=1' -> 'xla_foo'."""
