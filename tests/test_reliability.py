@@ -805,7 +805,10 @@ def test_a_workdir_written_by_jaxnet_before_the_redesign_restores_and_resumes(tm
   resumed = [r for r in read_jsonl(str(workdir)) if "train/loss" in r]  # not the eval's own line
   assert [r["step"] for r in resumed] == [3, 6]
   np.testing.assert_allclose(resumed[-1]["train/loss"], original[-1]["train/loss"], rtol=1e-5)
-  np.testing.assert_allclose(result["eval/top1"], original[-1]["eval/top1"], atol=1e-6)
+  # The record was made on another machine: XLA:CPU's sums run in another order on another CPU,
+  # and an example whose top two logits nearly tie may change sides (AMD EPYC, 2026-11-27:
+  # 87 of 359 right against the record's 86). The losses above agree to 1e-5.
+  assert abs(result["eval/top1"] - original[-1]["eval/top1"]) <= 1 / 359 + 1e-9
   assert ckpt.load_arrays(workdir)[1] == 6
 
 
