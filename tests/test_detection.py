@@ -92,7 +92,9 @@ def test_nms_keeps_what_greedy_nms_keeps():
   scores[rng.random(n) < 0.2] = -np.inf  # below the score threshold
   labels = rng.integers(0, 3, n).astype(np.int32)
   expected = _greedy_nms(boxes, scores, labels, 0.5)
-  for max_detections in (len(expected) + 5, 10):
+  # More detections asked for than there are candidates (detection.candidates_per_level
+  # below what the eval keeps: a 50-line traceback before): the missing ones are -inf.
+  for max_detections in (len(expected) + 5, 10, n + 30):
     b, s, c = (np.asarray(x) for x in detection.nms(jnp.asarray(boxes), jnp.asarray(scores),
                                                     jnp.asarray(labels), 0.5, max_detections))
     want = expected[:max_detections]

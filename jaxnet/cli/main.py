@@ -34,15 +34,12 @@ _ACCEPT = flags.DEFINE_list(
     "stops the run (or the eval) with a list of the changes.")
 flags.mark_flags_as_required(["config", "workdir"])
 
-_config = []  # the config _parse_flags built, for main
-
-
-def main(argv):
+def main(argv, config):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if not any(a.split("=")[0] in ("--verbosity", "-v", "--v") for a in sys.argv[1:]):
     logging.set_verbosity(logging.WARNING)  # absl's INFO default would print orbax's chatter
-  config, workdir = _config[0], _WORKDIR.value
+  workdir = _WORKDIR.value
   with process.one_line_errors():
     process.setup(config.distributed)
     if _MODE.value == "train":
@@ -81,8 +78,9 @@ def train(config, workdir: str, accept_config_changes=()) -> dict:
   return result
 
 
-def _parse_flags(argv):
-  """absl's flags, then the config: any problem is one line on stderr and exit status 2.
+def _parse_flags(argv, parsed: dict):
+  """absl's flags, then the config (into `parsed`, for main): any problem is one line on
+  stderr and exit status 2.
   --help (-h) prints jaxnet's own flags and exits 0; --helpfull adds absl's ~60."""
   if any(a in ("--help", "-h", "--helpshort") for a in argv[1:]):
     print(usage())
@@ -90,7 +88,7 @@ def _parse_flags(argv):
   try:
     argv, overrides = process.split_command_line(argv)
     rest = flags.FLAGS(argv)
-    _config.append(config_lib.load(_CONFIG.value, overrides))
+    parsed["config"] = config_lib.load(_CONFIG.value, overrides)
   except (flags.Error, UserError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     print("Run with --helpfull for flags; config keys are listed in jaxnet/core/config.py.",
@@ -107,8 +105,9 @@ def usage() -> str:
 
 
 def run():
+  parsed = {}  # the config the flags' parser builds, handed to main
   try:
-    app.run(main, flags_parser=_parse_flags)
+    app.run(lambda argv: main(argv, parsed["config"]), flags_parser=lambda argv: _parse_flags(argv, parsed))
   except KeyboardInterrupt:  # Ctrl-C before training started (or outside it)
     sys.exit(130)
 

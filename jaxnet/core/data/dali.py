@@ -185,16 +185,16 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, process_ind
                  threads: int = 2):
   """Every example of `source` exactly once, in fixed-size batches of this process's share,
   the padding masked out (as pipeline.eval_batches)."""
-  from jaxnet.core.data.pipeline import _shard_bounds
+  from jaxnet.core.data.pipeline import shard_bounds
   from jaxnet.core.data.transforms import check_crop_fraction, check_interpolation
   check_crop_fraction(crop_fraction)
   check_interpolation(interpolation)
   dali, fn, types = require()
   files, labels = source.files_and_labels()
-  start, end = _shard_bounds(len(files), process_index, process_count)
+  start, end = shard_bounds(len(files), process_index, process_count)
   files, labels = files[start:end], labels[start:end]
   batch = global_batch_size // process_count
-  num_batches = math.ceil(_shard_bounds(len(source), 0, process_count)[1] / batch)
+  num_batches = math.ceil(shard_bounds(len(source), 0, process_count)[1] / batch)
   device_id = _device_id()
   short = float(math.floor(image_size / crop_fraction))
   interp = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}[interpolation]

@@ -123,7 +123,7 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, workers: in
   batch = per_process_batch_size(global_batch_size, process_count)
   # Grain's own sharding drops the remainder (len // process_count each); eval
   # must see every example, so each process reads a contiguous slice instead.
-  start, end = _shard_bounds(len(source), process_index, process_count)
+  start, end = shard_bounds(len(source), process_index, process_count)
   shard = _Slice(source, start, end)
   if workers:
     grain_adapter.ensure_absl_flags_parsed()
@@ -135,7 +135,7 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, workers: in
         sampler=grain.IndexSampler(len(shard), grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
         operations=[transform, grain.Batch(batch, drop_remainder=False)],
         worker_count=workers)
-  num_batches = math.ceil(_shard_bounds(len(source), 0, process_count)[1] / batch)
+  num_batches = math.ceil(shard_bounds(len(source), 0, process_count)[1] / batch)
   example = None
   produced = 0
   batches = iter(loader)
@@ -152,7 +152,7 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, workers: in
     yield _pad({k: np.asarray(v)[None][:0] for k, v in example.items()}, batch)
 
 
-def _shard_bounds(n: int, index: int, count: int) -> tuple[int, int]:
+def shard_bounds(n: int, index: int, count: int) -> tuple[int, int]:
   """Contiguous split of n examples over count processes; the first n % count get one more."""
   base, extra = divmod(n, count)
   start = index * base + min(index, extra)

@@ -67,13 +67,22 @@ def register(name: str):
   return wrap
 
 
+def _registry() -> dict:
+  """The registry, filled on first use by importing the model files (each registers its models:
+  imported here, not at this module's end, so no import runs back up from a member)."""
+  # Importing a module twice is a no-op, so a model file imported first (by a tool that needs
+  # its class) does not stop the others from registering.
+  from jaxnet.core.models import alexnet, resnet, retinanet, vit  # noqa: F401
+  return _REGISTRY
+
+
 def names() -> list[str]:
-  return sorted(_REGISTRY)
+  return sorted(_registry())
 
 
 def create(name: str, **kwargs) -> nn.Module:
   """Builds the registered model `name` with keyword options (num_classes, dtype, ...)."""
-  if name not in _REGISTRY:
+  if name not in _registry():
     raise InvalidValueError(
         f"unknown model {name!r}; set config.model.name to one of: {', '.join(names())}")
   return _REGISTRY[name](**kwargs)
@@ -87,7 +96,7 @@ RUN_FIELDS = ("dtype", "bn_num_groups")
 def options(name: str) -> dict:
   """{option: default} of model `name`: its module's fields that config.model may set (those
   the registry's factory binds by keyword are options too, at the factory's values)."""
-  if name not in _REGISTRY:
+  if name not in _registry():
     raise InvalidValueError(
         f"unknown model {name!r}; set config.model.name to one of: {', '.join(names())}")
   factory = _REGISTRY[name]
@@ -108,7 +117,7 @@ def options(name: str) -> dict:
 def task(name: str) -> str:
   """What model `name` does: "classification", or "detection" (a module whose class says
   TASK = "detection"): the key of its task in jaxnet/core/tasks."""
-  factory = _REGISTRY.get(name)
+  factory = _registry().get(name)
   cls = factory.func if isinstance(factory, functools.partial) else factory
   return getattr(cls, "TASK", "classification")
 
@@ -143,6 +152,3 @@ def from_config(model_config, num_classes: int, dtype, bn_num_groups: int | None
     kwargs["bn_num_groups"] = bn_num_groups
   return create(model_config.name, num_classes=num_classes, dtype=dtype, **kwargs)
 
-
-# Importing the model files fills the registry.
-from jaxnet.core.models import alexnet, resnet, retinanet, vit  # noqa: E402,F401

@@ -102,7 +102,14 @@ def nms(boxes, scores, labels, iou_threshold: float, max_detections: int):
 
   The boxes are visited best first; a box still kept suppresses the later ones it overlaps
   by more than `iou_threshold`. One row of IoUs per visit (memory O(n), not O(n^2)), and the
-  loop ends at the first missing score or once `max_detections` boxes are kept."""
+  loop ends at the first missing score or once `max_detections` boxes are kept. Fewer
+  candidates than `max_detections` (a small detection.candidates_per_level, a small image)
+  are padded with missing scores, so the output keeps its static shape."""
+  if scores.shape[0] < max_detections:
+    pad = max_detections - scores.shape[0]
+    boxes = jnp.concatenate([boxes, jnp.zeros((pad, 4), boxes.dtype)])
+    scores = jnp.concatenate([scores, jnp.full((pad,), -jnp.inf, scores.dtype)])
+    labels = jnp.concatenate([labels, jnp.zeros((pad,), labels.dtype)])
   order = jnp.argsort(-scores)
   boxes, scores, labels = boxes[order], scores[order], labels[order]
   n = scores.shape[0]
