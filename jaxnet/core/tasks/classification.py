@@ -53,8 +53,8 @@ class Classification(Task):
   def check_config(self, config) -> None:
     if config.data.source == "coco":
       raise InvalidValueError(
-          f"config.model.name={config.model.name} with config.data.source=coco: COCO-format data "
-          f"trains a detector (retinanet_*), a classifier the other sources")
+          f"config.model.name={config.model.name} with config.data.source=coco: a detector "
+          f"(retinanet_*) trains on COCO-format data, a classifier on the other sources")
 
   def make_source(self, config, split: str):
     return sources.make_source(config.data, split, config.image_size)
