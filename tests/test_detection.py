@@ -411,15 +411,18 @@ def test_shapes_training_loss_falls_eval_is_exact_and_resume_matches(shapes, tmp
     size, options = batch.shape[1], detector.config.detection
     levels = detector.model.apply(detector.variables, jnp.zeros((1, size, size, 3)), train=False)["levels"]
     counts = [h * w * 9 for h, w in levels]
+    decoded = 0
     for i in range(len(batch)):
       boxes, scores, classes = detection.detect(class_logits[i], box_deltas[i], anchors, counts, size,
                                                 candidates_per_level=options.candidates_per_level,
                                                 max_detections=options.max_detections)
       want_boxes, want_scores, want_classes = jax.device_get(detector._detect(detector.variables, batch[i:i + 1]))
       kept = np.isfinite(np.asarray(scores))
-      assert kept.sum() == np.isfinite(want_scores[0]).sum() > 0
+      assert kept.sum() == np.isfinite(want_scores[0]).sum()
+      decoded += kept.sum()
       np.testing.assert_array_equal(np.asarray(classes)[kept], want_classes[0][kept])
-      assert np.abs(np.asarray(boxes)[kept] - want_boxes[0][kept]).max() < 1e-3
+      assert np.abs(np.asarray(boxes)[kept] - want_boxes[0][kept]).max(initial=0) < 1e-3
+    assert decoded > 0  # an image may have none after 24 steps, the two together some
 
 
 @pytest.mark.slow
