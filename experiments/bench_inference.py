@@ -184,7 +184,7 @@ def main():
   onnx_models = {"jaxnet ONNX fp32": onnx_export.to_onnx(fp32)}
   onnx_models["jaxnet ONNX int8"] = onnx_int8.quantize_onnx(onnx_models["jaxnet ONNX fp32"], calibration)
   if args.torch:
-    def quantization(model, images):  # export.quantize_onnx, on the torch graph's own input
+    def quantization(model, images):  # onnx_int8.quantize_onnx, on the torch graph's own input
       try:
         return onnx_int8.quantize_onnx(model, images)
       except AssertionError:  # its symbolic shape inference fails on torch's ViT graph

@@ -55,7 +55,8 @@ def test_predict_eval_export_metadata_and_calibration_see_the_same_pixels(tmp_pa
   while its config, preprocessing.json and ONNX metadata recorded a 0.875 center crop."""
   import jax
   from jaxnet.core import models
-  from jaxnet.tools import export
+  from jaxnet.tools import onnx as onnx_export
+  from jaxnet.tools.onnx import int8 as onnx_int8
   y, x = np.mgrid[:300, :400]
   rings = 127.5 * (1 + np.sin(np.hypot(y - 150, x - 200) / 8))
   pixels = np.stack([rings, rings[::-1], rings[:, ::-1]], -1).astype(np.uint8)
@@ -73,10 +74,10 @@ def test_predict_eval_export_metadata_and_calibration_see_the_same_pixels(tmp_pa
     (evaluated,) = pipeline.eval_batches(ImageFolderSource(str(tmp_path), "val"), global_batch_size=1,
                                          image_size=32, crop_fraction=config.data.eval_crop_fraction,
                                          interpolation=config.data.eval_interpolation)
-    recorded = export.metadata(predictor)
+    recorded = onnx_export.metadata(predictor)
     assert (recorded["jaxnet.eval_crop_fraction"], recorded["jaxnet.eval_interpolation"]) == ("0.875", "bilinear")
     reference = _torchvision_eval(path, int(recorded["jaxnet.image_size"]), float(recorded["jaxnet.eval_crop_fraction"]))
-    calibration = export.calibration_folder(predictor, str(tmp_path / "val"))[0]
+    calibration = onnx_int8.calibration_folder(predictor, str(tmp_path / "val"))[0]
     assert predicted.shape == (32, 32, 3), source
     for name, seen in (("eval", evaluated["image"][0]), ("calibration", calibration)):
       np.testing.assert_array_equal(predicted, seen, err_msg=f"{source}: predict and {name}")
@@ -93,14 +94,15 @@ def test_int8_calibration_refuses_random_pixels_of_a_synthetic_workdir(tmp_path)
   import pytest
   from jaxnet.core import models
   from jaxnet.core.errors import UserError
-  from jaxnet.tools import export
+  from jaxnet.tools import onnx as onnx_export
+  from jaxnet.tools.onnx import int8 as onnx_int8
   model = models.create("resnet_tiny", num_classes=3)
   variables = model.init(jax.random.PRNGKey(0), np.zeros((1, 16, 16, 3), np.float32), train=False)
   config = base_config()
   config.data.source, config.image_size = "synthetic", 16
   predictor = preprocess.Predictor(config, model, variables, num_classes=3, workdir=str(tmp_path))
   with pytest.raises(UserError) as e:
-    export.calibration_images(predictor, 8)
+    onnx_int8.calibration_images(predictor, 8)
   assert str(e.value) == (f"--calibration-images=8 calibrates on train images, and the workdir {tmp_path} has "
                           f"data.source=synthetic (random pixels): pass --calibration-images=DIR, a folder "
                           f"of images like those the model will see")
