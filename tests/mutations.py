@@ -609,7 +609,8 @@ MUTATIONS = [
              "  def write(tmp):\n    from safetensors.numpy import save_file\n    save_file(arrays, tmp, metadata=metadata)\n",
              ("tests/test_reliability.py::test_a_torch_export_onto_a_full_disk_is_one_line_and_keeps_the_old_file",)),
     Mutation("half_deleted_newest_is_rotated_not_damaged", "jaxnet/core/checkpoint.py",
-             "    return self.steps()[-1:] > [step]\n", "    return False\n",
+             "    return any(s > step and os.path.isdir(os.path.join(self.directory, str(s), CHECKSUMS))\n",
+             "    return False and any(s > step and os.path.isdir(os.path.join(self.directory, str(s), CHECKSUMS))\n",
              ("tests/test_reliability.py::test_a_checkpoint_whose_deletion_is_under_way_is_rotated_not_damaged",)),
     Mutation("listing_racing_rotation_lists_again", "jaxnet/core/checkpoint.py",
              "      except FileNotFoundError:\n        if attempt == _LISTING_TRIES - 1:\n",
@@ -640,6 +641,10 @@ MUTATIONS = [
     Mutation("nms_pads_fewer_candidates", "jaxnet/core/tasks/detection.py",
              "  if scores.shape[0] < max_detections:\n", "  if False:\n",
              (DETECTION + "test_nms_keeps_what_greedy_nms_keeps",), ci=True),
+    Mutation("damaged_checkpoint_is_not_rotated", "jaxnet/core/checkpoint.py",
+             "    if all(os.path.exists(os.path.join(step_dir, item)) for item in (STATE, CHECKSUMS)):\n      return False\n",
+             "",
+             ("tests/test_reliability.py::test_damaged_checkpoints_are_reported_and_skipped",)),
 ]
 
 

@@ -178,10 +178,16 @@ class Checkpoints:
     """Whether `step`, which failed to read, was being deleted by rotation: its directory is
     gone, or (a deletion still under way leaves the directory with some files gone) a newer
     checkpoint has completed since, which is when rotation deletes older ones."""
-    if not os.path.isdir(os.path.join(self.directory, str(step))):
+    step_dir = os.path.join(self.directory, str(step))
+    if not os.path.isdir(step_dir):
       return True
+    # Half-deleted: items of it gone (a damaged checkpoint keeps them all, its bytes wrong),
+    # and a newer one complete (its checksums are written last; an empty directory is none).
+    if all(os.path.exists(os.path.join(step_dir, item)) for item in (STATE, CHECKSUMS)):
+      return False
     self._reload()
-    return self.steps()[-1:] > [step]
+    return any(s > step and os.path.isdir(os.path.join(self.directory, str(s), CHECKSUMS))
+               for s in self.steps())
 
   def _no_checkpoint(self) -> MissingFileError:
     return MissingFileError(f"no checkpoint in {self.directory}: train first "
