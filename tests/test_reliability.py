@@ -513,7 +513,7 @@ def test_predict_and_export_errors_are_one_line(trained, tmp_path, capsys):
   empty.mkdir()
   cases = [
       (predict.main, [f"--workdir={trained}", str(tmp_path / "nope.png")], "nope.png not found"),
-      (predict.main, [f"--workdir={trained}", str(not_an_image)], "not an image"),
+      (predict.main, [f"--workdir={trained}", str(not_an_image)], "as an image ("),
       (predict.main, [f"--workdir={empty}", str(not_an_image)], "config.json not found"),
       (export_command.main, [f"--workdir={empty}", f"--out={tmp_path / 'm.jax'}"], "config.json not found"),
   ]

@@ -51,7 +51,10 @@ class Lock:
     self._file = None
 
   def __enter__(self):
-    f = open(self.path, "a+")
+    try:
+      f = open(self.path, "a+")
+    except OSError:  # a read-only workdir: no writer can get in, so there is no one to lock out
+      return self
     try:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
