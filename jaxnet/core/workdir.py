@@ -141,7 +141,8 @@ class Workdir:
       raise UserError(f"{self.path} already holds checkpoints: import into a new --workdir")
     if self.purpose == EVAL:
       changes = check_config(self.path, config_dict, accept, changes_what_eval_sees)
-      self.changes = {k: v for k, v in changes.items() if changes_what_eval_sees(k)}
+      unused = unused_by_eval(config_dict)
+      self.changes = {k: v for k, v in changes.items() if changes_what_eval_sees(k) and k not in unused}
     elif self.purpose == TRAIN and ckpt.has_checkpoints(self.path):
       self.changes = check_config(self.path, config_dict, accept)
     else:
@@ -285,8 +286,9 @@ def check_config(workdir: str, config_dict: dict, accept: tuple[str, ...] = (),
   base.model.name = config_dict["model"]["name"]
   defaults = json.loads(config_lib.with_model_options(base).to_json_best_effort())
   changes = config_changes(old, config_dict, config_lib.flatten(defaults))
+  unused = unused_by_eval(config_dict)
   refused = {k: v for k, v in changes.items()
-             if matters(k) and "all" not in accept and k not in accept}
+             if matters(k) and k not in unused and "all" not in accept and k not in accept}
   if refused:
     lines = "\n".join(f"  {k}: {_show(a)} -> {_show(b)}" for k, (a, b) in refused.items())
     raise ConfigChangedError(
@@ -294,6 +296,19 @@ def check_config(workdir: str, config_dict: dict, accept: tuple[str, ...] = (),
         f"Use a new --workdir, or accept the changes for this workdir with "
         f"--accept_config_changes={','.join(refused)}")
   return changes
+
+
+# Sources that store whole images already at image_size: their eval crops nothing, so the eval
+# crop keys change none of a run's numbers (configs/digits.py records 1.0 since 2026-11-27, the
+# resize a predicted file gets; its older workdirs recorded 0.875 and resume all the same).
+ARRAY_SOURCES = ("digits", "synthetic")
+
+
+def unused_by_eval(config_dict: dict) -> set:
+  """Keys whose change alters neither training nor the eval of this config's data."""
+  if config_dict.get("data", {}).get("source") in ARRAY_SOURCES:
+    return {"data.eval_crop_fraction", "data.eval_interpolation"}
+  return set()
 
 
 # What an eval measures: the model (its options, precision, EMA) and the eval data the way
