@@ -239,7 +239,7 @@ def test_workdir_as_init_weights_and_torchvision_export(workdir, tmp_path):
   from jaxnet.tools.weights.preprocessing import Preprocessing
   restored = flatten_dict(api.restore(str(workdir)).variables)
   shapes = {p: tuple(x.shape) for p, x in restored.items()}
-  assert pretrained.preprocessing_of(str(workdir))[0] == Preprocessing((0.2,), (0.35,), 0.875, "bilinear")
+  assert pretrained.preprocessing_of(str(workdir))[0] == Preprocessing((0.2,), (0.35,), 1.0, "bilinear")  # configs/digits.py
   out = str(tmp_path / "digits.safetensors")
   assert export_command.main([f"--workdir={workdir}", "--format=torch", f"--out={out}"]) == 0
   for source in (str(workdir), out):
@@ -248,6 +248,6 @@ def test_workdir_as_init_weights_and_torchvision_export(workdir, tmp_path):
     for path, value in values.items():
       np.testing.assert_array_equal(value, restored[path], err_msg=f"{source}: {path}")
   # The export carries the run's preprocessing: one grey channel, digits' mean/std.
-  assert pretrained.preprocessing_of(out)[0] == Preprocessing((0.2,), (0.35,), 0.875, "bilinear")
+  assert pretrained.preprocessing_of(out)[0] == Preprocessing((0.2,), (0.35,), 1.0, "bilinear")
   with pytest.raises(SystemExit):  # argparse: the torchvision format is a .safetensors file
     export_command.main([f"--workdir={workdir}", "--format=torch", f"--out={tmp_path / 'x.pt'}"])
