@@ -226,7 +226,7 @@ def main():
         f"{args.iterations} interleaved calls per cell)\n")
   print(benchlib.cpu_line())
   print(benchlib.load_line())
-  print(benchlib.versions_line("onnx", "onnxruntime", "jax2onnx", "qwix", *(("torch", "torchvision") if args.torch else ())))
+  print(benchlib.versions_line("onnx", "onnxruntime", "qwix", *(("torch", "torchvision") if args.torch else ())))
   print(f"jax devices: {', '.join(str(d) for d in jax.devices())}; onnxruntime: CPUExecutionProvider, "
         f"{args.threads or 'default'} intra-op threads")
   print(benchlib.date_line() + "\n")

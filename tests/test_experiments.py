@@ -198,7 +198,7 @@ def test_bench_scaling_quick():
 def test_bench_inference_smallest_prints_every_engine_and_node_counts():
   """resnet18 at 32px, batch 1, 2 calls a cell: every engine's row (torch's peer needs torch,
   not a test dependency, so it is left out here)."""
-  for name in ("onnx", "onnxruntime", "jax2onnx", "qwix"):
+  for name in ("onnx", "onnxruntime", "qwix"):
     pytest.importorskip(name, reason="the onnx extra is not installed")
   out = run_script("bench_inference.py", "--model", "resnet18", "--image-size", "32", "--batches", "1",
                    "--iterations", "2", "--calibration-images", "8")

@@ -7,7 +7,7 @@ generated eval split: logits within 1e-4 (max abs), the same top-1 on every imag
 The int8 tests train the digits model briefly and compare fp32 and int8 top-1 on its
 eval split, for onnxruntime's static int8 and qwix's (`--format=jax --int8`); a slow
 test does the same on a generated ImageFolder. Skipped, with the install line, where
-onnx/onnxruntime/jax2onnx are absent.
+onnx/onnxruntime are absent.
 """
 
 import os
@@ -20,10 +20,10 @@ import pytest
 from jaxnet.cli import export as export_command
 from jaxnet.tools import export
 from jaxnet.tools import onnx as onnx_export
-from jaxnet.tools.onnx import int8 as onnx_int8
+from jaxnet.tools.onnx import alexnet as onnx_alexnet, int8 as onnx_int8
 from jaxnet.core.metrics import replace_atomically
 
-for _name in ("onnx", "onnxruntime", "jax2onnx"):
+for _name in ("onnx", "onnxruntime"):
   pytest.importorskip(_name, reason=f"the onnx extra is not installed: {export.INSTALL}")
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
@@ -120,11 +120,11 @@ def session(model):
 FAMILIES = [  # (model, image size, config overrides)
     ("resnet18", 32, {}),
     ("resnet50", 32, {}),
-    ("alexnet", 64, {}),
+    ("alexnet_mini", 127, {}),  # a 3x3 map before the adaptive pool to 6x6: overlapping bins
     ("vit_mini", 32, {"model.flavour": "plain"}),
     ("vit_ti16", 32, {}),
     ("resnet18", 32, {"precision": "bf16"}),  # a bf16 run exports fp32 (written graphs: fp32 weights)
-    ("alexnet", 64, {"precision": "bf16"}),   # (through jax2onnx: the model cloned in fp32)
+    ("alexnet_mini", 127, {"precision": "bf16"}),
 ]
 
 
@@ -173,10 +173,15 @@ def test_a_resnet_graph_is_written_as_runtimes_run_it(tmp_path):
 
 
 def test_alexnets_relus_fuse_into_its_convolutions(tmp_path):
-  """AlexNet goes through jax2onnx; its ReLUs (max(x, 0) in jax) become Relu, which
-  onnxruntime fuses into the convolution before each."""
-  model = onnx_export.to_onnx(random_predictor("alexnet", 64))
-  assert "Max" not in [n.op_type for n in model.graph.node]
+  """AlexNet's graph: Conv, Relu, MaxPool in NCHW, the adaptive pool two MatMuls, three Gemms;
+  onnxruntime fuses each ReLU into the convolution before it."""
+  import collections
+  model = onnx_export.to_onnx(random_predictor("alexnet_mini", 127))
+  assert collections.Counter(n.op_type for n in model.graph.node) == {
+      "Cast": 1, "Transpose": 1, "Add": 1, "Conv": 5, "Relu": 7, "MaxPool": 3, "MatMul": 2, "Flatten": 1,
+      "Gemm": 3}
+  # At 224 px the map is already 6x6: no pooling MatMuls.
+  assert onnx_alexnet.feature_side(224) == onnx_alexnet.POOL and onnx_alexnet.feature_side(127) == 3
   options = ort.SessionOptions()
   options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
   options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
@@ -392,16 +397,17 @@ def test_unconvertible_model_and_missing_package_are_one_line(digits_workdir, tm
                                                               monkeypatch):
   out = tmp_path / "m.onnx"
   argv = [f"--workdir={digits_workdir}", "--format=onnx", f"--out={out}"]
-  real = onnx_export.fp32_logits_fn
-
-  def with_random_noise(predictor):  # random bits over a dynamic batch: jax2onnx has no lowering
-    fn = real(predictor)
-    return lambda images: fn(images) + jax.random.uniform(jax.random.PRNGKey(0), (images.shape[0], 10))
-  monkeypatch.setattr(onnx_export, "fp32_logits_fn", with_random_noise)
+  import flax.linen as nn
   from jaxnet.core.errors import UserError
-  with pytest.raises(UserError, match="model alexnet cannot be exported to ONNX: jax2onnx says"):
-    onnx_export.to_onnx(random_predictor("alexnet", 64))  # (ResNets and ViTs are written without it)
-  monkeypatch.undo()
+
+  class PluginNet(nn.Module):  # a user's own model, which no module of jaxnet/tools/onnx/ writes
+    @nn.compact
+    def __call__(self, x, train: bool):
+      return nn.Dense(10)(x.reshape(len(x), -1))
+  predictor = random_predictor("resnet18", 32)
+  predictor.model = PluginNet()
+  with pytest.raises(UserError, match="no module of jaxnet/tools/onnx/ writes PluginNet; --format=jax"):
+    onnx_export.to_onnx(predictor)
 
   import importlib
   real_import = importlib.import_module

@@ -11,7 +11,6 @@ ONNX graph, --int8 quantized by onnxruntime.
 """
 
 import argparse
-import logging
 import sys
 
 from jaxnet.cli import process
@@ -71,9 +70,6 @@ def main(argv=None):
       names = pretrained.names_of(predictor.config.model.name).NAMES
       what = f"{len(tensors)} tensors, {names} names"
     elif args.format == "onnx":
-      # jax2onnx imports every plugin it ships and logs a warning with a traceback for each
-      # one whose package (equinox, dm-pix: never used for jaxnet models) is absent.
-      logging.getLogger("jax2onnx").setLevel(logging.ERROR)
       if args.int8:
         given = args.calibration_images
         if given is None:

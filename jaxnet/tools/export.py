@@ -31,9 +31,6 @@ from jaxnet.core.errors import UserError
 from jaxnet.core.metrics import write_atomically, write_file_atomically
 
 # The optional packages: the onnx extra holds qwix too.
-# The optional packages: the onnx extra holds qwix too. jax2onnx is installed apart because
-# it pins orbax-checkpoint<0.11.37, which jaxnet's orbax-checkpoint>=0.12.8 rules out; it
-# never imports orbax.
 INSTALL = "pip install -e '.[onnx]'"
 
 

@@ -15,6 +15,8 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import importlib
+import pkgutil
 from typing import Callable
 
 import flax.linen as nn
@@ -70,9 +72,11 @@ def register(name: str):
 def _registry() -> dict:
   """The registry, filled on first use by importing the model files (each registers its models:
   imported here, not at this module's end, so no import runs back up from a member)."""
+  # Every module of this package is imported: a new family is a new file, listed nowhere else.
   # Importing a module twice is a no-op, so a model file imported first (by a tool that needs
   # its class) does not stop the others from registering.
-  from jaxnet.core.models import alexnet, resnet, retinanet, vit  # noqa: F401
+  for module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{module.name}")
   return _REGISTRY
 
 

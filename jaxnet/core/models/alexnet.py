@@ -26,20 +26,22 @@ from jaxnet.core.models import max_pool, register
 he_init = nn.initializers.variance_scaling(2.0, "fan_in", "normal")
 
 
-def adaptive_avg_pool(x, output_size: int):
-  """NHWC average pool to output_size x output_size, with PyTorch's bins.
+def pool_bins(output_size: int, size: int) -> np.ndarray:
+  """(output_size, size): PyTorch's adaptive average pool along one axis as a matrix. Output
+  cell i averages input rows floor(i*size/out) .. ceil((i+1)*size/out) - 1, so bins overlap
+  when size is not a multiple of out and repeat rows when size < out."""
+  m = np.zeros((output_size, size), np.float32)
+  for i in range(output_size):
+    start, end = (i * size) // output_size, -(-((i + 1) * size) // output_size)
+    m[i, start:end] = 1.0 / (end - start)
+  return m
 
-  Output cell i averages input rows floor(i*H/out) .. ceil((i+1)*H/out) - 1, so
-  bins overlap when H is not a multiple of out and repeat rows when H < out.
-  Written as two small averaging matrices (static shapes) applied in one einsum.
-  """
-  def matrix(size):
-    m = np.zeros((output_size, size), np.float32)
-    for i in range(output_size):
-      start, end = (i * size) // output_size, -(-((i + 1) * size) // output_size)
-      m[i, start:end] = 1.0 / (end - start)
-    return jnp.asarray(m, x.dtype)
-  return jnp.einsum("ih,nhwc,jw->nijc", matrix(x.shape[1]), x, matrix(x.shape[2]))
+
+def adaptive_avg_pool(x, output_size: int):
+  """NHWC average pool to output_size x output_size, with PyTorch's bins (`pool_bins`):
+  two small averaging matrices (static shapes) applied in one einsum."""
+  rows, cols = (jnp.asarray(pool_bins(output_size, n), x.dtype) for n in x.shape[1:3])
+  return jnp.einsum("ih,nhwc,jw->nijc", rows, x, cols)
 
 
 class AlexNet(nn.Module):

@@ -4,11 +4,10 @@
   trained in, input "images", output "logits" (a detector: its head's outputs and anchors);
   the model's metadata_props record how to make the input (image size, channels, mean/std,
   the eval crop and interpolation) and the class names (METADATA_KEYS). Each model family
-  has its writer (`FAMILIES`): ResNets, ViTs and RetinaNets are written op by op in the form
-  runtimes run fastest (resnet.py, vit.py, retinanet.py: NCHW, BN folded, MatMul,
-  LayerNormalization, fusable GELU; graph.py the builder they share); other models (AlexNet)
-  go through jax2onnx (via_jax2onnx.py; docs/deploy.md says why it is installed with
-  --no-deps).
+  has its writer, a module of this package naming the model class it writes (`MODEL`), its
+  `write(predictor)` and optionally its `notes(predictor)` (metadata of its own): the graph
+  op by op in the form runtimes run fastest (NCHW, BN folded, MatMul, LayerNormalization,
+  fusable GELU; graph.py is the builder they share). A new family is a new module here.
 - ONNX int8 (int8.py, `save_onnx_int8`): onnxruntime's quantize_static in the QDQ format,
   calibrated on the workdir's train images or a folder of the user's.
 Every file is written under a temporary name beside its target and renamed when complete.
@@ -16,18 +15,14 @@ Every file is written under a temporary name beside its target and renamed when 
 
 import importlib
 import json
+import pkgutil
 
-import jax.numpy as jnp
 
 from jaxnet.core.errors import UserError
 from jaxnet.core.metrics import write_file_atomically
-from jaxnet.core import steps
-from jaxnet.core.state import get_policy
 from jaxnet.tools.export import run_name
 
-# jax2onnx is installed apart because it pins orbax-checkpoint<0.11.37, which jaxnet's
-# orbax-checkpoint>=0.12.8 rules out; it never imports orbax.
-ONNX_INSTALL = "pip install -e '.[onnx]' && pip install --no-deps 'jax2onnx==0.17.1'"
+ONNX_INSTALL = "pip install -e '.[onnx]'"
 
 
 OPSET = 21  # onnxruntime >= 1.20 runs it; quantize_static's QDQ needs >= 13
@@ -48,16 +43,6 @@ def require(*modules: str):
       raise UserError(f"--format=onnx needs the package {e.name or name}, which is not "
                       f"installed: {ONNX_INSTALL}") from None
   return loaded
-
-
-def fp32_logits_fn(predictor):
-  """`images -> logits` in fp32 with the predictor's variables closed over."""
-  model = predictor.model.clone(dtype=jnp.float32) if hasattr(predictor.model, "dtype") else predictor.model
-  logits_fn = steps.make_logits_fn(model, get_policy("fp32"),
-                                   mean=tuple(predictor.config.data.mean),
-                                   std=tuple(predictor.config.data.std))
-  variables = predictor.variables
-  return lambda images: logits_fn(variables, images)
 
 
 def metadata(predictor) -> dict:
@@ -81,18 +66,20 @@ def metadata(predictor) -> dict:
   return props
 
 
+def writers() -> dict:
+  """{model class: its writer module}: every module of this package that names a `MODEL`."""
+  modules = (importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__))
+  return {module.MODEL: module for module in modules if hasattr(module, "MODEL")}
+
+
 def family(predictor):
-  """(the ONNX writer of the predictor's model family, its metadata beside the common keys):
-  ResNets', ViTs' and RetinaNets' graphs are written directly, any other model's through
-  jax2onnx."""
-  from jaxnet.core.models.resnet import ResNet
-  from jaxnet.core.models.retinanet import RetinaNet
-  from jaxnet.core.models.vit import ViT
-  from jaxnet.tools.onnx import resnet, retinanet, via_jax2onnx, vit
-  no_notes = lambda predictor: {}
-  families = {ResNet: (resnet.resnet_onnx, no_notes), ViT: (vit.vit_onnx, no_notes),
-              RetinaNet: (retinanet.retinanet_onnx, retinanet.retinanet_notes)}
-  return families.get(type(predictor.model), (via_jax2onnx.via_jax2onnx, no_notes))
+  """(the ONNX writer of the predictor's model family, its metadata beside the common keys);
+  a model no module writes is one UserError."""
+  module = writers().get(type(predictor.model))
+  if module is None:
+    raise UserError(f"model {predictor.config.model.name} cannot be exported to ONNX: no module of "
+                    f"jaxnet/tools/onnx/ writes {type(predictor.model).__name__}; --format=jax exports any model")
+  return module.write, getattr(module, "notes", lambda predictor: {})
 
 
 def onnx_outputs(predictor) -> str:
@@ -102,8 +89,8 @@ def onnx_outputs(predictor) -> str:
 
 
 def to_onnx(predictor):
-  """The predictor's eval-mode fp32 function as an onnx.ModelProto with a dynamic batch
-  (`family`: written directly, or through jax2onnx)."""
+  """The predictor's eval-mode fp32 model as an onnx.ModelProto with a dynamic batch, written
+  by its family's module."""
   writer = family(predictor)[0]
   (onnx,) = require("onnx")
   model = writer(predictor)
@@ -114,6 +101,6 @@ def to_onnx(predictor):
 
 def save_onnx(predictor, path: str) -> None:
   """Writes the fp32 ONNX model to path (a temporary file renamed at the end)."""
-  (onnx,) = require("onnx", "jax2onnx")[:1]
+  (onnx,) = require("onnx")
   model = to_onnx(predictor)
   write_file_atomically(path, lambda tmp: onnx.save_model(model, tmp))

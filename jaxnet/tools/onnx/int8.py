@@ -159,7 +159,7 @@ def calibration_folder(predictor, folder: str) -> np.ndarray:
 def save_onnx_int8(predictor, path: str, calibration=DEFAULT_CALIBRATION_IMAGES) -> None:
   """Exports, quantizes and writes the int8 model to path (nothing at path on failure).
   `calibration`: a number of train images, or a folder of images."""
-  (onnx,) = require("onnx", "jax2onnx", "onnxruntime.quantization")[:1]
+  (onnx,) = require("onnx", "onnxruntime.quantization")[:1]
   from_folder = isinstance(calibration, str)
   images = (calibration_folder(predictor, calibration) if from_folder
             else calibration_images(predictor, calibration))  # fails early, before the export

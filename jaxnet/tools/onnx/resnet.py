@@ -3,7 +3,10 @@
 import jax
 import numpy as np
 
+from jaxnet.core.models.resnet import ResNet
 from jaxnet.tools.onnx.graph import Graph, at, nchw_input
+
+MODEL = ResNet
 
 
 def resnet_layers(g: Graph, model, params, stats, prefix: str = "") -> list[str]:
@@ -50,7 +53,7 @@ def resnet_layers(g: Graph, model, params, stats, prefix: str = "") -> list[str]
   return stages
 
 
-def resnet_onnx(predictor):
+def write(predictor):
   """A jaxnet ResNet as ONNX in the form runtimes run fastest (and torch.onnx.export writes):
   NCHW throughout (`resnet_layers`), Conv/Relu/Add/MaxPool, then GlobalAveragePool,
   Flatten, Gemm. The same computation as the eval step's, in another order of rounding

@@ -5,12 +5,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxnet.core.models.retinanet import RetinaNet
 from jaxnet.tools.onnx.graph import Graph
 from jaxnet.tools.onnx.resnet import resnet_layers
 
+MODEL = RetinaNet
 
-def retinanet_notes(predictor) -> dict:
-  """A RetinaNet graph's input and outputs (its writer, retinanet_onnx, stops before decoding)."""
+
+def notes(predictor) -> dict:
+  """A RetinaNet graph's input and outputs (its writer, `write`, stops before decoding)."""
   c = predictor.config
   return {
       "jaxnet.input": ("images: uint8 NHWC (batch, image_size, image_size, channels), each image "
@@ -29,7 +32,7 @@ def retinanet_notes(predictor) -> dict:
   }
 
 
-def retinanet_onnx(predictor):
+def write(predictor):
   """A jaxnet RetinaNet's raw outputs as ONNX: the ResNet (`resnet_layers`), the pyramid
   (1x1 lateral and 3x3 output convolutions, nearest upsampling as ONNX's Resize with
   torch's floor(i * h / H) source index, P6 and P7) and the two heads shared by the levels;

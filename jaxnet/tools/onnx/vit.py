@@ -4,10 +4,13 @@ the normalisation folded into the patch convolution."""
 import jax
 import numpy as np
 
+from jaxnet.core.models.vit import ViT
 from jaxnet.tools.onnx.graph import Graph, at, nchw_input
 
+MODEL = ViT
 
-def vit_onnx(predictor):
+
+def write(predictor):
   """A jaxnet ViT as ONNX in the ops runtimes fuse: the normalisation folded into the patch
   convolution (unpadded, so exactly), MatMul+Add for every dense layer, LayerNormalization
   (opset 17), attention as MatMul/Softmax/MatMul with 1/sqrt(head_dim) folded into the

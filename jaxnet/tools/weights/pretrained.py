@@ -18,7 +18,10 @@ its checkpoint.
 """
 
 import dataclasses
+import functools
+import importlib
 import json
+import pkgutil
 import os
 from typing import Callable
 
@@ -26,8 +29,7 @@ import jax
 import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 
-from jaxnet.tools.weights import (alexnet_names, hub, preprocessing, resnet_names, retinanet_names,
-                                  tensor_files, torch_names, vit_names)
+from jaxnet.tools.weights import hub, preprocessing, tensor_files, torch_names
 from jaxnet.tools.weights.preprocessing import Preprocessing
 from jaxnet.core.errors import InvalidValueError, MissingFileError
 
@@ -45,18 +47,22 @@ class Source:
   describe: Callable[[Path], str]       # a variable's name in the source's own terms
 
 
-# Model-name prefix -> that family's PyTorch names and layouts.
-FAMILIES = {"resnet": resnet_names.FAMILY, "vit": vit_names.FAMILY, "alexnet": alexnet_names.FAMILY,
-            "retinanet": retinanet_names.FAMILY}
+@functools.cache
+def families() -> dict[str, torch_names.Family]:
+  """Model-name prefix -> that family's PyTorch names and layouts: each `NAME_names.py` of this
+  package is the family of the models named NAME* (a new family is a new file)."""
+  package = importlib.import_module("jaxnet.tools.weights")
+  return {m.name.removesuffix("_names"): importlib.import_module(f"{package.__name__}.{m.name}").FAMILY
+          for m in pkgutil.iter_modules(package.__path__) if m.name.endswith("_names") and m.name != "torch_names"}
 
 
 def names_of(model: str) -> torch_names.Family:
   """The PyTorch names and layouts of model `model` or family `model` ("resnet", "vit", ...)."""
-  for prefix, family in FAMILIES.items():
-    if model.startswith(prefix):
-      return family
+  prefixes = [p for p in families() if model.startswith(p)]
+  if prefixes:
+    return families()[max(prefixes, key=len)]  # the most specific: "efficientnet_v2" before "efficientnet"
   raise InvalidValueError(f"model {model!r} has no PyTorch tensor names in jaxnet: weights files and "
-                          f"hf-hub specs load into {', '.join(p + '*' for p in FAMILIES)} models "
+                          f"hf-hub specs load into {', '.join(p + '*' for p in families())} models "
                           f"(a jaxnet workdir loads into any model)")
 
 
@@ -364,7 +370,7 @@ def architecture_of(spec: str, image_size: int, model: str) -> str | None:
     return config_lib.load(spec).model.name
   path = hub.fetch(spec)[0] if hub.is_hub_spec(spec) else spec
   tensors, metadata = tensor_files.read(path)
-  family = next((p for p in FAMILIES if model.startswith(p)), "")
+  family = max((p for p in families() if model.startswith(p)), key=len, default="")
   recorded = metadata.get("model")  # a jaxnet export names its model
 
   def order(name):  # the recorded model, then the config's family, smallest first (cheap to trace)
@@ -372,7 +378,7 @@ def architecture_of(spec: str, image_size: int, model: str) -> str | None:
     depth = int((re.findall(r"\d+", name) or ["0"])[0])
     return (name != recorded, not name.startswith(family), depth, name)
 
-  candidates = sorted((n for n in models.names() if n != model and any(n.startswith(p) for p in FAMILIES)),
+  candidates = sorted((n for n in models.names() if n != model and any(n.startswith(p) for p in families())),
                       key=order)
   for name in candidates:
     try:
