@@ -3,12 +3,13 @@ tests that claim it, and report every break those tests do not notice.
 
     python tests/mutations.py            # all of them (about 15 minutes on 2 cores)
     python tests/mutations.py --ci       # the quick subset .ci/run runs (about 3 minutes)
+    python tests/mutations.py --jobs 2   # two at a time, each in its own copy
     python tests/mutations.py --list     # names, files and tests, nothing run
     python tests/mutations.py NAME ...   # only these
 
 A mutation is an exact piece of a file's text and what to put in its place, and the
 tests (pytest node ids) that claim the behaviour it breaks. The repository is copied
-once to a temporary directory (the working tree is only read), the named tests are run
+once per job to a temporary directory (the working tree is only read), the named tests are run
 there unmutated first (they must pass, or a failure would prove nothing), then each
 mutation is applied alone, its tests run with `-x`, and the file put back. A mutation
 is *killed* when its tests fail, and *survives* when they pass. A mutation whose text
@@ -24,7 +25,9 @@ import os
 import shutil
 import subprocess
 import sys
+import queue
 import tempfile
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -699,6 +702,32 @@ def run_tests(root: str, tests, timeout: float) -> tuple[int | None, str]:
   return proc.returncode, (proc.stdout + proc.stderr)[-1500:]
 
 
+def run_mutation(root: str, m: Mutation, timeout: float) -> tuple[str, float, str]:
+  """(verdict, seconds, pytest's one-line reason or its output's tail) of mutation `m` applied
+  alone in the copy `root`, its file put back after."""
+  path = os.path.join(root, m.path)
+  with open(path) as f:
+    original = f.read()
+  with open(path, "w") as f:
+    f.write(original.replace(m.old, m.new, 1))
+  t0 = time.perf_counter()
+  try:
+    status, tail = run_tests(root, m.tests, timeout)
+  finally:
+    with open(path, "w") as f:
+      f.write(original)
+  seconds = time.perf_counter() - t0
+  reason = next((line for line in tail.splitlines() if line.startswith(("FAILED", "ERROR"))), "")
+  if status == 0:
+    return "SURVIVED", seconds, ""
+  if status in (1, 2):   # a test failed, or the mutated code broke collection
+    return "killed", seconds, reason
+  if status is None:
+    return "killed (timed out)", seconds, ""
+  # 3-5: pytest's own error, a node id that does not exist, no tests
+  return f"ERROR (pytest exit {status})", seconds, f"pytest exit {status}:\n{tail}"
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("names", nargs="*", help="run only these mutations")
@@ -707,6 +736,7 @@ def main(argv=None) -> int:
   parser.add_argument("--no-baseline", action="store_true",
                       help="skip the unmutated run of the tests (when they were just run)")
   parser.add_argument("--timeout", type=float, default=900, help="seconds per pytest run")
+  parser.add_argument("--jobs", type=int, default=1, help="mutations run at a time, each in its own copy")
   args = parser.parse_args(argv)
 
   selected = [m for m in MUTATIONS if (not args.names or m.name in args.names) and (m.ci or not args.ci)]
@@ -720,58 +750,57 @@ def main(argv=None) -> int:
 
   errors = check_texts(selected, REPO)
   runnable = [m for m in selected if not any(e.startswith(m.name + ":") for e in errors)]
-  root = make_copy()
+  roots = [make_copy() for _ in range(max(1, min(args.jobs, len(runnable))))]
   start = time.perf_counter()
+  survived, killed = [], []
   try:
     # The mutated code must be what the tests import, not an installed jaxnet.
-    where = subprocess.run([sys.executable, "-c", "import jaxnet; print(jaxnet.__file__)"], cwd=root,
+    where = subprocess.run([sys.executable, "-c", "import jaxnet; print(jaxnet.__file__)"], cwd=roots[0],
                            env=_env(), capture_output=True, text=True).stdout.strip()
-    if not where.startswith(root):
+    if not where.startswith(roots[0]):
       print(f"mutations: `import jaxnet` in the copy finds {where!r}, not the copy; stopping")
       return 1
     tests = sorted({t for m in runnable for t in m.tests})
     if not args.no_baseline:
       print(f"baseline: {len(tests)} tests, unmutated ...", flush=True)
-      status, tail = run_tests(root, tests, args.timeout * 2)
+      status, tail = run_tests(roots[0], tests, args.timeout * 2)
       if status != 0:
         print(f"the tests fail without any mutation (pytest exit {status}); fix them first:\n{tail}")
         return 1
       print(f"baseline passed in {time.perf_counter() - start:.0f} s", flush=True)
-    survived, killed = [], 0
+    # Each job takes the next mutation and runs it in its own copy.
+    pending = queue.SimpleQueue()
     for m in runnable:
-      path = os.path.join(root, m.path)
-      with open(path) as f:
-        original = f.read()
-      with open(path, "w") as f:
-        f.write(original.replace(m.old, m.new, 1))
-      t0 = time.perf_counter()
-      try:
-        status, tail = run_tests(root, m.tests, args.timeout)
-      finally:
-        with open(path, "w") as f:
-          f.write(original)
-      seconds = time.perf_counter() - t0
-      if status == 0:
-        verdict = "SURVIVED"
-        survived.append(m.name)
-      elif status in (1, 2):   # a test failed, or the mutated code broke collection
-        verdict, killed = "killed", killed + 1
-      elif status is None:
-        verdict, killed = "killed (timed out)", killed + 1
-      else:                    # 3-5: pytest's own error, a node id that does not exist, no tests
-        verdict = f"ERROR (pytest exit {status})"
-        errors.append(f"{m.name}: pytest exit {status}:\n{tail}")
-      print(f"{m.name:42s} {verdict:20s} {seconds:6.0f} s", flush=True)
-      if status == 0:
-        print("  survived: " + ", ".join(m.tests))
-      elif status is not None:  # how it was killed: pytest's one-line reason
-        reason = next((line for line in tail.splitlines() if line.startswith(("FAILED", "ERROR"))), "")
-        print("  " + reason[:160])
+      pending.put(m)
+    lock = threading.Lock()
+
+    def job(root):
+      while True:
+        try:
+          m = pending.get_nowait()
+        except queue.Empty:
+          return
+        verdict, seconds, detail = run_mutation(root, m, args.timeout)
+        with lock:
+          (survived if verdict == "SURVIVED" else killed if verdict.startswith("killed") else []).append(m.name)
+          if verdict.startswith("ERROR"):
+            errors.append(f"{m.name}: {detail}")
+          print(f"{m.name:42s} {verdict:20s} {seconds:6.0f} s", flush=True)
+          if verdict == "SURVIVED":
+            print("  survived: " + ", ".join(m.tests), flush=True)
+          elif detail:  # how it was killed: pytest's one-line reason
+            print("  " + detail.splitlines()[0][:160], flush=True)
+    threads = [threading.Thread(target=job, args=(root,)) for root in roots]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
   finally:
-    shutil.rmtree(os.path.dirname(root), ignore_errors=True)
+    for root in roots:
+      shutil.rmtree(os.path.dirname(root), ignore_errors=True)
   for e in errors:
     print("ERROR " + e)
-  print(f"{killed} of {len(selected)} mutations killed, {len(survived)} survived, "
+  print(f"{len(killed)} of {len(selected)} mutations killed, {len(survived)} survived, "
         f"{len(errors)} errors, in {time.perf_counter() - start:.0f} s")
   return 1 if survived or errors else 0
 
