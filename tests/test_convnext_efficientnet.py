@@ -6,6 +6,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import flax.linen as nn
 import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict, unflatten_dict
@@ -119,3 +120,109 @@ def test_export_writes_back_the_torchvision_state_dict(name, tmp_path):
   for key, value in tensors.items():
     assert out[key].dtype == value.dtype and out[key].flags.c_contiguous, key
     np.testing.assert_array_equal(out[key], value, err_msg=key)
+
+
+# --- stochastic depth -----------------------------------------------------------------------
+
+
+def test_stochastic_depth_rates_rise_linearly_as_torchvision():
+  # ConvNeXt: 0 at the first block to the size's rate at the last (torchvision's id / (n - 1));
+  # EfficientNet: rate * id / n (torchvision's), so the last block stays below the rate.
+  def rates(name):
+    """{block: its Dropout's rate}, from the module tree flax builds (no compile)."""
+    model = models.create(name, num_classes=10)
+    x = jnp.zeros((1, 32, 32, 3))
+    tree = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), x, train=False))
+    found = {}
+    def record(next_fun, args, kwargs, context):
+      if isinstance(context.module, nn.Dropout) and context.module.name == "drop_path":
+        found[context.module.scope.path[-2]] = context.module.rate
+      return next_fun(*args, **kwargs)
+    with nn.intercept_methods(record):
+      jax.eval_shape(lambda v: model.apply(v, x, train=False), tree)
+    return found
+  assert rates("convnext_mini") == {"stage1_block1": 0.0, "stage2_block1": 0.05, "stage2_block2": 0.1}
+  # efficientnet_mini: 4 blocks at 0.2; those with a residual connection (1, 3) have a drop_path.
+  assert rates("efficientnet_mini") == {"stage1_block1": 0.0, "stage2_block2": 0.1}
+
+
+@pytest.mark.parametrize("name", ["convnext_mini", "efficientnet_mini"])
+def test_stochastic_depth_draws_from_the_steps_dropout_key(name):
+  """Training drops whole residual branches per sample, drawn from the `dropout` stream the train
+  step feeds from (seed, step): the same key the same output (a resumed run repeats it), another
+  key another; eval mode uses no key and drops nothing."""
+  # ConvNeXt's layer scales start at 1e-6, where dropping a branch changes nothing visible.
+  options = dict(dropout_rate=0.0) if "efficient" in name else dict(layer_scale=1.0)
+  model = models.create(name, num_classes=10, stochastic_depth=0.9, **options)
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((8, 16, 16, 3)), jnp.float32)
+  variables = jax.jit(lambda: model.init(jax.random.PRNGKey(0), x[:1], train=False))()
+
+  forward = jax.jit(lambda key: model.apply(variables, x, train=True, rngs={"dropout": key},
+                                            mutable=["batch_stats"])[0])
+  key = jax.random.PRNGKey
+  at_0, at_1, at_0_again = forward(key(0)), forward(key(1)), forward(key(0))
+  np.testing.assert_array_equal(at_0, at_0_again)
+  assert np.abs(np.asarray(at_0) - np.asarray(at_1)).max() > 1e-4
+  evaluate = jax.jit(lambda: model.apply(variables, x, train=False))
+  np.testing.assert_array_equal(evaluate(), evaluate())
+
+
+# --- recipes --------------------------------------------------------------------------------
+
+
+def test_imagenet_recipes_follow_the_published_settings():
+  from configs import convnext, efficientnet
+  for variant in convnext.VARIANTS:
+    assert convnext.get_config(variant).model.name in models.names()
+  c = convnext.get_config("tiny")
+  assert (c.num_epochs, c.optim.name, c.optim.weight_decay, c.optim.warmup_epochs) == (300, "adamw", 0.05, 20.0)
+  assert c.optim.learning_rate * 4096 / c.optim.base_batch_size == pytest.approx(4e-3)
+  assert (c.mix.mixup_alpha, c.mix.cutmix_alpha, c.label_smoothing, c.ema_decay) == (0.8, 1.0, 0.1, 0.9999)
+  # The sizes' stochastic depth is each model's default.
+  assert [models.options(f"convnext_{v}")["stochastic_depth"] for v in ("tiny", "small", "base", "large")] == [
+      0.1, 0.4, 0.5, 0.5]
+  for variant in efficientnet.VARIANTS:
+    assert efficientnet.get_config(variant).model.name in models.names()
+  assert [efficientnet.get_config(v).image_size for v in ("b0", "b3", "b7", "v2_s")] == [224, 300, 600, 384]
+  assert efficientnet.get_config("v2_s").progressive_resizing == ((0.0, 300),)
+  # B5-B7 and V2 use torchvision's BN eps 1e-3 (and B5-B7 momentum 0.01, 0.99 here).
+  assert [models.options(n)["bn_epsilon"] for n in ("efficientnet_b4", "efficientnet_b5", "efficientnet_v2_s")] == [
+      1e-5, 1e-3, 1e-3]
+  assert models.options("efficientnet_b7")["bn_momentum"] == 0.99
+  with pytest.raises(ValueError, match=r"variant 'b8'.*configs/efficientnet.py:b0"):
+    efficientnet.get_config("b8")
+
+
+@pytest.mark.parametrize("variant", ["convnext.py:mini", "efficientnet.py:mini"])
+def test_cpu_recipe_trains_on_digits(variant):
+  """The mini recipes' model and optimizer, 30 steps of batch 32 on the digits: the loss falls."""
+  from jaxnet.core import config as config_lib
+  from jaxnet.core import optim
+  from jaxnet.core import state as precision
+  from jaxnet.core.state import LossScale
+  from jaxnet.core.tasks import classification
+  from tests import models_helpers as H
+  from tests.test_alexnet_vit import _digits
+  c = config_lib.load(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", variant))
+  policy = precision.get_policy(c.precision)
+  model = models.from_config(c.model, 10, policy.compute_dtype)
+  size = c.image_size
+  variables = jax.jit(lambda: model.init(H.init_key(), jnp.zeros((1, size, size, 1)), train=False))()
+  lr = c.optim.learning_rate * 32 / c.optim.base_batch_size
+  tx = optax_adamw(lr, c.optim.weight_decay)
+  state = H.make_state(variables["params"], variables.get("batch_stats", {}), tx, LossScale.create())
+  step = jax.jit(classification.make_train_step(model, tx, lambda s: lr, policy, num_classes=10,
+                                                mean=c.data.mean, std=c.data.std))
+  losses = []
+  for batch in _digits(size, 30, 32):
+    state, metrics = step(state, batch)
+    losses.append(float(metrics["train/loss"]))
+  first, last = np.mean(losses[:8]), np.mean(losses[-8:])
+  print(f"\n{c.model.name}: loss {first:.3f} -> {last:.3f}")
+  assert np.all(np.isfinite(losses)) and last < 0.85 * first
+  del optim
+
+
+def optax_adamw(lr, weight_decay):
+  import optax
+  return optax.adamw(lr, weight_decay=weight_decay)
