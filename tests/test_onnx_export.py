@@ -125,6 +125,8 @@ FAMILIES = [  # (model, image size, config overrides)
     ("vit_ti16", 32, {}),
     ("resnet18", 32, {"precision": "bf16"}),  # a bf16 run exports fp32 (written graphs: fp32 weights)
     ("alexnet_mini", 127, {"precision": "bf16"}),
+    ("convnext_mini", 32, {}),
+    ("efficientnet_mini", 32, {}),
 ]
 
 
@@ -147,6 +149,20 @@ def test_onnxruntime_matches_fp32_eval(name, size, overrides):
   # The batch dimension is dynamic: one image alone gives its row of the batch's logits.
   single = run.run(["logits"], {"images": photos[:1]})[0]
   assert np.abs(single - expected[:1]).max() < TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["convnext_tiny", "efficientnet_b0", "efficientnet_v2_s"])
+def test_full_size_convnets_match_fp32_eval(name):
+  """The block kinds the minis lack: an MBConv without expansion (B0's first stage), fused blocks
+  with one (V2's second and third), ConvNeXt's four stages."""
+  predictor = random_predictor(name, 32)
+  run = session(onnx_export.to_onnx(predictor))
+  images = eval_split(32)
+  expected = fp32_reference(predictor).logits(images)
+  difference = np.abs(run.run(["logits"], {"images": images})[0] - expected).max()
+  print(f"{name}: max abs logit difference {difference:.2e} over {len(images)} images")
+  assert difference < TOLERANCE
 
 
 def test_a_resnet_graph_is_written_as_runtimes_run_it(tmp_path):
