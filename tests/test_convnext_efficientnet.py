@@ -239,3 +239,17 @@ def test_cpu_recipe_trains_on_digits(variant):
   first, last = np.mean(losses[:8]), np.mean(losses[-8:])
   print(f"\n{c.model.name}: loss {first:.3f} -> {last:.3f}")
   assert np.all(np.isfinite(losses)) and last < 0.85 * first
+
+
+# torchvision's published GFLOPS (multiply-adds, at the weights' eval size) and that size.
+TORCHVISION_GMACS = {"convnext_tiny": (4.46, 224), "efficientnet_b0": (0.39, 224), "efficientnet_v2_s": (8.37, 384)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TORCHVISION_GMACS))
+def test_summary_reports_torchvisions_counts_and_macs(name):
+  from jaxnet.tools import summary
+  gmacs, size = TORCHVISION_GMACS[name]
+  s = summary.summarize(name, image_size=size, batch_size=2, train_step=False)
+  assert s["params"] == TORCHVISION_PARAMS[name]
+  assert s["conventional_macs"] / 1e9 == pytest.approx(gmacs, abs=0.005)  # measured 4.456, 0.386, 8.366

@@ -153,13 +153,21 @@ def test_onnxruntime_matches_fp32_eval(name, size, overrides):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["convnext_tiny", "efficientnet_b0", "efficientnet_v2_s"])
-def test_full_size_convnets_match_fp32_eval(name):
+def test_full_size_convnets_match_fp32_eval(name, tmp_path):
   """The block kinds the minis lack: an MBConv without expansion (B0's first stage), fused blocks
-  with one (V2's second and third), ConvNeXt's four stages."""
-  predictor = random_predictor(name, 32)
+  with one (V2's second and third), ConvNeXt's four stages. With the torchvision-reference weights
+  (tests/convnet_weights.py): random_variables' draw makes V2-S's 40 blocks grow its raw logits
+  to ~5e4, where fp32 rounding, not the graph, decides the difference."""
+  from jaxnet.core import config as config_base
+  from jaxnet.tools.predictor import Predictor
+  from tests.test_convnext_efficientnet import load_reference_weights
+  model, variables, _ = load_reference_weights(name, tmp_path)
+  config = _with(config_base.base_config(), **{"model.name": name, "image_size": 32})
+  predictor = Predictor(config, model, variables, num_classes=1000, step=0, workdir="random")
   run = session(onnx_export.to_onnx(predictor))
   images = eval_split(32)
-  expected = fp32_reference(predictor).logits(images)
+  expected = predictor.logits(images)
+  assert expected.std() > 0.1
   difference = np.abs(run.run(["logits"], {"images": images})[0] - expected).max()
   print(f"{name}: max abs logit difference {difference:.2e} over {len(images)} images")
   assert difference < TOLERANCE
