@@ -23,7 +23,7 @@ wrong place, or an eps or a transposed kernel gone wrong, shows in the logits.
 
 import numpy as np
 
-# (torchvision builder or mini spec, weights seed, input size, classes) of each reference.
+# The reference models: the seed of their weights, their input size and class count.
 SETUPS = {
     "convnext_mini": dict(seed=11, image_size=32, num_classes=10),
     "efficientnet_mini": dict(seed=12, image_size=32, num_classes=10),

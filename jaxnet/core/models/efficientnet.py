@@ -210,7 +210,7 @@ for _size, (_dropout, _) in V2_SETTINGS.items():
       EfficientNet, tuple(Stage(*row) for row in V2[_size]), head_width=1280, dropout_rate=_dropout,
       bn_epsilon=1e-3))
 
-# A fused stage, two MBConv stages (one with a residual block) and a narrow head (~20k parameters at
+# A fused stage, two MBConv stages (one with a residual block) and a narrow head (13,052 parameters at
 # 10 classes): tests and CPU runs on 16-32 px images.
 register("efficientnet_mini")(functools.partial(
     EfficientNet, (Stage("fused", 1, 3, 1, 8, 8, 1), Stage("mb", 4, 3, 2, 8, 16, 2), Stage("mb", 4, 5, 2, 16, 24, 1)),

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 
 from jaxnet.core.models.convnext import LN_EPS, ConvNeXt
-from jaxnet.tools.onnx.graph import Graph, at, nchw_input
+from jaxnet.tools.onnx.graph import Graph, nchw_input
 
 MODEL = ConvNeXt
 TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
