@@ -274,3 +274,26 @@ def test_summary_reports_torchvisions_counts_and_macs(name):
   s = summary.summarize(name, image_size=size, batch_size=2, train_step=False)
   assert s["params"] == TORCHVISION_PARAMS[name]
   assert s["conventional_macs"] / 1e9 == pytest.approx(gmacs, abs=0.005)  # measured 4.456, 0.386, 8.366
+
+
+@pytest.mark.parametrize("name", ["convnext_mini", "efficientnet_mini"])
+def test_bf16_convolutions_with_fp32_norms_and_squeeze_excitation(name):
+  """In bf16 the convolutions and dense layers run in bf16; every reduction (LayerNorm and BN
+  statistics, pooling) and the squeeze-excitation's 1x1 layers in fp32 (lowered only: no compile)."""
+  import collections
+  import re
+  model = models.create(name, num_classes=10, dtype=jnp.bfloat16)
+  v = abstract_variables(name, 16, num_classes=10)
+  x = jax.ShapeDtypeStruct((2, 16, 16, 3), jnp.float32)
+  hlo = jax.jit(lambda v, x: model.apply(v, x, train=True, rngs={"dropout": jax.random.PRNGKey(0)},
+                                         mutable=["batch_stats"])).lower(v, x).as_text()
+  ops = collections.Counter()
+  for line in hlo.splitlines():
+    m = re.search(r"stablehlo\.(convolution|dot_general|reduce)\b.*:\s*(.*)$", line)
+    if m:
+      ops[(m[1], tuple(re.findall(r"x(bf16|f32)>", m[2])))] += 1
+  se_layers = 2 * 3 if name == "efficientnet_mini" else 0  # fc1, fc2 of each of the 3 MBConv blocks
+  assert ops[("convolution", ("f32", "f32", "f32"))] == se_layers
+  assert sum(n for (op, types), n in ops.items() if op == "convolution" and types == ("bf16",) * 3) > 0
+  reductions = {types: n for (op, types), n in ops.items() if op == "reduce"}
+  assert reductions and all(set(types) == {"f32"} for types in reductions), reductions
