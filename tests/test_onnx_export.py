@@ -125,6 +125,8 @@ FAMILIES = [  # (model, image size, config overrides)
     ("vit_ti16", 32, {}),
     ("resnet18", 32, {"precision": "bf16"}),  # a bf16 run exports fp32 (written graphs: fp32 weights)
     ("alexnet_mini", 127, {"precision": "bf16"}),
+    ("convnext_mini", 32, {}),
+    ("efficientnet_mini", 32, {}),
 ]
 
 
@@ -147,6 +149,28 @@ def test_onnxruntime_matches_fp32_eval(name, size, overrides):
   # The batch dimension is dynamic: one image alone gives its row of the batch's logits.
   single = run.run(["logits"], {"images": photos[:1]})[0]
   assert np.abs(single - expected[:1]).max() < TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["convnext_tiny", "efficientnet_b0", "efficientnet_v2_s"])
+def test_full_size_convnets_match_fp32_eval(name, tmp_path):
+  """The block kinds the minis lack: an MBConv without expansion (B0's first stage), fused blocks
+  with one (V2's second and third), ConvNeXt's four stages. With the torchvision-reference weights
+  (tests/convnet_weights.py): random_variables' draw makes V2-S's 40 blocks grow its raw logits
+  to ~5e4, where fp32 rounding, not the graph, decides the difference."""
+  from jaxnet.core import config as config_base
+  from jaxnet.tools.predictor import Predictor
+  from tests.test_convnext_efficientnet import load_reference_weights
+  model, variables, _ = load_reference_weights(name, tmp_path)
+  config = _with(config_base.base_config(), **{"model.name": name, "image_size": 32})
+  predictor = Predictor(config, model, variables, num_classes=1000, step=0, workdir="random")
+  run = session(onnx_export.to_onnx(predictor))
+  images = eval_split(32)
+  expected = predictor.logits(images)
+  assert expected.std() > 0.1
+  difference = np.abs(run.run(["logits"], {"images": images})[0] - expected).max()
+  print(f"{name}: max abs logit difference {difference:.2e} over {len(images)} images")
+  assert difference < TOLERANCE
 
 
 def test_a_resnet_graph_is_written_as_runtimes_run_it(tmp_path):

@@ -1,4 +1,5 @@
-"""The ONNX graph builder the directly written families share (resnet.py, vit.py, retinanet.py)."""
+"""The ONNX graph builder the directly written families share (resnet.py, vit.py, retinanet.py,
+convnext.py, efficientnet.py)."""
 
 import numpy as np
 
@@ -25,13 +26,16 @@ class Graph:
     self.nodes.append(self.helper.make_node(op, list(inputs), [name], name=name, **attrs))
     return name
 
-  def conv(self, x, name, kernel, bias, stride=1, pads=None, weights=None):
+  def conv(self, x, name, kernel, bias, stride=1, pads=None, weights=None, groups=1):
     """A square convolution of the HWIO `kernel` (written OIHW), padded k // 2 per side unless
-    `pads` says otherwise; its weights named after `weights` (default: `name`)."""
+    `pads` says otherwise; its weights named after `weights` (default: `name`). `groups`: as
+    flax's feature_group_count (a depthwise convolution's is its channel count)."""
     k, weights = kernel.shape[0], weights or name
+    grouped = {"group": groups} if groups > 1 else {}
     return self.node("Conv", [x, self.constant(weights + "/W", np.asarray(kernel, np.float32).transpose(3, 2, 0, 1)),
                               self.constant(weights + "/B", bias)],
-                     name, kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4 if pads is None else pads)
+                     name, kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4 if pads is None else pads,
+                     **grouped)
 
   def gemm(self, x, name, layer, out=None):
     """A dense layer ({"kernel", "bias"}) on (batch, features), its weights named after `name`,
