@@ -123,12 +123,12 @@ def package_versions() -> dict:
   return versions
 
 
-def _git(*args) -> str | None:
+def _git(*args, cwd: str | None = None) -> str | None:
   """A git command's output in the checkout jaxnet is imported from; None where there is
   none (an installed wheel) or git is missing."""
   try:
     proc = subprocess.run(["git", *args], capture_output=True, text=True, timeout=20,
-                          cwd=os.path.dirname(os.path.abspath(__file__)))
+                          cwd=cwd or os.path.dirname(os.path.abspath(__file__)))
   except (OSError, subprocess.SubprocessError):
     return None
   return proc.stdout if proc.returncode == 0 else None
@@ -139,8 +139,31 @@ def code_state() -> dict:
   changes to tracked files ("" for a clean tree): what the code was."""
   import jaxnet
   revision = (_git("rev-parse", "HEAD") or "").strip()
-  diff = (_git("diff", "HEAD", "--no-color") or "") if revision else ""
+  diff = ""
+  if revision:
+    top = (_git("rev-parse", "--show-toplevel") or "").strip()
+    diff = (_git("diff", "HEAD", "--no-color", cwd=top) or "") + _untracked_sources(top)
   return {"jaxnet": jaxnet.__version__, "git_revision": revision, "diff": diff}
+
+
+# Where a new file changes what runs: the package and the recipes.
+_SOURCE_FOLDERS = ("jaxnet", "configs")
+
+
+def _untracked_sources(top: str) -> str:
+  """New (untracked, not ignored) .py files of the package and the recipes, as the diff
+  that adds them: `git diff HEAD` leaves them out, yet they run."""
+  listed = _git("ls-files", "--others", "--exclude-standard", "--", *_SOURCE_FOLDERS, cwd=top) or ""
+  parts = []
+  for name in sorted(n for n in listed.splitlines() if n.endswith(".py")):
+    try:
+      with open(os.path.join(top, name), errors="replace") as f:
+        lines = f.read().splitlines()
+    except OSError:
+      continue
+    parts.append(f"diff --git a/{name} b/{name}\nnew file (untracked)\n--- /dev/null\n+++ b/{name}\n"
+                 f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{line}\n" for line in lines))
+  return "".join(parts)
 
 
 def environment() -> dict:
