@@ -59,10 +59,19 @@ def open_workdir(workdir: str) -> dict:
   return {"environment": environment, "data_identity": identity, "metrics": read_jsonl(workdir)}
 
 
-def same_devices(environment: dict, now: dict) -> bool:
-  """Whether this process's devices are the run's: then its numbers are reproduced bit for bit."""
+def on_the_runs_devices(config, environment: dict, now: dict):
+  """(config, exact): where this process has the run's device kind and at least as many
+  devices as its mesh had, the config set to a mesh of that many, and exact True: its numbers
+  are then reproduced bit for bit; else the config as it is and exact False (a tolerance)."""
   count = environment.get("device_count", len(environment.get("devices", [])))
-  return environment.get("device_kind") == now["device_kind"] and count == now["device_count"]
+  run_devices = config.mesh.num_devices or count
+  if (environment.get("device_kind") != now["device_kind"] or run_devices > now["device_count"]
+      or environment.get("process_count", 1) != now["process_count"]):
+    return config, False
+  config = config.copy_and_resolve_references()
+  config.lock()
+  config_lib.apply_overrides(config, {"mesh.num_devices": run_devices})
+  return config, True
 
 
 # --- versions, devices, code -----------------------------------------------------------
@@ -254,8 +263,11 @@ def verify(workdir: str, *, evaluate: bool = True, step: int | None = None, retr
   records = open_workdir(workdir)
   config = pretrained.with_recorded_preprocessing(config_lib.load(workdir), workdir)
   now = provenance.environment()
-  exact = same_devices(records["environment"], now)
+  config, exact = on_the_runs_devices(config, records["environment"], now)
   checks = environment_checks(records["environment"], now)
+  checks.append(Check("numbers compared", "-", f"bit for bit, on the run's {config.mesh.num_devices} device(s)"
+                      if exact else f"to a tolerance ({ABS_TOLERANCE} + {REL_TOLERANCE:.0e} x value): "
+                      f"other devices than the run's", None, "note"))
   checks += code_checks(workdir, records["environment"], provenance.code_state())
   checks += data_checks(config, records["data_identity"])
   if evaluate:
