@@ -44,10 +44,8 @@ class DataChangedError(UserError):
 
 def sha256_lines(lines) -> str:
   """The sha256 of the lines, each ended by a newline (a listing's digest)."""
-  digest = hashlib.sha256()
-  for line in lines:
-    digest.update(line.encode("utf-8", "surrogateescape") + b"\n")
-  return digest.hexdigest()
+  text = "".join(f"{line}\n" for line in lines)  # one update: 1.28M small ones cost seconds
+  return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def text_sha256(text: str) -> str:

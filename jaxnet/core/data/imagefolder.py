@@ -166,7 +166,9 @@ class ImageFolderSource:
     lines of this split's images: one stat per file, no image read (the cost for ImageNet's
     1.28M files: docs/reproducibility.md). Paths are relative to the root, so a moved copy
     of the same folder is the same data."""
-    lines = sorted(f"{os.path.relpath(path, self.root)}\t{os.stat(path).st_size}" for path in self._paths)
+    prefix = len(os.path.join(self.root, ""))  # every path is os.path.join(root, split, class, file)
+    # Sliced, not os.path.relpath: that alone took 15 s of 28 for 1.28M files.
+    lines = sorted(f"{path[prefix:]}\t{os.stat(path).st_size}" for path in self._paths)
     return {"source": "imagefolder", "split": self.split, "classes": list(self.class_names),
             "files": len(self._paths), "listing_sha256": provenance.sha256_lines(lines)}
 
