@@ -113,12 +113,16 @@ def evaluate(workdir: str, config=None, step: int | None = None, accept_config_c
   """Eval metrics of WORKDIR's latest (or given) checkpoint; the config defaults to its
   config.json. A config that changes what the model sees is refused (ConfigChangedError)
   unless its changes are in `accept_config_changes`; such an eval is recorded apart
-  (WORKDIR/evals_with_changes.jsonl)."""
+  (WORKDIR/evals_with_changes.jsonl). WORKDIR may be a bundle (nothing is recorded in it)."""
   from jaxnet.core import train as train_lib
+  from jaxnet.tools import bundle
   from jaxnet.tools.weights import pretrained
+  # A bundle (export --format=bundle): its files as they were made; its eval records nothing,
+  # which would change them.
+  is_bundle = bundle.check_bundle(str(workdir)) is not None
   config = config or config_lib.load(str(workdir))
   config = pretrained.with_recorded_preprocessing(config, str(workdir))  # reads no weights
-  return train_lib.evaluate_checkpoint(config, str(workdir), step, accept_config_changes)
+  return train_lib.evaluate_checkpoint(config, str(workdir), step, accept_config_changes, record=not is_bundle)
 
 
 def restore(workdir: str, step: int | None = None, config=None) -> "Predictor | Detector":

@@ -391,3 +391,28 @@ def test_verify_command_line_bad_input_is_one_line(tmp_path, capsys):
   errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
   assert errors == [f"error: {tmp_path} is not a trained jaxnet workdir (it lacks config.json, environment.json, "
                     f"metrics.jsonl): give the --workdir a training run wrote"], errors
+
+
+def test_a_bundle_restores_evaluates_and_verifies_as_its_workdir_and_refuses_a_changed_file(workdir, tmp_path,
+                                                                                           capsys):
+  from jaxnet.tools import bundle, verify
+  out = tmp_path / "digits-bundle"
+  assert export_command.main([f"--workdir={workdir}", "--format=bundle", f"--out={out}", "--step=40"]) == 0
+  assert "bundled step 40" in capsys.readouterr().out
+  manifest = json.loads((out / "bundle.json").read_text())
+  assert manifest["step"] == 40 and os.listdir(out / "checkpoints") == ["40"]
+  for name in ("config.json", "classes.json", "environment.json", "data_identity.json", "config_file.py",
+               "metrics.jsonl", "MODEL_CARD.md"):
+    assert name in manifest["files"], name
+  assert not any(name.endswith((".pkl", ".pickle")) for name in manifest["files"])
+  card = (out / "MODEL_CARD.md").read_text()
+  final = _final_eval(workdir)
+  assert "resnet_tiny on digits" in card and f"| `eval/top1` | {final['eval/top1']:.6g} |" in card
+  assert api.restore(str(out)).step == 40
+  checks = verify.verify(str(out))  # it evaluates to its recorded numbers, bit for bit
+  assert verify.all_hold(checks) and "bundle files" in {c.what for c in checks}, verify.table(checks)
+  assert bundle.check_bundle(str(out)) == manifest  # the eval in verify wrote nothing the bundle holds
+  with open(out / "config_file.py", "a") as f:
+    f.write("# changed\n")
+  with pytest.raises(bundle.BundleError, match=r"config_file.py is not the file the bundle was made with"):
+    api.restore(str(out))

@@ -88,7 +88,8 @@ def environment_checks(recorded: dict, now: dict) -> list[Check]:
                          ("device count", count, now["device_count"]),
                          ("python", recorded.get("python"), now["python"]),
                          ("XLA_FLAGS", recorded.get("xla_flags"), now["xla_flags"])):
-    checks.append(Check(what, str(was), str(is_), None, "same" if was == is_ else "differs"))
+    checks.append(Check(what, str(was) if was != "" else "(none)", str(is_) if is_ != "" else "(none)", None,
+                        "same" if was == is_ else "differs"))
   return checks
 
 
@@ -259,7 +260,9 @@ def verify(workdir: str, *, evaluate: bool = True, step: int | None = None, retr
            scratch: str | None = None) -> list[Check]:
   """Every check of WORKDIR: versions and devices, code, data, the recorded evals (re-run),
   and, with `retrain` > 0, the first `retrain` steps' train losses."""
+  from jaxnet.tools import bundle
   from jaxnet.tools.weights import pretrained
+  manifest = bundle.check_bundle(workdir)  # a bundle: every file as it was made, or one line
   records = open_workdir(workdir)
   config = pretrained.with_recorded_preprocessing(config_lib.load(workdir), workdir)
   now = provenance.environment()
@@ -269,6 +272,8 @@ def verify(workdir: str, *, evaluate: bool = True, step: int | None = None, retr
                       if exact else f"to a tolerance ({ABS_TOLERANCE} + {REL_TOLERANCE:.0e} x value): "
                       f"other devices than the run's", None, "note"))
   checks += code_checks(workdir, records["environment"], provenance.code_state())
+  if manifest is not None:
+    checks.append(Check("bundle files", f"{len(manifest['files'])} sha256 in {bundle.MANIFEST}", "all match", True))
   checks += data_checks(config, records["data_identity"])
   if evaluate:
     checks += eval_checks(workdir, config, records["metrics"], exact, step)
