@@ -262,6 +262,14 @@ def _copy_workdir(workdir, tmp_path):
   return copy
 
 
+def _recorded_code(workdir) -> dict:
+  """The code state the run recorded, as provenance.code_state gives it."""
+  env = json.loads((workdir / "environment.json").read_text())
+  diff_path = workdir / "code.diff"
+  return {"jaxnet": env["jaxnet"], "git_revision": env["git_revision"],
+          "diff": diff_path.read_text() if diff_path.exists() else ""}
+
+
 def _edit_json(path, edit):
   content = json.loads(path.read_text())
   edit(content)
@@ -279,9 +287,11 @@ def test_the_workdir_records_data_versions_code_and_config_file(workdir):
   for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "numpy", "tensorstore", "ml_dtypes"):
     assert env["packages"][name] == provenance.package_versions()[name], name
   assert env["device_count"] == 1 and env["jaxnet"] == provenance.code_state()["jaxnet"]
-  diff = provenance.code_state()["diff"]  # the tree as the fixture's run saw it
+  assert len(env["git_revision"]) in (0, 40)
+  # The tree as the fixture's run saw it (it may have been edited since): code.diff where it
+  # was dirty, matching its recorded digest.
+  diff = _recorded_code(workdir)["diff"]
   assert env["code_diff_sha256"] == (provenance.text_sha256(diff) if diff else "")
-  assert (workdir / "code.diff").exists() == bool(diff)
   text = (workdir / "config_file.py").read_text()
   assert text.startswith("# jaxnet: the config file this run was started with: configs/digits.py\n")
   assert text.endswith(open(os.path.join(REPO, "configs/digits.py")).read())
@@ -336,6 +346,9 @@ def test_verify_holds_and_each_check_fails_when_what_it_guards_changes(workdir, 
   from jaxnet.core import provenance
   from jaxnet.tools import verify
   copy = _copy_workdir(workdir, tmp_path)
+  # The code as the run had it: this checkout may have been edited since the fixture ran.
+  recorded_code = _recorded_code(workdir)
+  monkeypatch.setattr(provenance, "code_state", lambda: recorded_code)
   checks = verify.verify(str(copy), step=40)
   assert verify.all_hold(checks), verify.table(checks)
   rows = {c.what: c for c in checks}
@@ -351,8 +364,8 @@ def test_verify_holds_and_each_check_fails_when_what_it_guards_changes(workdir, 
   (copy / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
   _edit_json(copy / "environment.json", lambda d: d["packages"].update(numpy="1.0.0"))
   _edit_json(copy / "data_identity.json", lambda d: d["train"].update(examples=1439))
-  real = provenance.code_state()
-  monkeypatch.setattr(provenance, "code_state", lambda: {**real, "diff": real["diff"] + "+ one more line\n"})
+  monkeypatch.setattr(provenance, "code_state",
+                      lambda: {**recorded_code, "diff": recorded_code["diff"] + "+ one more line\n"})
   failed = {c.what for c in verify.verify(str(copy), step=40) if c.holds is False}
   assert failed == {"eval/top1 at step 40", "package numpy", "data train", "uncommitted changes"}, failed
 
@@ -394,8 +407,11 @@ def test_verify_command_line_bad_input_is_one_line(tmp_path, capsys):
 
 
 def test_a_bundle_restores_evaluates_and_verifies_as_its_workdir_and_refuses_a_changed_file(workdir, tmp_path,
-                                                                                           capsys):
+                                                                                           capsys, monkeypatch):
+  from jaxnet.core import provenance
   from jaxnet.tools import bundle, verify
+  recorded_code = _recorded_code(workdir)  # this checkout may have been edited since the fixture ran
+  monkeypatch.setattr(provenance, "code_state", lambda: recorded_code)
   out = tmp_path / "digits-bundle"
   assert export_command.main([f"--workdir={workdir}", "--format=bundle", f"--out={out}", "--step=40"]) == 0
   assert "bundled step 40" in capsys.readouterr().out
