@@ -340,6 +340,10 @@ def test_an_image_folder_s_identity_changes_with_a_file_and_not_with_a_move(tmp_
   assert "train.files 6 -> 7" in rows["data train"].now and "train.listing_sha256" in rows["data train"].now
   with pytest.raises(provenance.DataChangedError, match="train.files 6 -> 7"):
     provenance.check_identity(root, recorded, {"train": ImageFolderSource(root, "train").identity()}, ())
+  # Data that is not there (a bundle on another machine): its rows fail, saying why.
+  elsewhere = api.with_overrides(config, **{"data.dir": str(tmp_path / "not-here")})
+  rows = verify.data_checks(elsewhere, recorded)
+  assert [(c.verdict, c.now.split(":")[0]) for c in rows] == [("NOT READ", "cannot read it")] * 2
 
 
 def test_verify_holds_and_each_check_fails_when_what_it_guards_changes(workdir, tmp_path, monkeypatch):

@@ -130,7 +130,12 @@ def data_checks(config, recorded: dict | None) -> list[Check]:
                   "NOT RECORDED")]
   checks = []
   for split in sorted(recorded):
-    now = provenance.identity_of(task.make_source(config, split))
+    try:
+      now = provenance.identity_of(task.make_source(config, split))
+    except UserError as e:  # the data is not here (a bundle on another machine, say)
+      checks.append(Check(f"data {split}", _identity_summary(recorded[split]), f"cannot read it: {e}", False,
+                          "NOT READ"))
+      continue
     changes = provenance.identity_changes({split: recorded[split]}, {split: now})
     summary = _identity_summary(recorded[split])
     checks.append(Check(f"data {split}", summary, provenance.describe_changes(changes) if changes else summary,
@@ -197,7 +202,11 @@ def eval_checks(workdir: str, config, metrics: list[dict], exact: bool, step: in
     by_step.setdefault(r["step"], {}).update(r)
   checks = []
   for s in steps:
-    now = train_lib.evaluate_checkpoint(config, workdir, s, (provenance.ACCEPT_DATA,), record=False)
+    try:
+      now = train_lib.evaluate_checkpoint(config, workdir, s, (provenance.ACCEPT_DATA,), record=False)
+    except UserError as e:  # no eval data here, a damaged checkpoint: said in its row
+      checks.append(Check(f"eval at step {s}", "recorded", f"cannot evaluate: {e}", False, "NOT EVALUATED"))
+      continue
     checks += metric_checks(by_step[s], now, s, exact)
   return checks
 
