@@ -36,8 +36,11 @@ def main(argv=None) -> int:
     from jaxnet import api
     from jaxnet.tools import verify
     api.show_reports(progress=False)  # the table is the output; warnings still show
-    checks = verify.verify(args.workdir, evaluate=args.evaluate, step=args.step, retrain=args.retrain,
-                           scratch=args.scratch)
+    try:
+      checks = verify.verify(args.workdir, evaluate=args.evaluate, step=args.step, retrain=args.retrain,
+                             scratch=args.scratch)
+    finally:  # as it was, for a caller in the same process (a test, `jaxnet verify` from Python)
+      api.show_reports()
   print(verify.table(checks))
   failed = [c for c in checks if c.holds is False]
   print(f"{len(checks) - len(failed)} of {len(checks)} rows hold" if failed
