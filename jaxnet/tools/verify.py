@@ -111,7 +111,7 @@ def code_checks(workdir: str, recorded: dict, now: dict) -> list[Check]:
       stored = f.read()
     if provenance.text_sha256(stored) != recorded_sha:
       return [Check("code.diff", _diff_shown(recorded_sha), "the stored code.diff does not match it", False)]
-  return [Check("jaxnet version", recorded.get("jaxnet", "(not recorded)"), now["jaxnet"],
+  return [Check("version of jaxnet", recorded.get("jaxnet", "(not recorded)"), now["jaxnet"],
                 recorded.get("jaxnet") == now["jaxnet"]),
           Check("git revision", recorded.get("git_revision", "") or "(none)", now["git_revision"] or "(none)",
                 recorded.get("git_revision", "") == now["git_revision"]),
