@@ -36,8 +36,18 @@ PACKAGES = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13
 WARN_IF_CHANGED = ("jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin")
 
 
+# The config keys the tasks make their sources from (their make_source): an accepted change of
+# one of these (another data.dir, image_size for the generated digits) accepts the change of
+# the data's identity it makes.
+SOURCE_KEYS = ("data.", "image_size", "detection.")
+
+
 class DataChangedError(UserError):
   pass
+
+
+def makes_the_sources(config_key: str) -> bool:
+  return any(config_key == k or (k.endswith(".") and config_key.startswith(k)) for k in SOURCE_KEYS)
 
 
 # --- the data ------------------------------------------------------------------------

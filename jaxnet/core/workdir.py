@@ -157,16 +157,19 @@ class Workdir:
     the one recorded at the run's start (data_identity.json), as `check` does the config:
     a resume, every split; an eval, the split it reads. A change is refused in one line
     unless accepted (provenance.ACCEPT_DATA, or "all"; or it follows from an accepted change
-    of a data.* key); an accepted eval is then recorded apart, as one with config changes.
+    of a key the sources are made from, provenance.SOURCE_KEYS); an accepted eval is then
+    recorded apart, as one with config changes.
     Also warns of a jaxlib (or CUDA plugin) or device kind that differs from the recorded."""
     self.data_identity = identity
     checked = self.purpose == EVAL or (self.purpose == TRAIN and ckpt.has_checkpoints(self.path))
     if not checked:
       return {}
-    data_keys_changed = any(k.startswith("data.") for k in self.changes or {})
-    accept = tuple(accept) + ((provenance.ACCEPT_DATA,) if data_keys_changed else ())
+    source_keys_changed = any(provenance.makes_the_sources(k) for k in self.changes or {})
+    accept = tuple(accept) + ((provenance.ACCEPT_DATA,) if source_keys_changed else ())
     self.data_changes = provenance.check_identity(self.path, self.recorded_data_identity(), identity, accept)
-    if self.purpose == EVAL and self.data_changes:  # its numbers describe other data
+    # Its numbers describe other data: recorded apart, with what changed (where no accepted
+    # config change, recorded already, made the data change).
+    if self.purpose == EVAL and self.data_changes and not source_keys_changed:
       self.changes = {**(self.changes or {}), **{f"{provenance.ACCEPT_DATA}.{k}": v
                                                  for k, v in self.data_changes.items()}}
     if self.chief:
