@@ -11,7 +11,6 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 
 import numpy as np
