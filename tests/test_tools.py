@@ -384,7 +384,7 @@ def test_retrain_names_the_first_logged_step_whose_loss_differs():
   assert verify.first_difference(recorded, rerun[:1], exact=True) == (10, 2.25, None)
 
 
-@pytest.mark.slow  # ~45 s on 2 cores: compiles and runs the train step again
+@pytest.mark.slow  # 18 to 50 s on 2 shared cores: compiles and runs the train step again
 def test_verify_retrain_reruns_the_first_steps_and_names_the_first_differing_step(workdir, tmp_path):
   from jaxnet.core import provenance
   from jaxnet.tools import verify
