@@ -70,7 +70,7 @@ def with_overrides(config, **overrides):
 
 
 def train(config, workdir: str, steps: int | None = None, accept_config_changes=(),
-          control=None) -> dict:
+          control=None, config_file: str | None = None) -> dict:
   """Trains (resuming from WORKDIR's checkpoints, if any) and returns the final eval metrics.
 
   `steps` sets config.total_steps, the length of the whole run: training a workdir that
@@ -80,12 +80,14 @@ def train(config, workdir: str, steps: int | None = None, accept_config_changes=
   `accept_config_changes` (or "all"). With `config.init.weights`, a run that starts fresh
   takes its params from those weights and the preprocessing they expect (recorded in the
   workdir). `control`: a jaxnet.core.train.RunControl (the command line's signals).
+  `config_file`: the config file the config was loaded from (`configs/NAME.py[:ARG]`), whose
+  text the workdir keeps (config_file.py) beside the config it made.
   """
   from jaxnet.core import train as train_lib
   from jaxnet.tools.weights import pretrained
   if steps is not None:
     config = with_overrides(config, total_steps=int(steps))
-  init_params, records = None, {}
+  init_params, records = None, config_file_record(config_file)
   if config.init.weights:
     config, record = pretrained.preprocessing_for(config, str(workdir))
     if record:  # kept in the workdir once its gate has checked the config
@@ -95,16 +97,32 @@ def train(config, workdir: str, steps: int | None = None, accept_config_changes=
                                       init_params=init_params, control=control, records=records)
 
 
+def config_file_record(config_file: str | None) -> dict:
+  """{"config_file.py": the text of the config file run, headed by the name it was run as},
+  or {} for a config from a workdir, a config.json, or none named."""
+  from jaxnet.core import provenance
+  path = (config_file or "").split(":")[0]
+  if not path.endswith(".py") or not os.path.isfile(path):
+    return {}
+  with open(path) as f:
+    text = f.read()
+  return {provenance.CONFIG_TEXT_FILE: f"# jaxnet: the config file this run was started with: {config_file}\n{text}"}
+
+
 def evaluate(workdir: str, config=None, step: int | None = None, accept_config_changes=()) -> dict:
   """Eval metrics of WORKDIR's latest (or given) checkpoint; the config defaults to its
   config.json. A config that changes what the model sees is refused (ConfigChangedError)
   unless its changes are in `accept_config_changes`; such an eval is recorded apart
-  (WORKDIR/evals_with_changes.jsonl)."""
+  (WORKDIR/evals_with_changes.jsonl). WORKDIR may be a bundle (nothing is recorded in it)."""
   from jaxnet.core import train as train_lib
+  from jaxnet.tools import bundle
   from jaxnet.tools.weights import pretrained
+  # A bundle (export --format=bundle): its files as they were made; its eval records nothing,
+  # which would change them.
+  is_bundle = bundle.check_bundle(str(workdir)) is not None
   config = config or config_lib.load(str(workdir))
   config = pretrained.with_recorded_preprocessing(config, str(workdir))  # reads no weights
-  return train_lib.evaluate_checkpoint(config, str(workdir), step, accept_config_changes)
+  return train_lib.evaluate_checkpoint(config, str(workdir), step, accept_config_changes, record=not is_bundle)
 
 
 def restore(workdir: str, step: int | None = None, config=None) -> "Predictor | Detector":

@@ -82,10 +82,13 @@ def test_the_branch_finder_finds_a_branch_added_outside_the_tasks():
                                     "jaxnet/tools/export.py:1: x = isinstance(model, Detector)"]
 
 
-# The functions and classes that write a workdir's files. Only the gate (jaxnet/core/workdir.py,
-# class Workdir) calls them; they are defined in metrics.py, checkpoint.py and workdir.py.
+# The functions and classes that write a workdir's files (write_run_info: environment.json,
+# classes.json, code.diff; the gate's own methods: data_identity.json, config_file.py). Only the
+# gate (jaxnet/core/workdir.py, class Workdir) calls them; they are defined in metrics.py,
+# checkpoint.py and workdir.py.
 WORKDIR_WRITERS = re.compile(
-    r"(?<!gate\.)\b(record_config|write_run_info|drop_records_after|record_eval_with_changes|MetricWriter)\("
+    r"(?<!gate\.)\b(record_config|write_run_info|drop_records_after|record_eval_with_changes|"
+    r"record_data_changes|MetricWriter)\("
     r"|\bCheckpoints\((?![^)]*read_only=True)")  # gate.NAME(...): the gate's own methods
 
 

@@ -118,3 +118,13 @@ def test_unprepared_imagenet_gives_manual_download_steps(tmp_path):
   assert (f"tfds build imagenet2012 --data_dir={empty} --manual_dir=MANUAL_DIR "
           "--file_format=array_record") in message
   assert "download_config=tfds.download.DownloadConfig(manual_dir=MANUAL_DIR)" in message
+
+
+def test_identity_names_the_prepared_dataset_and_its_split(data_dir):
+  """What data_identity.json records for a tfds split (docs/reproducibility.md): read from
+  dataset_info.json, kept through the pickling grain's workers do."""
+  identity = TfdsSource(NAME, "validation", data_dir).identity()
+  assert identity["name"] == f"{NAME}/1.0.0" and identity["version"] == "1.0.0"
+  assert identity["examples"] == 3 and identity["shard_lengths"] == [3] and identity["split_num_bytes"] > 0
+  train = pickle.loads(pickle.dumps(TfdsSource(NAME, "train", data_dir)))
+  assert train.identity()["examples"] == 7 and train.identity() != identity

@@ -251,3 +251,189 @@ def test_workdir_as_init_weights_and_torchvision_export(workdir, tmp_path):
   assert pretrained.preprocessing_of(out)[0] == Preprocessing((0.2,), (0.35,), 1.0, "bilinear")
   with pytest.raises(SystemExit):  # argparse: the torchvision format is a .safetensors file
     export_command.main([f"--workdir={workdir}", "--format=torch", f"--out={tmp_path / 'x.pt'}"])
+
+
+# --- what made a run, and verify (docs/reproducibility.md) ------------------------------------
+
+def _copy_workdir(workdir, tmp_path):
+  import shutil
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns("lock"))
+  return copy
+
+
+def _recorded_code(workdir) -> dict:
+  """The code state the run recorded, as provenance.code_state gives it."""
+  env = json.loads((workdir / "environment.json").read_text())
+  diff_path = workdir / "code.diff"
+  return {"jaxnet": env["jaxnet"], "git_revision": env["git_revision"],
+          "diff": diff_path.read_text() if diff_path.exists() else ""}
+
+
+def _edit_json(path, edit):
+  content = json.loads(path.read_text())
+  edit(content)
+  path.write_text(json.dumps(content, indent=2))
+
+
+def test_the_workdir_records_data_versions_code_and_config_file(workdir):
+  from jaxnet.core import provenance
+  identity = json.loads((workdir / "data_identity.json").read_text())
+  assert set(identity) == {"train", "eval"}
+  assert identity["eval"]["generator"] == "sklearn.datasets.load_digits" and identity["eval"]["examples"] == 359
+  assert identity == provenance.data_identity({"train": sources.digits_source("train", 16),
+                                               "eval": sources.digits_source("test", 16)})
+  env = json.loads((workdir / "environment.json").read_text())
+  for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "numpy", "tensorstore", "ml_dtypes"):
+    assert env["packages"][name] == provenance.package_versions()[name], name
+  assert env["device_count"] == 1 and env["jaxnet"] == provenance.code_state()["jaxnet"]
+  assert len(env["git_revision"]) in (0, 40)
+  # The tree as the fixture's run saw it (it may have been edited since): code.diff where it
+  # was dirty, matching its recorded digest.
+  diff = _recorded_code(workdir)["diff"]
+  assert env["code_diff_sha256"] == (provenance.text_sha256(diff) if diff else "")
+  text = (workdir / "config_file.py").read_text()
+  assert text.startswith("# jaxnet: the config file this run was started with: configs/digits.py\n")
+  assert text.endswith(open(os.path.join(REPO, "configs/digits.py")).read())
+
+
+def test_changed_data_is_refused_in_one_line_and_an_accepted_eval_is_recorded_apart(workdir, tmp_path, capsys):
+  from jaxnet.core import provenance
+  copy = _copy_workdir(workdir, tmp_path)
+  _edit_json(copy / "data_identity.json", lambda d: d["eval"].update(examples=360))
+  _edit_json(copy / "environment.json", lambda d: d["packages"].update(jaxlib="0.0.1"))
+  metrics_before = (copy / "metrics.jsonl").read_text()
+  for run in (lambda: api.evaluate(str(copy)),
+              lambda: api.train(api.load_config(str(copy)), str(copy))):  # a resume, refused before a step
+    with pytest.raises(provenance.DataChangedError) as refused:
+      run()
+    line = str(refused.value)
+    assert "\n" not in line and "eval.examples 360 -> 359" in line, line
+    assert "--accept_config_changes=data_identity" in line
+  capsys.readouterr()
+  metrics = api.evaluate(str(copy), accept_config_changes=["data_identity"])
+  assert f"warning: jaxlib 0.0.1 made this workdir, this is {provenance.package_versions()['jaxlib']}" \
+      in capsys.readouterr().err
+  apart = [json.loads(line) for line in open(copy / "evals_with_changes.jsonl")]
+  assert apart[-1]["changes"] == {"data_identity.eval.examples": [360, 359]}
+  assert apart[-1]["eval/top1"] == metrics["eval/top1"]
+  assert (copy / "metrics.jsonl").read_text() == metrics_before  # never over the run's record
+
+
+def test_an_image_folder_s_identity_changes_with_a_file_and_not_with_a_move(tmp_path):
+  import shutil
+  from jaxnet.core import provenance
+  from jaxnet.core.data.imagefolder import ImageFolderSource
+  from jaxnet.tools import make_imagefolder, verify
+  root = make_imagefolder.make_imagefolder(str(tmp_path / "f"), classes=2, per_class=3, verbose=False)
+  before = ImageFolderSource(root, "train").identity()
+  assert before["files"] == 6 and before["classes"] == ["class_000", "class_001"]
+  shutil.copytree(root, tmp_path / "moved")
+  assert ImageFolderSource(str(tmp_path / "moved"), "train").identity() == before
+  extra = os.path.join(root, "train", before["classes"][1], "extra.jpg")
+  shutil.copy(ImageFolderSource(root, "train").path(0), extra)
+  config = api.load_config("configs/digits.py", **{"data.source": "imagefolder", "data.dir": root,
+                                                  "data.eval_split": "val"})
+  recorded = {"train": before, "eval": ImageFolderSource(root, "val").identity()}
+  rows = {c.what: c for c in verify.data_checks(config, recorded)}
+  assert rows["data eval"].holds and not rows["data train"].holds
+  assert "train.files 6 -> 7" in rows["data train"].now and "train.listing_sha256" in rows["data train"].now
+  with pytest.raises(provenance.DataChangedError, match="train.files 6 -> 7"):
+    provenance.check_identity(root, recorded, {"train": ImageFolderSource(root, "train").identity()}, ())
+  # Data that is not there (a bundle on another machine): its rows fail, saying why.
+  elsewhere = api.with_overrides(config, **{"data.dir": str(tmp_path / "not-here")})
+  rows = verify.data_checks(elsewhere, recorded)
+  assert [(c.verdict, c.now.split(":")[0]) for c in rows] == [("NOT READ", "cannot read it")] * 2
+
+
+def test_verify_holds_and_each_check_fails_when_what_it_guards_changes(workdir, tmp_path, monkeypatch):
+  from jaxnet.core import provenance
+  from jaxnet.tools import verify
+  copy = _copy_workdir(workdir, tmp_path)
+  # The code as the run had it: this checkout may have been edited since the fixture ran.
+  recorded_code = _recorded_code(workdir)
+  monkeypatch.setattr(provenance, "code_state", lambda: recorded_code)
+  checks = verify.verify(str(copy), step=40)
+  assert verify.all_hold(checks), verify.table(checks)
+  rows = {c.what: c for c in checks}
+  # The run had one CPU device, this process has eight: evaluated on one, compared to a tolerance.
+  assert rows["numbers compared"].now.startswith("to a tolerance")
+  assert rows["eval/top1 at step 40"].holds and rows["data train"].holds
+  # A tampered metric, a recorded package version that is not the one installed, other data,
+  # a tree with uncommitted changes: each is its row's DIFFERS, and only those rows fail.
+  records = [json.loads(line) for line in open(copy / "metrics.jsonl")]
+  for r in records:
+    if r["step"] == 40 and "eval/top1" in r:
+      r["eval/top1"] -= 5 / 359  # beyond the tolerance
+  (copy / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  _edit_json(copy / "environment.json", lambda d: d["packages"].update(numpy="1.0.0"))
+  _edit_json(copy / "data_identity.json", lambda d: d["train"].update(examples=1439))
+  monkeypatch.setattr(provenance, "code_state",
+                      lambda: {**recorded_code, "diff": recorded_code["diff"] + "+ one more line\n"})
+  failed = {c.what for c in verify.verify(str(copy), step=40) if c.holds is False}
+  assert failed == {"eval/top1 at step 40", "package numpy", "data train", "uncommitted changes"}, failed
+
+
+def test_retrain_names_the_first_logged_step_whose_loss_differs():
+  from jaxnet.tools import verify
+  recorded = [{"step": 5, "train/loss": 2.5}, {"step": 10, "train/loss": 2.25, "eval/top1": 0.1}]
+  assert verify.first_difference(recorded, [dict(r) for r in recorded], exact=True) is None
+  rerun = [{"step": 5, "train/loss": 2.5}, {"step": 10, "train/loss": 2.25 + 1e-9}]
+  assert verify.first_difference(recorded, rerun, exact=True) == (10, 2.25, 2.25 + 1e-9)
+  assert verify.first_difference(recorded, rerun, exact=False) is None  # other devices: a tolerance
+  assert verify.first_difference(recorded, rerun[:1], exact=True) == (10, 2.25, None)
+
+
+@pytest.mark.slow  # 18 to 50 s on 2 shared cores: compiles and runs the train step again
+def test_verify_retrain_reruns_the_first_steps_and_names_the_first_differing_step(workdir, tmp_path):
+  from jaxnet.core import provenance
+  from jaxnet.tools import verify
+  config = api.load_config(str(workdir))
+  config, exact = verify.on_the_runs_devices(config, json.loads((workdir / "environment.json").read_text()),
+                                             provenance.environment())
+  recorded = read_jsonl(workdir)
+  checks = verify.retrain_checks(str(workdir), config, recorded, 10, exact, scratch=str(tmp_path / "rerun"))
+  # One device of this process's eight, as the run had one: to a tolerance (jax 0.12 differs
+  # in the fourth digit at step 10; bit for bit in a process of one device, as the quick start's).
+  assert not exact and [c.holds for c in checks] == [True], verify.table(checks)
+  assert checks[0].what == "train/loss, steps 1-10 (2 logged)"
+  tampered = [dict(r, **({"train/loss": r["train/loss"] * 1.01} if r["step"] == 10 else {})) for r in recorded]
+  assert verify.first_difference(tampered, read_jsonl(tmp_path / "rerun"), exact)[0] == 10
+
+
+def test_verify_command_line_bad_input_is_one_line(tmp_path, capsys):
+  from jaxnet.cli import console
+  with pytest.raises(SystemExit) as exited:
+    console.main(["verify", str(tmp_path)])
+  assert exited.value.code != 0
+  errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+  assert errors == [f"error: {tmp_path} is not a trained jaxnet workdir (it lacks config.json, environment.json, "
+                    f"metrics.jsonl): give the --workdir a training run wrote"], errors
+
+
+def test_a_bundle_restores_evaluates_and_verifies_as_its_workdir_and_refuses_a_changed_file(workdir, tmp_path,
+                                                                                           capsys, monkeypatch):
+  from jaxnet.core import provenance
+  from jaxnet.tools import bundle, verify
+  recorded_code = _recorded_code(workdir)  # this checkout may have been edited since the fixture ran
+  monkeypatch.setattr(provenance, "code_state", lambda: recorded_code)
+  out = tmp_path / "digits-bundle"
+  assert export_command.main([f"--workdir={workdir}", "--format=bundle", f"--out={out}", "--step=40"]) == 0
+  assert "bundled step 40" in capsys.readouterr().out
+  manifest = json.loads((out / "bundle.json").read_text())
+  assert manifest["step"] == 40 and os.listdir(out / "checkpoints") == ["40"]
+  for name in ("config.json", "classes.json", "environment.json", "data_identity.json", "config_file.py",
+               "metrics.jsonl", "MODEL_CARD.md"):
+    assert name in manifest["files"], name
+  assert not any(name.endswith((".pkl", ".pickle")) for name in manifest["files"])
+  card = (out / "MODEL_CARD.md").read_text()
+  final = _final_eval(workdir)
+  assert "resnet_tiny on digits" in card and f"| `eval/top1` | {final['eval/top1']:.6g} |" in card
+  assert api.restore(str(out)).step == 40
+  checks = verify.verify(str(out))  # it evaluates to its recorded numbers, bit for bit
+  assert verify.all_hold(checks) and "bundle files" in {c.what for c in checks}, verify.table(checks)
+  assert bundle.check_bundle(str(out)) == manifest  # the eval in verify wrote nothing the bundle holds
+  with open(out / "config_file.py", "a") as f:
+    f.write("# changed\n")
+  with pytest.raises(bundle.BundleError, match=r"config_file.py is not the file the bundle was made with"):
+    api.restore(str(out))

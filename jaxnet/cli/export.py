@@ -3,11 +3,15 @@
   python -m jaxnet.cli.export --workdir=DIR --out=FILE [--step=N] [--platforms=cpu,cuda] [--int8]
   python -m jaxnet.cli.export --workdir=DIR --format=torch --out=FILE.safetensors
   python -m jaxnet.cli.export --workdir=DIR --format=onnx --out=FILE.onnx [--int8 [--calibration-images=N|DIR]]
+  python -m jaxnet.cli.export --workdir=DIR --format=bundle --out=NEW_FOLDER [--step=N]
 
 --format=jax (the default) serializes the inference function with jax.export, --int8 with
 its convolutions and dense layers in int8 (qwix); --format=torch writes the weights under
 PyTorch's names (torchvision's for ResNets and AlexNet, timm's for ViTs); --format=onnx an
-ONNX graph, --int8 quantized by onnxruntime.
+ONNX graph, --int8 quantized by onnxruntime; --format=bundle a folder others can load
+(api.restore, predict, verify): one checkpoint with its config, classes, metrics,
+environment, data identity and a MODEL_CARD.md, every file's sha256 checked on loading
+(jaxnet/tools/bundle.py, docs/reproducibility.md).
 """
 
 import argparse
@@ -21,11 +25,12 @@ def main(argv=None):
   parser.add_argument("--workdir", required=True, help="a training workdir with checkpoints")
   parser.add_argument("--out", required=True, help="file to write the serialized function to")
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-  parser.add_argument("--format", choices=("jax", "torch", "onnx"), default="jax",
+  parser.add_argument("--format", choices=("jax", "torch", "onnx", "bundle"), default="jax",
                       help="jax: the serialized inference function; torch: the weights as a "
                            ".safetensors file with PyTorch names (torchvision's for ResNets and "
                            "AlexNet, timm's for ViTs); onnx: an ONNX graph, uint8 NHWC images in, "
-                           "fp32 logits out (docs/deploy.md)")
+                           "fp32 logits out (docs/deploy.md); bundle: a new folder holding one "
+                           "checkpoint with its records and a model card (docs/reproducibility.md)")
   parser.add_argument("--int8", action="store_true",
                       help="with --format=onnx: static int8 quantization (onnxruntime, QDQ, "
                            "per-channel weights); with --format=jax: int8 convolutions and dense "
@@ -47,6 +52,8 @@ def main(argv=None):
   if args.platforms and args.format != "jax":
     parser.error(f"--platforms applies to --format=jax; --format={args.format} runs anywhere")
 
+  if args.format == "bundle":
+    return _bundle(args)
   with process.one_line_errors():
     from jaxnet.core.metrics import prepare_output
     prepare_output(args.out)  # before the conversion, which can take minutes
@@ -95,6 +102,16 @@ def main(argv=None):
       export.save(predictor, args.out, platforms, quantization)
       what = f"input uint8 {shape}{'; ' + quantization if quantization else ''}"
   print(f"exported step {predictor.step} of {args.workdir} to {args.out} ({what})")
+  return 0
+
+
+def _bundle(args) -> int:
+  with process.one_line_errors():
+    from jaxnet.tools import bundle
+    manifest = bundle.write_bundle(args.workdir, args.out, args.step)
+  print(f"bundled step {manifest['step']} of {args.workdir} into {args.out} ({len(manifest['files'])} files; "
+        f"see its MODEL_CARD.md): api.restore({args.out!r}) loads it, python -m jaxnet.cli.verify "
+        f"{args.out} checks it")
   return 0
 
 

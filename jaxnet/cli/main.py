@@ -43,13 +43,13 @@ def main(argv, config):
   with process.one_line_errors():
     process.setup(config.distributed)
     if _MODE.value == "train":
-      train(config, workdir, _ACCEPT.value)
+      train(config, workdir, _ACCEPT.value, config_file=_CONFIG.value)
     else:
       from jaxnet import api
       api.evaluate(workdir, config, accept_config_changes=_ACCEPT.value)
 
 
-def train(config, workdir: str, accept_config_changes=()) -> dict:
+def train(config, workdir: str, accept_config_changes=(), config_file: str | None = None) -> dict:
   """api.train (which holds the workdir's lock), with SIGTERM/Ctrl-C stopping the loop and the
   other processes of a multi-process run watched. A run stopped by a signal says where it
   saved; Ctrl-C exits with the shell's status 130."""
@@ -62,7 +62,8 @@ def train(config, workdir: str, accept_config_changes=()) -> dict:
     control.stop_requested = signals.requested
     watch = stack.enter_context(heartbeat.PeerWatch(config.distributed.heartbeat_timeout_sec, control))
     try:
-      result = api.train(config, workdir, accept_config_changes=accept_config_changes, control=control)
+      result = api.train(config, workdir, accept_config_changes=accept_config_changes, control=control,
+                         config_file=config_file)
     except Exception as e:
       if not isinstance(e, UserError):
         # A process that died fails the others' collectives first (gloo): let the

@@ -11,8 +11,6 @@ import json
 import logging
 import math
 import os
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -276,29 +274,31 @@ def drop_records_after(workdir: str, step: int) -> int:
 
 def write_run_info(workdir: str, *, total_steps: int, steps_per_epoch: int, num_classes: int,
                    class_names) -> None:
-  """environment.json (versions, devices, git revision: how the numbers were made) and
+  """environment.json (versions, XLA flags, devices, the code: how the numbers were made;
+  jaxnet/core/provenance.py), code.diff (the uncommitted changes, where there are any) and
   classes.json (what predict/export need to rebuild the model without the dataset)."""
   import flax
   import jax
   import optax
-  try:
-    revision = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    revision = ""
+  from jaxnet.core import provenance
+  code = provenance.code_state()
+  revision, diff = code["git_revision"], code["diff"]
   environment = {
+      **provenance.environment(),
       "jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
-      "python": sys.version.split()[0], "platform": jax.default_backend(),
-      "devices": [str(d) for d in jax.devices()], "device_kind": jax.devices()[0].device_kind,
-      "process_count": jax.process_count(), "git_revision": revision,
-      "total_steps": total_steps, "steps_per_epoch": steps_per_epoch,
-      # What the process ran under (config.distributed.cluster_profile, or the user's own).
-      "xla_flags": os.environ.get("XLA_FLAGS", ""),
-      "cluster_environment": {k: v for k, v in sorted(os.environ.items())
-                              if k.startswith("NCCL_") or k == "CUDA_DEVICE_MAX_CONNECTIONS"}}
+      "devices": [str(d) for d in jax.devices()], "git_revision": revision,
+      "jaxnet": code["jaxnet"], "code_diff_sha256": provenance.text_sha256(diff) if diff else "",
+      "total_steps": total_steps, "steps_per_epoch": steps_per_epoch}
   for name, content in (("environment.json", environment),
                         ("classes.json", {"num_classes": num_classes, "class_names": class_names})):
     write_atomically(os.path.join(workdir, name), json.dumps(content, indent=2))
+  # The diff of this start's code: a clean tree leaves none (a resumed run's last start wins,
+  # as in environment.json).
+  diff_path = os.path.join(workdir, provenance.CODE_DIFF_FILE)
+  if diff:
+    write_atomically(diff_path, diff)
+  elif os.path.exists(diff_path):
+    os.remove(diff_path)
 
 
 def read_jsonl(workdir: str) -> list[dict]:

@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxnet.core import checkpoint as ckpt
 from jaxnet.core import config as config_lib
-from jaxnet.core import sharding, steps
+from jaxnet.core import provenance, sharding, steps
 from jaxnet.core import workdir as workdir_lib
 from jaxnet.core.adapters import xla
 from jaxnet.core.errors import DIVERGED_HINT, NonFiniteError
@@ -110,9 +110,10 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
   config_json = config.to_json_best_effort(indent=2)
   config_dict = json.loads(config_json)
   gate.check(config_dict, accept)  # is this the run the checkpoints came from?
+  exp = Experiment(config)
+  gate.check_data(provenance.data_identity({"train": exp.train_source, "eval": exp.eval_source}), accept)
   for name, content in records.items():
     gate.write_json(name, content)
-  exp = Experiment(config)
   is_chief = exp.process_index == 0
   if is_chief and exp.data_note:
     _REPORT.info(exp.data_note)
@@ -130,6 +131,7 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
     _REPORT.info(f"resumed from checkpoint at step {start_step} in {gate.path}/checkpoints")
   batches.restored()
   gate.record_config(config_json, start_step, report=_REPORT.info)
+  gate.record_data_identity(start_step)
   gate.write_run_info(total_steps=exp.total_steps, steps_per_epoch=exp.steps_per_epoch,
                       num_classes=exp.num_classes, class_names=exp.class_names)
   gate.drop_records_after(start_step)
@@ -326,7 +328,8 @@ def evaluate(exp: Experiment, state: TrainState) -> dict:
   return metrics
 
 
-def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_config_changes=()) -> dict:
+def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_config_changes=(),
+                        record: bool = True) -> dict:
   """`--mode=eval`: evaluates the latest (or given) checkpoint of WORKDIR and records eval metrics.
 
   A config that differs from the one WORKDIR was trained with in what the eval measures (the
@@ -334,7 +337,9 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_co
   unless each is in `accept_config_changes` (or "all"); such an eval is recorded apart, in
   WORKDIR/evals_with_changes.jsonl, never in metrics.jsonl, the training run's own record.
   Reads the workdir only, apart from that record (skipped with a warning where the
-  workdir is read-only). A damaged checkpoint is an error.
+  workdir is read-only; never made with `record=False`, as `verify` asks). Data whose
+  identity differs from the recorded (data_identity.json) is refused or, accepted, recorded
+  apart, as a config change. A damaged checkpoint is an error.
   """
   config_lib.validate(config)
   with workdir_lib.Workdir.open(workdir, workdir_lib.EVAL) as gate:
@@ -343,6 +348,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_co
     try:
       checkpoints.resolve_step(step)  # no checkpoint: said before the data is read
       exp = Experiment(config, need_train_data=False)
+      gate.check_data(provenance.data_identity({"eval": exp.eval_source}), tuple(accept_config_changes))
       if exp.process_index == 0 and exp.data_note:
         _REPORT.info(exp.data_note)
       state, step = checkpoints.read_newest(lambda s: checkpoints.restore(s, exp.abstract_state), step)
@@ -352,6 +358,8 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_co
     if exp.process_index == 0:
       _REPORT.info(f"eval of checkpoint {step}: {exp.task.describe(metrics)}  "
                    f"({metrics['eval/examples']} examples)")
+      if not record:
+        return metrics
       if not gate.can_record:
         _REPORT.warning(f"warning: {workdir} is held by a training run: these eval metrics were not recorded")
         return metrics

@@ -24,6 +24,7 @@ import jax
 from jaxnet.core import checkpoint as ckpt
 from jaxnet.core import config as config_lib
 from jaxnet.core import metrics as metrics_lib
+from jaxnet.core import provenance
 from jaxnet.core.checkpoint import newest_saved_config
 from jaxnet.core.errors import UserError
 from jaxnet.core.metrics import reporting_failed_writes, write_atomically
@@ -94,6 +95,8 @@ class Workdir:
   def __init__(self, path: str, purpose: str):
     self.path, self.purpose = path, purpose
     self.changes = None    # the accepted config changes, once checked
+    self.data_identity = None  # the data's identity per split, once checked (check_data)
+    self.data_changes = {}     # its accepted changes from the recorded one
     self.locked = False    # process 0 holds the lock (every process agrees on it)
     self.chief = jax.process_index() == 0
 
@@ -149,6 +152,37 @@ class Workdir:
       self.changes = {}
     return self.changes
 
+  def check_data(self, identity: dict, accept: tuple = ()) -> dict:
+    """Compares the data's identity ({split: source.identity()}, provenance.data_identity) with
+    the one recorded at the run's start (data_identity.json), as `check` does the config:
+    a resume, every split; an eval, the split it reads. A change is refused in one line
+    unless accepted (provenance.ACCEPT_DATA, or "all"; or it follows from an accepted change
+    of a key the sources are made from, provenance.SOURCE_KEYS); an accepted eval is then
+    recorded apart, as one with config changes.
+    Also warns of a jaxlib (or CUDA plugin) or device kind that differs from the recorded."""
+    self.data_identity = identity
+    checked = self.purpose == EVAL or (self.purpose == TRAIN and ckpt.has_checkpoints(self.path))
+    if not checked:
+      return {}
+    source_keys_changed = any(provenance.makes_the_sources(k) for k in self.changes or {})
+    accept = tuple(accept) + ((provenance.ACCEPT_DATA,) if source_keys_changed else ())
+    self.data_changes = provenance.check_identity(self.path, self.recorded_data_identity(), identity, accept)
+    # Its numbers describe other data: recorded apart, with what changed (where no accepted
+    # config change, recorded already, made the data change).
+    if self.purpose == EVAL and self.data_changes and not source_keys_changed:
+      self.changes = {**(self.changes or {}), **{f"{provenance.ACCEPT_DATA}.{k}": v
+                                                 for k, v in self.data_changes.items()}}
+    if self.chief:
+      for line in provenance.environment_warnings(self.recorded_environment(), provenance.environment()):
+        _REPORT.warning(f"warning: {line}: its numbers may differ in the last digits")
+    return self.data_changes
+
+  def recorded_data_identity(self) -> dict | None:
+    return _read_json_or_none(os.path.join(self.path, provenance.DATA_IDENTITY_FILE))
+
+  def recorded_environment(self) -> dict | None:
+    return _read_json_or_none(os.path.join(self.path, "environment.json"))
+
   @property
   def can_record(self) -> bool:
     return self.locked and self.chief
@@ -185,11 +219,25 @@ class Workdir:
     self._writable()
     return ckpt.Checkpoints(self.path, keep, async_save)
 
-  def write_json(self, name: str, content: dict) -> None:
-    """A record of the run's own, e.g. the preprocessing its init weights expect."""
+  def write_json(self, name: str, content: dict | str) -> None:
+    """A record of the run's own, e.g. the preprocessing its init weights expect (a dict,
+    written as JSON), or the config file's text (a str, written as it is)."""
     self._writable()
     if self.chief:
-      write_atomically(os.path.join(self.path, name), json.dumps(content, indent=2))
+      text = content if isinstance(content, str) else json.dumps(content, indent=2)
+      write_atomically(os.path.join(self.path, name), text)
+
+  def record_data_identity(self, step: int | None) -> None:
+    """data_identity.json: the identity check_data saw; accepted changes of it go to
+    config_history.jsonl, with the step the run resumed from."""
+    self._writable()
+    if not self.chief or self.data_identity is None:
+      return
+    if self.data_changes:
+      record_data_changes(self.path, self.data_changes, step)
+      _REPORT.info(f"data changes accepted on resume: {provenance.describe_changes(self.data_changes)}")
+    write_atomically(os.path.join(self.path, provenance.DATA_IDENTITY_FILE),
+                     json.dumps(self.data_identity, indent=2))
 
   def record_eval(self, step: int, metrics: dict) -> str:
     """An eval's numbers: in metrics.jsonl when it measured what the run measures, else (with
@@ -358,6 +406,24 @@ def _show(value) -> str:
   if value is ABSENT:
     return "(absent)"
   return repr(value) if isinstance(value, str) else json.dumps(value)
+
+
+def _read_json_or_none(path: str) -> dict | None:
+  """A record's content; None where it is missing or unreadable (a workdir older than it)."""
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def record_data_changes(workdir: str, changes: dict, step: int | None) -> None:
+  """Appends accepted changes of the data's identity to config_history.jsonl."""
+  entry = {"time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+           "resumed_from_step": step, "data_changes": {k: [a, b] for k, (a, b) in changes.items()}}
+  path = os.path.join(workdir, HISTORY_FILE)
+  with reporting_failed_writes(path), open(path, "a") as f:
+    f.write(json.dumps(entry) + "\n")
 
 
 def record_eval_with_changes(workdir: str, step: int, metrics: dict, changes: dict) -> None:

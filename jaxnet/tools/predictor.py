@@ -187,6 +187,8 @@ def restore(workdir: str, step: int | None = None, config=None) -> "Predictor | 
   `predict(images)`, `lines(result)` and `draw(image, result, path)`."""
   if not os.path.isdir(workdir):
     raise MissingFileError(f"workdir {workdir} not found: give the --workdir of a training run")
+  from jaxnet.tools import bundle
+  bundle.check_bundle(workdir)  # a bundle (export --format=bundle): every file as it was made
   config = config or config_lib.load(workdir)
   variables, step = load_eval_variables(workdir, config, step)
   info = _class_info(workdir)

@@ -142,6 +142,13 @@ class CocoSource(_BoxRecords):
   def __len__(self):
     return len(self._images)
 
+  def identity(self) -> dict:
+    """The annotation file's digest and the image count (the boxes are in the file; the
+    images are taken as named by it)."""
+    from jaxnet.core import provenance
+    return {"source": "coco", "split": self.split, "annotations_sha256": provenance.file_sha256(self.annotations),
+            "images": len(self), "missing_images": self.counts.missing}
+
   def __repr__(self):  # Grain checks a restored iterator against it: no memory addresses
     return f"CocoSource({self.annotations!r}, n={len(self)})"
 
@@ -209,10 +216,12 @@ class TfdsDetections(_BoxRecords):
 
   def __init__(self, name: str, split: str, data_dir: str | None = None, max_boxes: int = 100,
                scale_jitter=(1.0, 1.0)):
-    from jaxnet.core.data.tfds_source import open_prepared
+    from jaxnet.core.data.tfds_source import open_prepared, prepared_identity
     super().__init__(max_boxes, scale_jitter)
     self.name, self.split = name, split
-    self._data, features = open_prepared(name, split, data_dir)
+    self._data, info = open_prepared(name, split, data_dir)
+    features = info.features
+    self._identity = prepared_identity(info, split, len(self._data))  # grain's workers get no info
     if "objects" not in features or "bbox" not in features["objects"].feature:
       raise InvalidValueError(f"TFDS dataset {name!r} has no objects/bbox feature: a detector's tfds "
                               f"data is laid out as coco/2017 (image, objects/bbox, objects/label)")
@@ -266,6 +275,9 @@ class TfdsDetections(_BoxRecords):
 
   def __len__(self):
     return len(self._data)
+
+  def identity(self) -> dict:
+    return dict(self._identity)
 
   def __repr__(self):  # Grain checks a restored iterator against it: no memory addresses
     return f"TfdsDetections({self.name!r}, {self.split!r}, n={len(self)})"
@@ -349,6 +361,11 @@ class SyntheticDetections:
 
   def __len__(self):
     return self.size
+
+  def identity(self) -> dict:
+    """The generator and its parameters: they make every image and box."""
+    return {"generator": "SyntheticDetections", "examples": self.size, "image_size": self.image_size,
+            "num_classes": self.num_classes, "max_boxes": self.max_boxes, "seed": self.seed}
 
   def __repr__(self):
     return f"SyntheticDetections(size={self.size}, image_size={self.image_size}, seed={self.seed})"

@@ -13,6 +13,8 @@ processes; `encoded=False` sources hold uint8 HWC arrays of the final size.
                examples: `source.transform`)
 """
 
+import hashlib
+
 import numpy as np
 
 from jaxnet.core.errors import InvalidValueError
@@ -27,10 +29,21 @@ class ArraySource:
   """In-memory uint8 NHWC images with integer labels."""
   encoded = False
 
-  def __init__(self, images: np.ndarray, labels: np.ndarray, num_classes: int, class_names=None):
+  def __init__(self, images: np.ndarray, labels: np.ndarray, num_classes: int, class_names=None,
+               generator: dict | None = None):
+    """`generator`: how the arrays were made (a name and its parameters), for `identity`."""
     assert images.dtype == np.uint8 and images.ndim == 4, images.shape
     self.images, self.labels = images, labels.astype(np.int32)
     self.num_classes, self.class_names = num_classes, class_names
+    self.generator = generator or {"generator": "arrays"}
+
+  def identity(self) -> dict:
+    """What made the arrays, and a digest of them (small: they are in memory), so a changed
+    generator (another scikit-learn's digits, a resize) shows too."""
+    digest = hashlib.sha256(self.images.tobytes())
+    digest.update(self.labels.astype("<i4").tobytes())
+    return {**self.generator, "examples": len(self), "shape": list(self.images.shape[1:]),
+            "num_classes": self.num_classes, "content_sha256": digest.hexdigest()}
 
   def __len__(self):
     return len(self.images)
@@ -57,7 +70,10 @@ def digits_source(split: str, image_size: int = 16) -> ArraySource:
   else:
     raise InvalidValueError(f"digits has splits 'train' and 'test', not {split!r}")
   images = _resize_batch(images[idx], image_size)[..., None]
-  return ArraySource(images, digits.target[idx], 10, [str(d) for d in range(10)])
+  generator = {"generator": "sklearn.datasets.load_digits", "split": split,
+               "split_seed": _DIGITS_SPLIT_SEED, "test_fraction": _DIGITS_TEST_FRACTION,
+               "image_size": image_size}
+  return ArraySource(images, digits.target[idx], 10, [str(d) for d in range(10)], generator)
 
 
 def _resize_batch(images: np.ndarray, size: int) -> np.ndarray:
@@ -80,6 +96,11 @@ class SyntheticSource:
   def __repr__(self):
     return (f"SyntheticSource(size={self.size}, image_size={self.image_size}, seed={self.seed}"
             f"{f', channels={self.channels}' if self.channels != 3 else ''})")
+
+  def identity(self) -> dict:
+    """The generator and its parameters: they make every image."""
+    return {"generator": "SyntheticSource", "examples": self.size, "image_size": self.image_size,
+            "num_classes": self.num_classes, "seed": self.seed, "channels": self.channels}
 
   def __getitem__(self, index):
     rng = np.random.default_rng((self.seed, int(index)))

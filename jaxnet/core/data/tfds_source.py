@@ -66,7 +66,28 @@ def open_prepared(name: str, split: str, data_dir: str | None, image_key: str = 
                         f"it is prepared only as {formats}")
   data = tfds.data_source(name, split=split, data_dir=data_dir, download=False,
                           decoders={image_key: tfds.decode.SkipDecoding()})
-  return data, builder.info.features
+  return data, builder.info
+
+
+def prepared_identity(info, split: str, examples: int) -> dict:
+  """A prepared split's identity from its dataset_info.json (nothing else is read): the
+  dataset's full name and version, the split's record count, shard lengths and bytes, and
+  a digest of the download checksums tfds verified when it prepared the dataset."""
+  import json
+  from jaxnet.core import provenance
+  identity = {"source": "tfds", "name": info.full_name, "version": str(info.version),
+              "split": split, "examples": examples}
+  try:
+    split_info = info.splits[split]
+    identity["split_num_bytes"] = int(getattr(split_info, "num_bytes", 0) or 0)
+    identity["shard_lengths"] = [int(n) for n in getattr(split_info, "shard_lengths", [])]
+  except (KeyError, ValueError, TypeError):  # a split tfds cannot describe on its own
+    pass
+  checksums = getattr(info, "download_checksums", None) or {}
+  if checksums:
+    identity["download_checksums_sha256"] = provenance.text_sha256(
+        json.dumps({str(k): str(v) for k, v in checksums.items()}, sort_keys=True))
+  return identity
 
 
 class TfdsSource:
@@ -78,13 +99,18 @@ class TfdsSource:
                image_key: str = "image", label_key: str = "label"):
     self.name, self.split = name, split
     self._image_key, self._label_key = image_key, label_key
-    self._data, features = open_prepared(name, split, data_dir, image_key)
-    labels = features[label_key]
+    self._data, info = open_prepared(name, split, data_dir, image_key)
+    # Read now: grain's workers get a pickled copy of the source, without the DatasetInfo.
+    self._identity = prepared_identity(info, split, len(self._data))
+    labels = info.features[label_key]
     self.num_classes: int = labels.num_classes
     self.class_names: list[str] | None = list(labels.names) or None
 
   def __len__(self) -> int:
     return len(self._data)
+
+  def identity(self) -> dict:
+    return dict(self._identity)
 
   def __getitem__(self, index: int) -> dict:
     record = self._data[index]

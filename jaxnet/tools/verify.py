@@ -1,0 +1,300 @@
+"""Verifies a workdir's numbers (docs/reproducibility.md): re-evaluates the checkpoints whose
+eval it recorded and compares the metrics, and compares the data's identity, the package
+versions and the code with what made the run. `retrain` re-runs its first steps into a
+scratch workdir and compares the train losses with metrics.jsonl.
+
+Each comparison is a Check (what, recorded, now, whether it holds); the command line
+(jaxnet/cli/verify.py) prints them as a table. Nothing is written into the workdir.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import tempfile
+
+from jaxnet.core import checkpoint as ckpt
+from jaxnet.core import config as config_lib
+from jaxnet.core import provenance, tasks
+from jaxnet.core.errors import UserError
+from jaxnet.core.metrics import read_jsonl
+
+# On another device kind or count, float sums run in another order: metrics agree to this
+# (an absolute tolerance, plus this fraction of the value), not bit for bit.
+ABS_TOLERANCE, REL_TOLERANCE = 2e-3, 1e-3
+
+
+@dataclasses.dataclass
+class Check:
+  """One row of the table. `holds` None: a fact shown, not a check (the device kind)."""
+  what: str
+  recorded: str
+  now: str
+  holds: bool | None
+  verdict: str = ""
+
+  def __post_init__(self):
+    if not self.verdict:
+      self.verdict = {True: "same", False: "DIFFERS", None: "note"}[self.holds]
+
+
+def all_hold(checks: list[Check]) -> bool:
+  return all(c.holds is not False for c in checks)
+
+
+def open_workdir(workdir: str) -> dict:
+  """The workdir's records verify reads; one line naming what is missing otherwise."""
+  if not os.path.isdir(workdir):
+    raise UserError(f"{workdir} is not a directory: give the workdir of a training run")
+  missing = [name for name in ("config.json", "environment.json", "metrics.jsonl")
+             if not os.path.isfile(os.path.join(workdir, name))]
+  if missing:
+    raise UserError(f"{workdir} is not a trained jaxnet workdir (it lacks {', '.join(missing)}): "
+                    f"give the --workdir a training run wrote")
+  with open(os.path.join(workdir, "environment.json")) as f:
+    environment = json.load(f)
+  identity_path = os.path.join(workdir, provenance.DATA_IDENTITY_FILE)
+  identity = json.load(open(identity_path)) if os.path.isfile(identity_path) else None
+  return {"environment": environment, "data_identity": identity, "metrics": read_jsonl(workdir)}
+
+
+def on_the_runs_devices(config, environment: dict, now: dict):
+  """(config, exact). Where this process has the run's device kind and at least as many
+  devices as its mesh had, the config is set to a mesh of that many. The numbers are then
+  compared bit for bit (exact) only where the process also has as many devices, and
+  processes, as the run's: XLA splits a host's work by its device count, so a 1-device run
+  redone on 1 of 8 simulated CPU devices can differ in the last digits (seen with jax 0.12)."""
+  count = environment.get("device_count", len(environment.get("devices", [])))
+  run_devices = config.mesh.num_devices or count
+  if environment.get("device_kind") != now["device_kind"] or run_devices > now["device_count"]:
+    return config, False
+  config = config.copy_and_resolve_references()
+  config.lock()
+  config_lib.apply_overrides(config, {"mesh.num_devices": run_devices})
+  exact = count == now["device_count"] and environment.get("process_count", 1) == now["process_count"]
+  return config, exact
+
+
+# --- versions, devices, code -----------------------------------------------------------
+
+def environment_checks(recorded: dict, now: dict) -> list[Check]:
+  """A row per package recorded or installed (a workdir older than the packages record:
+  jax, flax and optax), then the devices, Python and the XLA flags as notes."""
+  old = recorded.get("packages") or {k: recorded[k] for k in ("jax", "flax", "optax") if k in recorded}
+  new = now["packages"] if recorded.get("packages") else {k: v for k, v in now["packages"].items() if k in old}
+  checks = [Check(f"package {name}", old.get(name, "(absent)"), new.get(name, "(absent)"),
+                  old.get(name) == new.get(name)) for name in sorted(set(old) | set(new))]
+  count = recorded.get("device_count", len(recorded.get("devices", [])))
+  for what, was, is_ in (("device kind", recorded.get("device_kind"), now["device_kind"]),
+                         ("device count", count, now["device_count"]),
+                         ("python", recorded.get("python"), now["python"]),
+                         ("XLA_FLAGS", recorded.get("xla_flags"), now["xla_flags"])):
+    checks.append(Check(what, str(was) if was != "" else "(none)", str(is_) if is_ != "" else "(none)", None,
+                        "same" if was == is_ else "differs"))
+  return checks
+
+
+def _diff_shown(sha: str, diff: str | None = None) -> str:
+  if not sha:
+    return "clean tree"
+  lines = f", {diff.count(chr(10))} lines" if diff is not None else ""
+  return f"diff {sha[:12]}{lines}"
+
+
+def code_checks(workdir: str, recorded: dict, now: dict) -> list[Check]:
+  """jaxnet's version, the git revision and the uncommitted changes (code.diff) of the run
+  against the code imported now."""
+  now_sha = provenance.text_sha256(now["diff"]) if now["diff"] else ""
+  recorded_sha = recorded.get("code_diff_sha256", "")
+  diff_path = os.path.join(workdir, provenance.CODE_DIFF_FILE)
+  if recorded_sha and os.path.isfile(diff_path):  # the stored diff must be the one recorded
+    with open(diff_path) as f:
+      stored = f.read()
+    if provenance.text_sha256(stored) != recorded_sha:
+      return [Check("code.diff", _diff_shown(recorded_sha), "the stored code.diff does not match it", False)]
+  return [Check("version of jaxnet", recorded.get("jaxnet", "(not recorded)"), now["jaxnet"],
+                recorded.get("jaxnet") == now["jaxnet"]),
+          Check("git revision", recorded.get("git_revision", "") or "(none)", now["git_revision"] or "(none)",
+                recorded.get("git_revision", "") == now["git_revision"]),
+          Check("uncommitted changes", _diff_shown(recorded_sha), _diff_shown(now_sha, now["diff"]),
+                recorded_sha == now_sha)]
+
+
+# --- the data ---------------------------------------------------------------------------
+
+def data_checks(config, recorded: dict | None) -> list[Check]:
+  """A row per split: the data's identity now (each source's identity(), no image read)
+  against data_identity.json."""
+  task = tasks.for_model(config.model.name)
+  if recorded is None:
+    return [Check("data", "(not recorded: a workdir older than data_identity.json)", "-", False,
+                  "NOT RECORDED")]
+  checks = []
+  for split in sorted(recorded):
+    try:
+      now = provenance.identity_of(task.make_source(config, split))
+    except UserError as e:  # the data is not here (a bundle on another machine, say)
+      checks.append(Check(f"data {split}", _identity_summary(recorded[split]), f"cannot read it: {e}", False,
+                          "NOT READ"))
+      continue
+    changes = provenance.identity_changes({split: recorded[split]}, {split: now})
+    summary = _identity_summary(recorded[split])
+    checks.append(Check(f"data {split}", summary, provenance.describe_changes(changes) if changes else summary,
+                        not changes))
+  return checks
+
+
+def _identity_summary(identity: dict) -> str:
+  count = next((identity[k] for k in ("examples", "files", "images") if k in identity), "?")
+  digest = next((v for k, v in identity.items() if k.endswith("sha256")), "")
+  return f"{count} examples" + (f", {digest[:12]}" if digest else "")
+
+
+# --- the metrics --------------------------------------------------------------------------
+
+def reported_steps(workdir: str, metrics: list[dict], step: int | None = None) -> list[int]:
+  """The steps whose eval metrics.jsonl records and whose checkpoint is still there (or `step`)."""
+  evaluated = {r["step"] for r in metrics if any(k.startswith("eval/") for k in r)}
+  kept = set()
+  if os.path.isdir(os.path.join(workdir, ckpt.CHECKPOINTS_DIR)):
+    checkpoints = ckpt.Checkpoints(workdir, read_only=True)
+    try:
+      kept = set(checkpoints.steps())
+    finally:
+      checkpoints.close()
+  if step is not None:
+    if step not in evaluated or step not in kept:
+      raise UserError(f"{workdir} has no recorded eval of a kept checkpoint {step} "
+                      f"(recorded evals of kept checkpoints: {sorted(evaluated & kept) or 'none'})")
+    return [step]
+  return sorted(evaluated & kept)
+
+
+def close_enough(recorded: float, now: float, exact: bool) -> bool:
+  if exact:
+    return recorded == now
+  return math.isclose(recorded, now, rel_tol=REL_TOLERANCE, abs_tol=ABS_TOLERANCE)
+
+
+def metric_checks(recorded: dict, now: dict, step: int, exact: bool) -> list[Check]:
+  checks = []
+  for key in sorted(k for k in recorded if k.startswith("eval/")):
+    if key not in now:
+      continue
+    was, is_ = recorded[key], now[key]
+    holds = close_enough(was, is_, exact) if key != "eval/examples" else was == is_
+    verdict = "same" if was == is_ else ("within tolerance" if holds else "DIFFERS")
+    checks.append(Check(f"{key} at step {step}", _num(was), _num(is_), holds, verdict))
+  return checks
+
+
+def _num(value) -> str:
+  return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def eval_checks(workdir: str, config, metrics: list[dict], exact: bool, step: int | None = None) -> list[Check]:
+  """Re-evaluates each reported checkpoint (recording nothing) and compares every eval metric."""
+  from jaxnet.core import train as train_lib
+  steps = reported_steps(workdir, metrics, step)
+  if not steps:
+    return [Check("eval metrics", "(no recorded eval of a kept checkpoint)", "-", False, "NOTHING TO CHECK")]
+  by_step = {}
+  for r in metrics:  # a step's train and eval metrics may be on one line or two
+    by_step.setdefault(r["step"], {}).update(r)
+  checks = []
+  for s in steps:
+    try:
+      now = train_lib.evaluate_checkpoint(config, workdir, s, (provenance.ACCEPT_DATA,), record=False)
+    except UserError as e:  # no eval data here, a damaged checkpoint: said in its row
+      checks.append(Check(f"eval at step {s}", "recorded", f"cannot evaluate: {e}", False, "NOT EVALUATED"))
+      continue
+    checks += metric_checks(by_step[s], now, s, exact)
+  return checks
+
+
+# --- retraining ---------------------------------------------------------------------------
+
+def first_difference(recorded: list[dict], now: list[dict], exact: bool, key: str = "train/loss"):
+  """(step, recorded value, now value) of the first logged step whose `key` differs, or None;
+  (step, value, None) where the rerun logged no such step."""
+  now_by_step = {r["step"]: r for r in now if key in r}
+  for r in sorted((r for r in recorded if key in r), key=lambda r: r["step"]):
+    other = now_by_step.get(r["step"])
+    if other is None:
+      return r["step"], r[key], None
+    if not close_enough(r[key], other[key], exact):
+      return r["step"], r[key], other[key]
+  return None
+
+
+def retrain_checks(workdir: str, config, metrics: list[dict], steps: int, exact: bool,
+                   scratch: str | None = None) -> list[Check]:
+  """Re-runs the first `steps` steps from the recorded config and seed (the whole run's
+  schedule: total_steps stays) in a scratch workdir, and compares each logged train loss."""
+  from jaxnet.core import train as train_lib
+  logged = [r for r in metrics if "train/loss" in r and r["step"] <= steps]
+  if not logged:
+    raise UserError(f"{workdir} logged no train loss in its first {steps} steps (it logs every "
+                    f"{config.log_every_steps}): give --retrain a STEPS of at least {config.log_every_steps}")
+  steps = max(r["step"] for r in logged)
+  quick = {"eval_every_steps": 0, "checkpoint_every_steps": 0, "eval_every_epochs": 0.0,
+           "checkpoint_every_epochs": 0.0}
+  config = config.copy_and_resolve_references()
+  config.lock()
+  config_lib.apply_overrides(config, {k: v for k, v in quick.items() if k in config})
+  folder = scratch or tempfile.mkdtemp(prefix="jaxnet-verify-")
+  try:
+    control = train_lib.RunControl()
+    control.stop_requested = lambda: (control.step or 0) >= steps
+    init_params = None
+    if config.init.weights:
+      from jaxnet.tools.weights import pretrained
+      init_params = pretrained.initialiser(config)
+    train_lib.train_and_evaluate(config, folder, init_params=init_params, control=control)
+    rerun = read_jsonl(folder)
+  finally:
+    if scratch is None:
+      shutil.rmtree(folder, ignore_errors=True)
+  differs = first_difference(logged, rerun, exact)
+  what = f"train/loss, steps 1-{steps} ({len(logged)} logged)"
+  if differs is None:
+    return [Check(what, "metrics.jsonl", "rerun: the same" if exact else "rerun: within tolerance", True)]
+  step, was, is_ = differs
+  now = f"first differs at step {step}: {_num(is_)}" if is_ is not None else f"step {step} not logged"
+  return [Check(what, f"step {step}: {_num(was)}", now, False)]
+
+
+# --- all of it ---------------------------------------------------------------------------
+
+def verify(workdir: str, *, evaluate: bool = True, step: int | None = None, retrain: int = 0,
+           scratch: str | None = None) -> list[Check]:
+  """Every check of WORKDIR: versions and devices, code, data, the recorded evals (re-run),
+  and, with `retrain` > 0, the first `retrain` steps' train losses."""
+  from jaxnet.tools import bundle
+  from jaxnet.tools.weights import pretrained
+  manifest = bundle.check_bundle(workdir)  # a bundle: every file as it was made, or one line
+  records = open_workdir(workdir)
+  config = pretrained.with_recorded_preprocessing(config_lib.load(workdir), workdir)
+  now = provenance.environment()
+  config, exact = on_the_runs_devices(config, records["environment"], now)
+  checks = environment_checks(records["environment"], now)
+  checks.append(Check("numbers compared", "-", f"bit for bit, on the run's {config.mesh.num_devices} device(s)"
+                      if exact else f"to a tolerance ({ABS_TOLERANCE} + {REL_TOLERANCE:.0e} x value): "
+                      f"other devices than the run's", None, "note"))
+  checks += code_checks(workdir, records["environment"], provenance.code_state())
+  if manifest is not None:
+    checks.append(Check("bundle files", f"{len(manifest['files'])} sha256 in {bundle.MANIFEST}", "all match", True))
+  checks += data_checks(config, records["data_identity"])
+  if evaluate:
+    checks += eval_checks(workdir, config, records["metrics"], exact, step)
+  if retrain:
+    checks += retrain_checks(workdir, config, records["metrics"], retrain, exact, scratch)
+  return checks
+
+
+def table(checks: list[Check]) -> str:
+  """The checks as aligned columns: check, recorded, now, verdict."""
+  rows = [("check", "recorded", "now", "verdict")] + [(c.what, c.recorded, c.now, c.verdict) for c in checks]
+  widths = [min(max(len(r[i]) for r in rows), 48) for i in range(3)]
+  return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}" for r in rows)
