@@ -62,3 +62,15 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_site, os.environ.get("
 from multiprocessing import shared_memory  # noqa: E402
 
 shared_memory._SHM_NAME_PREFIX = "/" + SHM_PREFIX
+
+
+def pytest_xdist_auto_num_workers(config):
+  """`-n auto` (pyproject.toml's addopts): one test process per core, at most 4 and one per
+  3 GiB of memory: each runs 8 simulated devices and starts `python -m jaxnet.main`
+  subprocesses, and waits on them, so two share a 2-core machine well."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+  try:
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+  except (ValueError, OSError, AttributeError):
+    memory_gib = 3
+  return max(1, min(cores, 4, int(memory_gib // 3)))

@@ -136,8 +136,8 @@ MUTATIONS = [
              "from jaxnet.core.state import TrainState\nfrom jaxnet.cli import process  # noqa: F401\n",
              ("tests/test_layers.py::test_the_layering_contracts_hold",), ci=True),
     Mutation("tools_never_import_the_shell", "jaxnet/tools/onnx/__init__.py",
-             "from jaxnet.core import steps\n",
-             "from jaxnet.core import steps\nfrom jaxnet.cli import process  # noqa: F401\n",
+             "from jaxnet.core.errors import UserError\n",
+             "from jaxnet.core.errors import UserError\nfrom jaxnet.cli import process  # noqa: F401\n",
              ("tests/test_layers.py::test_the_layering_contracts_hold",), ci=True),
 
     # --- data parallelism and batch norm -----------------------------------------
@@ -693,7 +693,9 @@ def _env() -> dict:
 
 def run_tests(root: str, tests, timeout: float) -> tuple[int | None, str]:
   """(pytest's exit status or None on timeout, the tail of its output)."""
-  cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+  # -n 0: a mutation's few tests in one process, without pytest-xdist's workers to start;
+  # -m "": the named tests whatever their marks (slow ones included).
+  cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-m", "", "-p", "no:cacheprovider", *tests]
   try:
     proc = subprocess.run(cmd, cwd=root, env=_env(), capture_output=True, text=True, timeout=timeout)
   except subprocess.TimeoutExpired as e:

@@ -277,7 +277,8 @@ def _digits(size, num, batch):
   return out
 
 
-@pytest.mark.parametrize("policy_name", ["fp32", "bf16"])
+# bf16 in the slow run (25 s): bf16 training is held in the default run by test_precision.py.
+@pytest.mark.parametrize("policy_name", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name,size,lr", TRAINED)
 def test_trains_on_digits(name, size, lr, policy_name):
   policy = precision.get_policy(policy_name)
@@ -336,7 +337,10 @@ PARALLEL = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(PARALLEL))
+# vit_mini in the slow run (30 s): 8 devices against one stays in the default run for alexnet_mini here
+# and for ResNets in test_parallel.py.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "vit_mini" else n
+                                  for n in sorted(PARALLEL)])
 def test_each_step_on_eight_devices_matches_one_device(name):
   """From the same state and batch, one step on 8 devices = one step on 1 device (2 steps)."""
   extra = {"model.name": name, "total_steps": 2, **PARALLEL[name]}

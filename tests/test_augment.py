@@ -195,6 +195,7 @@ def test_masked_examples_pass_randaugment_untouched():
 # --- a run with all of it resumes exactly ------------------------------------------------------
 
 
+@pytest.mark.slow  # a minute; test_train.py's test_resume_is_exact stays in the default run
 def test_resume_with_dropout_mixing_randaugment_and_bf16_moments_is_exact(tmp_path):
   """6 steps straight through == 3 steps, checkpoint, resume to 6: AlexNet's dropout, mixup/CutMix
   and RandAugment draw the same numbers after the restore."""

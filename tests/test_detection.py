@@ -221,6 +221,7 @@ def test_coco_map_is_one_for_the_ground_truth_and_less_for_moved_boxes(shapes):
   assert evaluate(source, [])["eval/mAP"] == 0.0
 
 
+@pytest.mark.slow  # 2 minutes on 2 cores; a COCO folder trains in test_shapes_training_loss_falls_eval_is_exact_and_resume_matches, tfds sources in test_tfds_source.py
 def test_a_tfds_detection_dataset_gives_the_coco_folders_records_and_trains(shapes, tmp_path):
   """The shapes data written as a TFDS dataset laid out as coco/2017 (normalised ymin, xmin,
   ymax, xmax boxes; built here without TensorFlow, as tests/test_tfds_source.py does):
@@ -471,6 +472,7 @@ def test_imagenet_classifier_weights_initialise_the_backbone(shapes, tmp_path):
   np.testing.assert_array_equal(state.params["fpn_inner0"]["kernel"], fresh.params["fpn_inner0"]["kernel"])
 
 
+@pytest.mark.slow  # 35 s; a fresh class layer on import is held for classifiers in test_weights.py
 def test_a_detectors_weights_of_another_class_count_fine_tune_with_a_fresh_class_layer(shapes, tmp_path):
   """config.init.weights: a detector's torchvision-named weights for 7 classes start a 4-class
   shapes run: every variable but the class logits layer from the file, that layer fresh (its
@@ -511,6 +513,7 @@ def test_a_detectors_weights_of_another_class_count_fine_tune_with_a_fresh_class
         np.testing.assert_allclose(value, source[path], rtol=1e-6, err_msg=str(path))
 
 
+@pytest.mark.slow  # 2.5 minutes; 8 devices and FSDP against one for classifiers stay in test_parallel.py and test_fsdp.py
 def test_eight_devices_with_fsdp_train_what_one_device_trains(shapes, tmp_path):
   """The same 3 steps on 1 device and FSDP over 8: the same losses and params (SGD, so that a
   rounding difference in a near-zero gradient is not magnified as Adam would)."""
@@ -586,6 +589,7 @@ def test_torchvision_retinanet_weights_give_torchvisions_outputs(tmp_path):
       np.testing.assert_allclose(scores[:n], ref["scores"][i][:n], atol=1e-5)
 
 
+@pytest.mark.slow  # 1.5 minutes; a detector trains and is scored in test_shapes_training_loss_falls_eval_is_exact_and_resume_matches
 def test_a_detector_trains_and_is_scored_on_synthetic_boxes(tmp_path):
   """data.source=synthetic with a detector: random images with random boxes (the GPU plan's
   stand-in for COCO), trained, evaluated against their own ground truth."""

@@ -139,6 +139,7 @@ def test_peak_table_picks_the_device_and_precision():
   assert bench_train.peak_for("cpu", "fp32", Args)[0] is None
 
 
+@pytest.mark.slow  # 1.5 minutes; the other benchmarks' quick runs stay in the default run
 def test_time_to_accuracy_quick_reaches_both_targets(tmp_path):
   out = run_script("time_to_accuracy.py", "--quick", "--json", str(tmp_path / "t.json"))
   record = json.loads((tmp_path / "t.json").read_text())
@@ -163,6 +164,7 @@ def test_time_to_accuracy_quick_reaches_both_targets(tmp_path):
   assert all(lines[i].split()[3] == "yes" for i in rows["digits"] + rows["imagefolder"]), out
 
 
+@pytest.mark.slow  # 30 s; the benchmarks' table format is held by bench_train's and bench_scaling's quick runs
 def test_bench_input_quick_prints_both_tables():
   out = run_script("bench_input.py", "--quick", "--workers", "0,1")
   assert "hardware:" in out

@@ -396,6 +396,7 @@ def _wait_for_pods(pods, logs, timeout=400) -> list[str]:
   return [log.read_text() for log in logs]
 
 
+@pytest.mark.slow  # 45 s; the sbatch file's run, launched the same way, stays in the default run
 def test_job_command_line_trains_like_the_explicit_run(tmp_path, two_process_reference):
   """The Indexed Job's container command, run twice with JOB_COMPLETION_INDEX=0 and 1 (the
   coordinator's DNS name replaced by 127.0.0.1), trains like the explicit 2-process run."""

@@ -261,6 +261,7 @@ def test_a_detectors_graph_gives_its_head_outputs_and_anchors(size):
   assert "longer side is image_size" in props["jaxnet.input"] and "log(1000/16)" in props["jaxnet.outputs"]
 
 
+@pytest.mark.slow  # a minute; int8 on the trained digits ResNet stays in the default run
 def test_vit_int8_quantizes_its_matmuls_and_keeps_top1(tmp_path):
   """A plain ViT trained on the digits (600 steps, ~10 s), exported with --int8: every
   MatMul's weights int8 with one scale per output column, LayerNorm left in fp32, top-1

@@ -157,6 +157,7 @@ def test_resume_is_exact(tmp_path):
     assert la[step] == pytest.approx(lb[step], abs=1e-6), step
 
 
+@pytest.mark.slow  # 1.5 minutes; SIGTERM's save is held in the default run by test_reliability.py's sigterm and ctrl-c tests
 def test_sigterm_saves_and_resume_matches_uninterrupted_run(tmp_path):
   args = ["total_steps=200", "log_every_steps=1", "checkpoint_every_steps=0", "eval_every_steps=0",
           "batch_size=16"]

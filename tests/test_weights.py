@@ -201,6 +201,7 @@ def test_an_import_with_another_class_count_says_how_many_arrays_came_from_the_w
   assert "imported 47" not in out
 
 
+@pytest.mark.slow  # 45 s: it traces every registered family's shapes to name the file's architecture
 def test_an_import_of_another_architecture_is_one_line_naming_both_and_leaves_nothing(tmp_path, capsys):
   path, _, _ = drawn_file(tmp_path, "resnet_tiny", num_classes=3)
   workdir = tmp_path / "w"
