@@ -154,8 +154,7 @@ MUTATIONS = [
     # --- FSDP --------------------------------------------------------------------
     Mutation("fsdp_splits_large_tensors", "jaxnet/core/sharding.py",
              'return P(*[FSDP_AXIS if a == axis else None for a in range(len(shape))])', "return P()",
-             ("tests/test_fsdp.py::test_each_device_holds_an_eighth_of_the_params_and_optimizer_state",),
-             ci=True),
+             ("tests/test_fsdp.py::test_each_device_holds_an_eighth_of_the_params_and_optimizer_state",)),
     Mutation("fsdp_state_sharding_used", "jaxnet/core/experiment.py",
              "sharding.state_shardings(abstract_state, self.mesh, m.fsdp, m.fsdp_min_size)",
              "sharding.state_shardings(abstract_state, self.mesh, False, m.fsdp_min_size)",
@@ -365,8 +364,7 @@ MUTATIONS = [
              ("tests/test_reliability.py::test_a_second_sigterm_exits_at_once",), ci=True),
     Mutation("a_close_failure_never_replaces_the_first_error", "jaxnet/core/train.py",
              "  if first is not None and not failing:\n", "  if first is not None:\n",
-             ("tests/test_reliability.py::test_a_failed_save_is_the_error_reported_when_closing_fails_too",),
-             ci=True),
+             ("tests/test_reliability.py::test_a_failed_save_is_the_error_reported_when_closing_fails_too",)),
     Mutation("library_installs_no_process_hooks", "jaxnet/core/checkpoint.py",
              "    self.workdir = os.path.abspath(workdir)\n",
              "    __import__('jaxnet.cli.process').cli.process.quiet_reported_failures()\n"
@@ -459,7 +457,7 @@ MUTATIONS = [
              (DATA + "test_a_stopped_run_frees_its_shared_memory",)),
     Mutation("mixup_pairs_within_each_device", "jaxnet/core/tasks/classification.py",
              "    return _partner_in_groups(x, self.groups)\n", "    return jnp.roll(x, 1, axis=0)\n",
-             ("tests/test_augment.py::test_mixup_on_eight_devices_moves_no_image_between_them",), ci=True),
+             ("tests/test_augment.py::test_mixup_on_eight_devices_moves_no_image_between_them",)),
     Mutation("grad_norm_in_one_reduction_is_the_norm", "jaxnet/core/steps.py",
              "  return jnp.sqrt(jnp.sum(jnp.square(jnp.concatenate([x.ravel() for x in leaves]))))",
              "  return jnp.sum(jnp.abs(jnp.concatenate([x.ravel() for x in leaves])))",
