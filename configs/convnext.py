@@ -25,28 +25,19 @@ mini: convnext_mini on scikit-learn's 8x8 digits upsampled to 16 px, AdamW, a fe
 on any CPU (nothing downloaded); tests/test_convnext_efficientnet.py trains it for a few steps.
 """
 
-from jaxnet.core.config import base_config
+import os
+
+from jaxnet.core.config import base_config, from_file
 
 VARIANTS = ("tiny", "small", "base", "large", "mini")
 
 
 def digits_recipe(model: str):
-  """A CPU run of a mini model on the bundled digits (configs/digits.py's data, AdamW)."""
-  c = base_config()
+  """A CPU run of a mini model on the bundled digits: configs/digits.py's data and schedule,
+  AdamW (the family's optimizer) in place of its SGD."""
+  c = from_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits.py"))
+  c.model = base_config().model
   c.model.name = model
-  c.batch_size = 64
-  c.num_epochs = 15
-  c.image_size = 16
-  c.precision = "fp32"
-  c.log_every_steps = 50
-  c.eval_every_steps = 110
-  c.checkpoint_every_steps = 110
-  c.keep_checkpoints = 2
-  c.data.source = "digits"
-  c.data.eval_split = "test"
-  c.data.mean = (0.2,)
-  c.data.std = (0.35,)
-  c.data.eval_crop_fraction = 1.0  # whole 8x8 images upsampled: nothing to crop off
   c.optim.name = "adamw"
   c.optim.learning_rate = 2e-3     # at batch 64
   c.optim.base_batch_size = 64

@@ -13,7 +13,6 @@ Nothing in a bundle is executed when it is loaded: the config comes from config.
 (config_file.py is a record, never run), and no file is a pickle.
 """
 
-import hashlib
 import json
 import os
 import shutil
@@ -33,14 +32,6 @@ RECORDS = ("config.json", "classes.json", "environment.json", provenance.DATA_ID
 
 class BundleError(InvalidValueError):
   pass
-
-
-def _sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
 
 
 def _files(folder: str) -> list[str]:
@@ -75,7 +66,7 @@ def write_bundle(workdir: str, out: str, step: int | None = None) -> dict:
     with open(os.path.join(staging, "MODEL_CARD.md"), "w") as f:
       f.write(model_card(staging, step, records, os.path.basename(os.path.abspath(out))))
     manifest = {"format": FORMAT, "version": 1, "step": step,
-                "files": {name: _sha256(os.path.join(staging, name)) for name in _files(staging)}}
+                "files": {name: provenance.file_sha256(os.path.join(staging, name)) for name in _files(staging)}}
     with open(os.path.join(staging, MANIFEST), "w") as f:
       json.dump(manifest, f, indent=2)
     if os.path.isdir(out):
@@ -109,7 +100,7 @@ def check_bundle(path: str) -> dict | None:
       raise BundleError(f"{os.path.join(path, MANIFEST)} names {name!r}, outside the bundle: get the bundle again")
     if not os.path.isfile(full):
       raise BundleError(f"{full} is missing from the bundle: get the bundle again")
-    if _sha256(full) != sha:
+    if provenance.file_sha256(full) != sha:
       raise BundleError(f"{full} is not the file the bundle was made with (its sha256 differs): get the bundle again")
   return manifest
 
