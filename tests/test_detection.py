@@ -440,6 +440,7 @@ def test_shapes_recipe_reaches_map50_of_half_in_ten_minutes(tmp_path):
   assert final["train/elapsed_sec"] <= 600
 
 
+@pytest.mark.slow  # 50 s; init.weights with the head re-initialised is held for classifiers by test_weights.py
 def test_imagenet_classifier_weights_initialise_the_backbone(shapes, tmp_path):
   """config.init.weights: a torchvision-named ResNet file (its fc included) fills the
   detector's backbone, variable for variable; the pyramid and heads start fresh."""

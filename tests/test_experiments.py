@@ -184,6 +184,7 @@ def test_bench_input_quick_prints_both_tables():
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(REPO, "experiments", "bench_scaling.py")),
                     reason="experiments/bench_scaling.py is not on this branch yet")
+@pytest.mark.slow  # 45 s; a benchmark's table and peer ratio are held by bench_train's quick run
 def test_bench_scaling_quick():
   out = run_script("bench_scaling.py", "--quick")
   rows = [line.split() for line in out.splitlines() if re.match(r"^\s*[1248]\s+\d+\s+[\d.]+\s+\d+%", line)]
@@ -197,6 +198,7 @@ def test_bench_scaling_quick():
   assert "says nothing about GPU scaling" in out
 
 
+@pytest.mark.slow  # 55 s; the ONNX engines themselves are held by test_onnx_export.py, a benchmark's table by bench_train's
 def test_bench_inference_smallest_prints_every_engine_and_node_counts():
   """resnet18 at 32px, batch 1, 2 calls a cell: every engine's row (torch's peer needs torch,
   not a test dependency, so it is left out here)."""
