@@ -809,11 +809,13 @@ def test_a_workdir_written_by_jaxnet_before_the_redesign_restores_and_resumes(tm
   resumed = [r for r in read_jsonl(str(workdir)) if "train/loss" in r]  # not the eval's own line
   assert [r["step"] for r in resumed] == [3, 6]
   # The record was made on another machine with jax 0.10: XLA:CPU's sums run in another order on
-  # another CPU or XLA version (jax 0.12: 8e-5 relative at step 6, 2026-11-27), and an example
-  # whose top two logits nearly tie may change sides (AMD EPYC, 2026-11-27: 87 of 359 right
-  # against the record's 86).
+  # another CPU or XLA version (jax 0.12: 8e-5 relative at step 6, 2026-11-27). After 6 steps
+  # many examples' top two logits nearly tie, so their top-1 may change sides (AMD EPYC,
+  # 2026-11-27: 87 of 359 right against the record's 86 on jax 0.10, 83 on jax 0.12): the
+  # eval's loss is the measure that carries over.
   np.testing.assert_allclose(resumed[-1]["train/loss"], original[-1]["train/loss"], rtol=5e-4)
-  assert abs(result["eval/top1"] - original[-1]["eval/top1"]) <= 1 / 359 + 1e-9
+  np.testing.assert_allclose(result["eval/loss"], original[-1]["eval/loss"], rtol=2e-3)
+  assert abs(result["eval/top1"] - original[-1]["eval/top1"]) <= 4 / 359 + 1e-9
   assert ckpt.load_arrays(workdir)[1] == 6
 
 
