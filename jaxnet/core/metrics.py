@@ -286,7 +286,7 @@ def write_run_info(workdir: str, *, total_steps: int, steps_per_epoch: int, num_
   environment = {
       **provenance.environment(),
       "jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
-      "devices": [str(d) for d in jax.devices()], "git_revision": revision,
+      "git_revision": revision,
       "jaxnet": code["jaxnet"], "code_diff_sha256": provenance.text_sha256(diff) if diff else "",
       "total_steps": total_steps, "steps_per_epoch": steps_per_epoch}
   for name, content in (("environment.json", environment),

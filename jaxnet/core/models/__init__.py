@@ -44,6 +44,14 @@ def max_pool(x, window_shape, strides, padding):
   return nn.max_pool(x, window_shape, strides=strides, padding=padding)
 
 
+def drop_path(x, rate: float, train: bool):
+  """Stochastic depth (ConvNeXt, EfficientNet), called inside a module's compact method: in
+  training each sample's `x` is zeroed with probability `rate` and the survivors scaled by
+  1 / (1 - rate) (one draw per sample: dropout broadcast over H, W, C, from the `dropout` stream)."""
+  return nn.Dropout(rate, broadcast_dims=tuple(range(1, x.ndim)), deterministic=not train,
+                    name="drop_path")(x)
+
+
 def target_platform() -> str:
   """'gpu', 'cpu' or 'tpu': what the model is being traced for (jax's default backend
   unless inside `tracing_for`)."""

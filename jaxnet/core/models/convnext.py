@@ -26,19 +26,11 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxnet.core.errors import InvalidValueError
-from jaxnet.core.models import register
+from jaxnet.core.models import drop_path, register
 
 LN_EPS = 1e-6
 # Truncated normal, std 0.02, for every convolution and dense layer (biases zero).
 weight_init = nn.initializers.truncated_normal(0.02)
-
-
-def drop_path(x, rate: float, train: bool):
-  """Stochastic depth, called inside a module's compact method: in training each sample's `x`
-  is zeroed with probability `rate` and the survivors scaled by 1 / (1 - rate) (one draw per
-  sample: dropout broadcast over H, W, C, from the `dropout` stream)."""
-  return nn.Dropout(rate, broadcast_dims=tuple(range(1, x.ndim)), deterministic=not train,
-                    name="drop_path")(x)
 
 
 class ConvNeXtBlock(nn.Module):

@@ -35,9 +35,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxnet.core.errors import InvalidValueError
-from jaxnet.core.models import register
+from jaxnet.core.models import drop_path, register
 from jaxnet.core.models.batchnorm import BatchNorm
-from jaxnet.core.models.convnext import drop_path
 
 # He-normal fan-out for the convolutions (as torchvision); the classifier uniform in
 # +-1/sqrt(classes), biases zero.
