@@ -452,6 +452,21 @@ def test_an_image_folder_with_no_readable_train_image_stops_before_its_first_ste
   assert "metrics.jsonl" not in left and not os.listdir(tmp_path / "workdir" / "checkpoints")
 
 
+def test_an_image_folder_with_no_readable_eval_image_stops_before_training(tmp_path, capsys):
+  """Before, the run trained to the end and its first eval scored 0 of 0 examples."""
+  root = _make_folder(tmp_path / "data")
+  for k in CLASSES:
+    for name in os.listdir(root / "val" / k):
+      (root / "val" / k / name).write_bytes(b"not a jpeg")
+  line, left = _train_error(tmp_path, capsys, **{"data.source": "imagefolder", "data.dir": str(root),
+                                                 "data.eval_split": "val"})
+  assert line.startswith(f"error: not one of the 6 eval examples of ImageFolderSource(root='{root}', "
+                         f"split='val', len=6, num_classes=3) can be read (the first, "
+                         f"{root}/val/a/0.jpg: cannot decode 10 bytes as an image")
+  assert line.endswith("check data.dir, data.eval_split and the image files")
+  assert "metrics.jsonl" not in left and "checkpoints" not in left, left
+
+
 def test_predicts_unreadable_image_error_names_the_file_and_why(tmp_path, caplog):
   """It said "skipping an unreadable image, record ? (label 0)" before the error."""
   bad = tmp_path / "photo.jpg"

@@ -57,6 +57,9 @@ class Experiment:
     self.image_shape = (c.image_size, c.image_size, channels)
     _check_loader(c, [s for s in (self.train_source, self.eval_source) if s is not None], channels,
                   ref.encoded)
+    # A train set with nothing readable stops when its loader is made; an eval set would only
+    # show at the first eval, after the training it was meant to judge, with top-1 0/0.
+    pipeline.check_some_example_reads(self.eval_source, "eval")
     train_len = len(self.train_source) if self.train_source is not None else c.batch_size
     self.steps_per_epoch = max(train_len // c.batch_size, 1)
     self.total_steps = duration_in_steps(c, "total", self.steps_per_epoch)

@@ -63,8 +63,9 @@ def check_some_example_reads(source, split: str) -> None:
       return
     except decode.CorruptImageError as err:
       first = first or f"{record.get('path') or f'record {index}'}: {err}"
+  keys = "data.dir" + (", data.eval_split" if split == "eval" else "")
   raise InvalidValueError(f"not one of the {len(source)} {split} examples of {source!r} can be read "
-                          f"(the first, {first}); the run stops before its first step: check data.dir "
+                          f"(the first, {first}); the run stops before its first step: check {keys} "
                           f"and the image files")
 
 
