@@ -96,6 +96,49 @@ def test_pth_without_torch_suggests_safetensors(tmp_path, monkeypatch):
     pretrained.load(str(path), {})
 
 
+class _StandInTorch:
+  """`torch` where it is not installed: its load raises what torch 2.13's does on a file cut short."""
+  Tensor = type("Tensor", (), {})
+
+  def __init__(self, error):
+    self.error = error
+
+  def load(self, *args, **kwargs):
+    raise self.error
+
+
+@pytest.mark.parametrize("error", [RuntimeError("PytorchStreamReader failed reading zip archive"), EOFError()])
+def test_a_truncated_pth_is_one_line_naming_the_file(tmp_path, monkeypatch, error):
+  path = tmp_path / "resnet50.pth"
+  path.write_bytes(b"PK\x03\x04" + bytes(96))
+  monkeypatch.setitem(sys.modules, "torch", _StandInTorch(error))
+  with pytest.raises(InvalidValueError) as e:
+    tensor_files.read(str(path))
+  why = str(error) or "EOFError"
+  assert str(e.value) == (
+      f"weights file {path} (100 bytes) is not a torch state dict jaxnet can read ({why}): a download "
+      f"or copy cut short leaves one unreadable, and jaxnet reads torch files with weights_only=True, "
+      f"running none of their code: fetch it again, or save the state dict alone, "
+      f"torch.save(model.state_dict(), PATH), or as .safetensors")
+
+
+def test_a_truncated_or_foreign_pth_with_torch_installed(tmp_path):
+  """The same with torch itself (where it is installed; CI's legs have no torch: the stand-in
+  test above holds the wrapping there)."""
+  torch = pytest.importorskip("torch")
+  import pickle
+  path = tmp_path / "w.pth"
+  torch.save({"fc.weight": torch.ones(100, 10)}, path)
+  whole = path.read_bytes()
+  foreign = pickle.dumps({"fc.weight": object()})  # code weights_only will not run
+  for data in (whole[:len(whole) // 2], b"", b"not a torch file", foreign):
+    path.write_bytes(data)
+    with pytest.raises(InvalidValueError) as e:
+      tensor_files.read(str(path))
+    assert str(e.value).startswith(f"weights file {path} ({len(data)} bytes) is not a torch state dict")
+    assert len(str(e.value)) < 600
+
+
 def test_missing_file_and_unknown_format(tmp_path):
   with pytest.raises(FileNotFoundError, match="weights file .* not found"):
     pretrained.load(str(tmp_path / "nope.safetensors"), {})

@@ -6,6 +6,7 @@ A .pth is a pickle of torch tensors, so it needs torch.
 """
 
 import os
+import pickle
 
 import numpy as np
 
@@ -50,6 +51,12 @@ def _unreadable(path: str, error: Exception) -> InvalidValueError:
                            f"an interrupted download or copy leaves one cut short; fetch or export it again")
 
 
+def _first_line(error: Exception, limit: int = 160) -> str:
+  """An exception's first line, cut at `limit` characters, or its type where it has no text."""
+  text = str(error).splitlines()[0] if str(error) else type(error).__name__
+  return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def write(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
   if not path.endswith(SAFETENSORS):
     raise InvalidValueError(f"{path}: weights are written as .safetensors; name the file *.safetensors")
@@ -83,7 +90,19 @@ def _read_torch(path: str) -> dict[str, np.ndarray]:
         f"once where torch is installed: python -c \"import torch, safetensors.torch as st; "
         f"st.save_file(torch.load('{path}', map_location='cpu'), 'model.safetensors')\", then set "
         f"init.weights to the .safetensors file (no torch needed to read it).") from None
-  state = torch.load(path, map_location="cpu", weights_only=True)
+  try:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+  # What torch.load raises on a file cut short or not a state dict (torch 2.13): RuntimeError
+  # (a zip archive without its central directory), EOFError (empty), KeyError, ValueError and
+  # UnpicklingError (bytes that are no pickle, or a pickle of more than tensors, which
+  # weights_only refuses), OSError (unreadable).
+  except (RuntimeError, EOFError, KeyError, ValueError, pickle.UnpicklingError, OSError) as e:
+    size = os.path.getsize(path)
+    raise InvalidValueError(
+        f"weights file {path} ({size} bytes) is not a torch state dict jaxnet can read "
+        f"({_first_line(e)}): a download or copy cut short leaves one unreadable, and jaxnet reads "
+        f"torch files with weights_only=True, running none of their code: fetch it again, or save "
+        f"the state dict alone, torch.save(model.state_dict(), PATH), or as .safetensors") from None
   if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
     state = state["state_dict"]  # a training checkpoint wrapping the state dict
   # nn.DataParallel saves every name with a "module." prefix.
