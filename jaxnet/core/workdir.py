@@ -94,7 +94,8 @@ class Lock:
 class Workdir:
   """A workdir opened for writing (`Workdir.open`): the lock held, and, once `check` has passed,
   the only object that writes its files: config.json and its history, environment.json and
-  classes.json, metrics.jsonl, the checkpoints, an eval's record, the preprocessing record.
+  classes.json, the earlier starts' records (starts/), metrics.jsonl, the checkpoints, an
+  eval's record, the preprocessing record.
   Every process of a run opens it; process 0 holds the lock and writes the records."""
 
   def __init__(self, path: str, purpose: str):
@@ -439,18 +440,17 @@ def keep_start_records(workdir: str) -> str | None:
   it); `-2`, `-3` are added for later starts at the same step. None where no start recorded
   its environment. The same records kept already (a start that stopped before writing its
   own) are not kept twice."""
-  environment_path = os.path.join(workdir, "environment.json")
-  if not os.path.isfile(environment_path):
+  environment_text = _read_text_or_none(os.path.join(workdir, "environment.json"))
+  if environment_text is None:
     return None
-  with open(environment_path) as f:
-    environment_text = f.read()
-  step = _read_json_or_none(environment_path) or {}
-  step = step.get("started_at_step")
+  try:
+    step = json.loads(environment_text).get("started_at_step")
+  except ValueError:  # unreadable: kept all the same, as it is
+    step = None
   base = os.path.join(workdir, STARTS_DIR, str(step) if isinstance(step, int) else "unknown")
   target, n = base, 2
   while os.path.exists(target):
-    kept = os.path.join(target, "environment.json")
-    if os.path.isfile(kept) and open(kept).read() == environment_text:
+    if _read_text_or_none(os.path.join(target, "environment.json")) == environment_text:
       return target
     target, n = f"{base}-{n}", n + 1
   staging = target + ".partial"  # a crash mid-copy leaves no half-kept start
@@ -462,6 +462,14 @@ def keep_start_records(workdir: str) -> str | None:
         shutil.copyfile(os.path.join(workdir, name), os.path.join(staging, name))
     os.rename(staging, target)
   return target
+
+
+def _read_text_or_none(path: str) -> str | None:
+  try:
+    with open(path) as f:
+      return f.read()
+  except OSError:
+    return None
 
 
 def _show(value) -> str:
