@@ -83,6 +83,8 @@ def train(config, workdir: str, steps: int | None = None, accept_config_changes=
   `config_file`: the config file the config was loaded from (`configs/NAME.py[:ARG]`), whose
   text the workdir keeps (config_file.py) beside the config it made.
   """
+  from jaxnet.core import checkpoint as ckpt
+  from jaxnet.core import provenance
   from jaxnet.core import train as train_lib
   from jaxnet.tools.weights import pretrained
   if steps is not None:
@@ -93,6 +95,8 @@ def train(config, workdir: str, steps: int | None = None, accept_config_changes=
     if record:  # kept in the workdir once its gate has checked the config
       records[pretrained.preprocessing.FILE] = record
     init_params = pretrained.initialiser(config)
+    if not ckpt.has_checkpoints(str(workdir)):  # a fresh start reads them: what they were is kept
+      records[provenance.INIT_WEIGHTS_FILE] = pretrained.weights_record(config.init.weights)
   return train_lib.train_and_evaluate(config, str(workdir), accept_config_changes,
                                       init_params=init_params, control=control, records=records)
 

@@ -7,6 +7,8 @@ real CLI unchanged and, whenever the loop saves a checkpoint, also writes this
 process's own copy of the replicated arrays of the state to
 WORKDIR/replica_<step>_process<i>.npz (arrays FSDP splits are in the checkpoint).
 
+Each process lists the data identities it computes in WORKDIR/identity_calls_process<i>.
+
 With JAXNET_TEST_SIGTERM=P:S, process P sends itself SIGTERM once step S is done,
 as a scheduler preempting one host would; the other process gets no signal.
 
@@ -80,6 +82,23 @@ def _initialize_and_record(dist_config) -> None:
     json.dump(record, f)
 
 
+def _record_identity_calls() -> None:
+  """Appends a line to WORKDIR/identity_calls_process<i> each time this process computes a
+  source's identity: only process 0 should (the others would hash the same folder again)."""
+  import jax
+  from jaxnet.core import provenance
+  original = provenance.identity_of
+  workdir = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--workdir="))
+
+  def identity_of(source):
+    with open(os.path.join(workdir, f"identity_calls_process{jax.process_index()}"), "a") as f:
+      f.write(f"{type(source).__name__}\n")
+    return original(source)
+
+  provenance.identity_of = identity_of
+
+
+_record_identity_calls()
 _original_initialize = process.initialize_distributed
 process.initialize_distributed = _initialize_and_record
 _original_save = checkpoint.Checkpoints.save

@@ -650,6 +650,28 @@ MUTATIONS = [
              "    if all(os.path.exists(os.path.join(step_dir, item)) for item in (STATE, CHECKSUMS)):\n      return False\n",
              "",
              ("tests/test_reliability.py::test_damaged_checkpoints_are_reported_and_skipped",)),
+    # --- reproducibility (docs/reproducibility.md) ------------------------------------------
+    Mutation("checkpoint_read_onto_the_saving_devices", "jaxnet/core/checkpoint.py",
+             "    tree, checksums = checkpoints.read(step, _on_one_device(checkpoints.manager.item_metadata(step)[STATE]))\n",
+             "    tree, checksums = checkpoints.read(step)\n",
+             (TOOLS + "test_a_bundle_of_an_eight_device_run_evaluates_to_its_numbers_on_one_device",)),
+    Mutation("data_identity_on_every_process", "jaxnet/core/workdir.py",
+             "    self.data_identity = provenance.data_identity(sources) if self.chief else None\n",
+             "    self.data_identity = provenance.data_identity(sources)\n",
+             (TOOLS + "test_only_process_0_computes_the_data_identity_and_its_refusal_stops_every_process",), ci=True),
+    Mutation("data_refused_on_process_0_only", "jaxnet/core/workdir.py",
+             "    self._refuse_on_every_process(refused)\n",
+             "    if refused:\n      raise refused\n",
+             (TOOLS + "test_only_process_0_computes_the_data_identity_and_its_refusal_stops_every_process",), ci=True),
+    Mutation("resume_overwrites_the_previous_start", "jaxnet/core/train.py",
+             "  gate.keep_previous_start()  # before this start's records replace the previous start's\n", "",
+             (TOOLS + "test_a_resume_keeps_the_previous_start_s_records",)),
+    Mutation("init_weights_sha256_not_compared", "jaxnet/tools/weights/pretrained.py",
+             "  if now != recorded:\n", "  if False:\n",
+             (TOOLS + "test_retrain_of_a_run_from_init_weights_refuses_a_missing_or_other_weights_file",)),
+    Mutation("retrain_does_not_check_the_init_weights", "jaxnet/tools/verify.py",
+             "  if retrain and config.init.weights:", "  if False:",
+             (TOOLS + "test_retrain_of_a_run_from_init_weights_refuses_a_missing_or_other_weights_file",)),
 ]
 
 

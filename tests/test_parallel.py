@@ -460,6 +460,9 @@ def test_two_processes_train_like_one(multihost_run, two_process_reference):
   assert eval_lines[0]["eval/examples"] == len(ref["exp"].eval_source)  # both shards, every example once
   assert len(list((workdir / "tensorboard").glob("events*"))) == 1
   assert json.loads((workdir / "environment.json").read_text())["process_count"] == 2
+  # Only process 0 computed the data's identity, of both splits (tests/_multihost_worker.py).
+  assert (workdir / "identity_calls_process0").read_text().count("\n") == 2
+  assert not (workdir / "identity_calls_process1").exists()
 
   # The checkpoint the two processes wrote together restores in this single process.
   checkpoints = ckpt.Checkpoints(str(workdir), read_only=True)

@@ -15,6 +15,7 @@ from jaxnet.cli import report as report_command
 from jaxnet.cli import export as export_command
 from jaxnet import api
 
+from jaxnet.tools import bundle as bundle_lib
 from jaxnet.tools import export
 
 from jaxnet.tools import report
@@ -437,3 +438,155 @@ def test_a_bundle_restores_evaluates_and_verifies_as_its_workdir_and_refuses_a_c
     f.write("# changed\n")
   with pytest.raises(bundle.BundleError, match=r"config_file.py is not the file the bundle was made with"):
     api.restore(str(out))
+
+
+def test_a_bundle_of_an_eight_device_run_evaluates_to_its_numbers_on_one_device(tmp_path):
+  """Another machine: a run trained on 8 (simulated CPU) devices, its bundle opened in a process
+  of one device. Restore and the eval there give the recorded numbers, to verify's tolerance
+  for another device count, and `verify BUNDLE` says so (a checkpoint read without a model,
+  as restore reads it, once failed there: "Topology mismatch")."""
+  from tests.notebooks import kernel_env
+  from jaxnet.tools import verify
+  run = tmp_path / "run"
+  run_main(run, "total_steps=16", "log_every_steps=8", "eval_every_steps=16", "checkpoint_every_steps=16")
+  assert json.loads((run / "environment.json").read_text())["device_count"] == 8
+  recorded = _final_eval(run)
+  out = tmp_path / "bundle"
+  assert export_command.main([f"--workdir={run}", "--format=bundle", f"--out={out}"]) == 0
+  # One process for the three: each Python start and compile costs seconds on a shared machine.
+  probe = ("import json, sys, jax, numpy as np\n"
+           "from jaxnet import api\n"
+           "from jaxnet.tools import verify\n"
+           "from jaxnet.core.data import sources\n"
+           "test = sources.digits_source('test', 16)\n"
+           "model = api.restore(sys.argv[1])\n"
+           "top1 = float(np.mean(model.logits(test.images).argmax(-1) == test.labels))\n"
+           "metrics = api.evaluate(sys.argv[1])\n"
+           "checks = verify.verify(sys.argv[1])\n"
+           "print(verify.table(checks))\n"
+           "print(json.dumps({'devices': jax.device_count(), 'step': model.step, 'restore_top1': top1,\n"
+           "                  'loss': metrics['eval/loss'], 'top1': metrics['eval/top1'],\n"
+           "                  'verify': {c.what: c.holds for c in checks}}))\n")
+  env = kernel_env(XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-c", probe, str(out)], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  there = json.loads(proc.stdout.splitlines()[-1])
+  assert there["devices"] == 1 and there["step"] == 16
+  for key, value in (("loss", there["loss"]), ("top1", there["top1"]), ("top1", there["restore_top1"])):
+    assert verify.close_enough(recorded[f"eval/{key}"], value, exact=False), (key, recorded, there)
+  # verify holds there, comparing to the tolerance (the code rows aside: this checkout may be
+  # edited while the test runs); the evals recorded nothing in the bundle.
+  rows = there["verify"]
+  for what in ("eval/loss at step 16", "eval/top1 at step 16", "eval/examples at step 16", "data eval",
+               "bundle files"):
+    assert rows[what] is True, proc.stdout[-3000:]
+  assert {what for what, holds in rows.items() if holds is False} <= {"uncommitted changes", "git revision"}
+  assert "to a tolerance" in proc.stdout
+  assert bundle_lib.check_bundle(str(out)) is not None
+
+
+def test_only_process_0_computes_the_data_identity_and_its_refusal_stops_every_process(tmp_path, monkeypatch):
+  """A multi-process run: process 0 alone computes the identity (it may hash a whole folder)
+  and decides; another process refuses when process 0 does, and only then. The processes are
+  played here by the gate's `chief` and sharding.any_process (process 0's verdict, gathered)."""
+  from jaxnet.core import provenance, sharding
+  from jaxnet.core import workdir as workdir_lib
+
+  class Counted:
+    calls = 0
+
+    def __init__(self, examples):
+      self.examples = examples
+
+    def identity(self):
+      Counted.calls += 1
+      return {"source": "counted", "examples": self.examples}
+
+  (tmp_path / "data_identity.json").write_text(json.dumps({"eval": {"source": "counted", "examples": 10}}))
+  gathered = []
+
+  def gate(chief, process_0_refuses=False):
+    g = workdir_lib.Workdir(str(tmp_path), workdir_lib.EVAL)
+    g.chief, g.changes = chief, {}
+    monkeypatch.setattr(sharding, "any_process", lambda flag: gathered.append(flag) or flag or process_0_refuses)
+    return g
+
+  # Process 1: no identity computed, process 0's refusal is its own, in one line naming the fix.
+  with pytest.raises(provenance.DataChangedError) as refused:
+    gate(chief=False, process_0_refuses=True).check_data({"eval": Counted(11)})
+  line = str(refused.value)
+  assert "\n" not in line and "process 0" in line and "--accept_config_changes=data_identity" in line, line
+  other = gate(chief=False)
+  assert other.check_data({"eval": Counted(11)}) == {} and other.data_identity is None
+  assert Counted.calls == 0 and gathered == [False, False]
+  # Process 0: computes it once, refuses naming the change, and tells the others (True gathered).
+  with pytest.raises(provenance.DataChangedError, match="eval.examples 10 -> 11"):
+    gate(chief=True).check_data({"eval": Counted(11)})
+  assert Counted.calls == 1 and gathered[-1] is True
+  chief = gate(chief=True)
+  assert chief.check_data({"eval": Counted(10)}) == {} and chief.data_identity == {
+      "eval": {"source": "counted", "examples": 10}}
+  assert Counted.calls == 2 and gathered[-1] is False
+
+
+def test_a_resume_keeps_the_previous_start_s_records(workdir, tmp_path):
+  """A resume writes its own environment.json, code.diff and config_file.py; the first
+  start's are kept in WORKDIR/starts/0/, as they were, and verify reads the current ones."""
+  from jaxnet.core import workdir as workdir_lib
+  copy = _copy_workdir(workdir, tmp_path)
+  first = {name: (copy / name).read_text() for name in workdir_lib.START_RECORDS if (copy / name).exists()}
+  assert json.loads(first["environment.json"])["started_at_step"] == 0 and "config_file.py" in first
+  config_file = tmp_path / "digits_again.py"  # the same config, from another file
+  config_file.write_text(open(os.path.join(REPO, "configs/digits.py")).read() + "# resumed\n")
+  run_main(copy, "total_steps=45", "ema_decay=0.9", config=str(config_file), env=kernel_env())
+  kept = copy / "starts" / "0"
+  assert sorted(os.listdir(copy / "starts")) == ["0"]
+  assert {name: (kept / name).read_text() for name in os.listdir(kept)} == first
+  now = json.loads((copy / "environment.json").read_text())
+  assert (now["started_at_step"], now["total_steps"]) == (40, 45)
+  assert (copy / "config_file.py").read_text().endswith("# resumed\n")
+  assert not (kept / "config_file.py").read_text().endswith("# resumed\n")
+  from jaxnet.tools import verify
+  assert verify.open_workdir(str(copy))["environment"]["started_at_step"] == 40  # the current start's
+  # A third start at the same step keeps the second's records beside the first's.
+  assert workdir_lib.keep_start_records(str(copy)) == str(copy / "starts" / "40")
+  assert workdir_lib.keep_start_records(str(copy)) == str(copy / "starts" / "40")  # not twice
+  (copy / "environment.json").write_text(first["environment.json"].replace('"python"', '"python" ', 1))
+  assert workdir_lib.keep_start_records(str(copy)) == str(copy / "starts" / "0-2")
+
+
+def test_retrain_of_a_run_from_init_weights_refuses_a_missing_or_other_weights_file(workdir, tmp_path, capsys):
+  """init.weights are not in the workdir, yet --retrain reads them again: the run records the
+  file's path and sha256 at its start, and verify --retrain refuses in one line, naming the
+  file and the fix, when the file is gone or another."""
+  from jaxnet.cli import console
+  from jaxnet.core import provenance
+  from jaxnet.tools.weights import pretrained
+  weights = tmp_path / "digits.safetensors"
+  assert export_command.main([f"--workdir={workdir}", "--format=torch", f"--out={weights}"]) == 0
+  run = tmp_path / "finetuned"
+  run_main(run, "total_steps=5", "log_every_steps=5", f"init.weights={weights}", env=kernel_env())
+  record = json.loads((run / "init_weights.json").read_text())
+  assert record == {"weights": str(weights), "path": str(weights), "sha256": provenance.file_sha256(str(weights))}
+  pretrained.check_weights_record(record, str(weights))  # the same file: no refusal
+
+  def refusal():
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+      console.main(["verify", str(run), "--no-eval", "--retrain=5"])
+    assert exited.value.code != 0
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "train/loss" not in err, err
+    return errors[0]
+
+  with open(weights, "ab") as f:
+    f.write(b"\0")
+  line = refusal()
+  assert f"the init weights {weights} are not the file this run started from" in line, line
+  assert f"recorded {record['sha256'][:12]}" in line and f"put that file back at {weights}" in line
+  os.remove(weights)
+  line = refusal()
+  assert f"the init weights {weights} this run started from are missing" in line, line
+  assert "or verify without --retrain" in line

@@ -407,7 +407,7 @@ def load_arrays(workdir: str, step: int | None = None):
   checkpoints = Checkpoints(workdir, read_only=True)
 
   def read(step):
-    tree, checksums = checkpoints.read(step)
+    tree, checksums = checkpoints.read(step, _on_one_device(checkpoints.manager.item_metadata(step)[STATE]))
     tree = jax.tree.map(np.asarray, tree)
     verify(tree, checksums, step, checkpoints.directory)
     return tree
@@ -415,6 +415,16 @@ def load_arrays(workdir: str, step: int | None = None):
     return checkpoints.read_newest(read, step)
   finally:
     checkpoints.close()
+
+
+def _on_one_device(saved_tree):
+  """The saved tree (orbax's metadata) as abstract arrays on this process's first device: read
+  without a target, orbax places each array as it was saved, which fails where the devices
+  differ (a run of 8 devices read on a machine with 1: "Topology mismatch")."""
+  if saved_tree is None:
+    return None
+  one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one), saved_tree)
 
 
 # --- a workdir's checkpoints as plain files ----------------------------------------

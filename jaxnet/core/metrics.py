@@ -273,7 +273,7 @@ def drop_records_after(workdir: str, step: int) -> int:
 
 
 def write_run_info(workdir: str, *, total_steps: int, steps_per_epoch: int, num_classes: int,
-                   class_names) -> None:
+                   class_names, started_at_step: int = 0) -> None:
   """environment.json (versions, XLA flags, devices, the code: how the numbers were made;
   jaxnet/core/provenance.py), code.diff (the uncommitted changes, where there are any) and
   classes.json (what predict/export need to rebuild the model without the dataset)."""
@@ -288,7 +288,10 @@ def write_run_info(workdir: str, *, total_steps: int, steps_per_epoch: int, num_
       "jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
       "git_revision": revision,
       "jaxnet": code["jaxnet"], "code_diff_sha256": provenance.text_sha256(diff) if diff else "",
-      "total_steps": total_steps, "steps_per_epoch": steps_per_epoch}
+      "total_steps": total_steps, "steps_per_epoch": steps_per_epoch,
+      # Which start wrote this: a resume keeps the previous start's records under this step
+      # (jaxnet/core/workdir.py, keep_start_records).
+      "started_at_step": started_at_step}
   for name, content in (("environment.json", environment),
                         ("classes.json", {"num_classes": num_classes, "class_names": class_names})):
     write_atomically(os.path.join(workdir, name), json.dumps(content, indent=2))

@@ -20,6 +20,9 @@ from jaxnet.core.errors import UserError
 DATA_IDENTITY_FILE = "data_identity.json"
 CODE_DIFF_FILE = "code.diff"
 CONFIG_TEXT_FILE = "config_file.py"
+# The init.weights file a run started from ({"weights", "path", "sha256"}): not in the
+# workdir, yet a --retrain reads it again (jaxnet/tools/verify.py checks it first).
+INIT_WEIGHTS_FILE = "init_weights.json"
 # The name that accepts a change of the data's identity, as a config key's name accepts its
 # change (--accept_config_changes=data_identity, or "all").
 ACCEPT_DATA = "data_identity"

@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxnet.core import checkpoint as ckpt
 from jaxnet.core import config as config_lib
-from jaxnet.core import provenance, sharding, steps
+from jaxnet.core import sharding, steps
 from jaxnet.core import workdir as workdir_lib
 from jaxnet.core.adapters import xla
 from jaxnet.core.errors import DIVERGED_HINT, NonFiniteError
@@ -111,7 +111,8 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
   config_dict = json.loads(config_json)
   gate.check(config_dict, accept)  # is this the run the checkpoints came from?
   exp = Experiment(config)
-  gate.check_data(provenance.data_identity({"train": exp.train_source, "eval": exp.eval_source}), accept)
+  gate.check_data({"train": exp.train_source, "eval": exp.eval_source}, accept)
+  gate.keep_previous_start()  # before this start's records replace the previous start's
   for name, content in records.items():
     gate.write_json(name, content)
   is_chief = exp.process_index == 0
@@ -133,7 +134,7 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
   gate.record_config(config_json, start_step, report=_REPORT.info)
   gate.record_data_identity(start_step)
   gate.write_run_info(total_steps=exp.total_steps, steps_per_epoch=exp.steps_per_epoch,
-                      num_classes=exp.num_classes, class_names=exp.class_names)
+                      num_classes=exp.num_classes, class_names=exp.class_names, started_at_step=start_step)
   gate.drop_records_after(start_step)
   writer = gate.metric_writer()
   writer.write_config(config_json)
@@ -348,7 +349,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_co
     try:
       checkpoints.resolve_step(step)  # no checkpoint: said before the data is read
       exp = Experiment(config, need_train_data=False)
-      gate.check_data(provenance.data_identity({"eval": exp.eval_source}), tuple(accept_config_changes))
+      gate.check_data({"eval": exp.eval_source}, tuple(accept_config_changes))
       if exp.process_index == 0 and exp.data_note:
         _REPORT.info(exp.data_note)
       state, step = checkpoints.read_newest(lambda s: checkpoints.restore(s, exp.abstract_state), step)

@@ -17,6 +17,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import socket
 
 import jax
@@ -35,6 +36,10 @@ _REPORT = logging.getLogger("jaxnet.report")
 
 LOCK_FILE, CONFIG_FILE, HISTORY_FILE = "lock", "config.json", "config_history.jsonl"
 EVALS_WITH_CHANGES_FILE = "evals_with_changes.jsonl"
+# Each start writes these for itself; a resume keeps the previous start's copies in
+# WORKDIR/starts/<the step it started at>/ (keep_start_records).
+STARTS_DIR = "starts"
+START_RECORDS = ("environment.json", provenance.CODE_DIFF_FILE, provenance.CONFIG_TEXT_FILE)
 TRAIN, EVAL, IMPORT = "train", "eval", "import"  # why a workdir is opened
 
 
@@ -89,7 +94,8 @@ class Lock:
 class Workdir:
   """A workdir opened for writing (`Workdir.open`): the lock held, and, once `check` has passed,
   the only object that writes its files: config.json and its history, environment.json and
-  classes.json, metrics.jsonl, the checkpoints, an eval's record, the preprocessing record.
+  classes.json, the earlier starts' records (starts/), metrics.jsonl, the checkpoints, an
+  eval's record, the preprocessing record.
   Every process of a run opens it; process 0 holds the lock and writes the records."""
 
   def __init__(self, path: str, purpose: str):
@@ -152,21 +158,30 @@ class Workdir:
       self.changes = {}
     return self.changes
 
-  def check_data(self, identity: dict, accept: tuple = ()) -> dict:
-    """Compares the data's identity ({split: source.identity()}, provenance.data_identity) with
-    the one recorded at the run's start (data_identity.json), as `check` does the config:
-    a resume, every split; an eval, the split it reads. A change is refused in one line
-    unless accepted (provenance.ACCEPT_DATA, or "all"; or it follows from an accepted change
-    of a key the sources are made from, provenance.SOURCE_KEYS); an accepted eval is then
-    recorded apart, as one with config changes.
+  def check_data(self, sources: dict, accept: tuple = ()) -> dict:
+    """Compares the data's identity ({split: source.identity()} of `sources`, {split: source},
+    provenance.data_identity) with the one recorded at the run's start (data_identity.json),
+    as `check` does the config: a resume, every split; an eval, the split it reads. A change is
+    refused in one line unless accepted (provenance.ACCEPT_DATA, or "all"; or it follows from
+    an accepted change of a key the sources are made from, provenance.SOURCE_KEYS); an
+    accepted eval is then recorded apart, as one with config changes.
+    Only process 0 computes the identity (which may list or hash a whole folder) and decides;
+    every process then refuses, or none does.
     Also warns of a jaxlib (or CUDA plugin) or device kind that differs from the recorded."""
-    self.data_identity = identity
+    self.data_identity = provenance.data_identity(sources) if self.chief else None
     checked = self.purpose == EVAL or (self.purpose == TRAIN and ckpt.has_checkpoints(self.path))
     if not checked:
       return {}
     source_keys_changed = any(provenance.makes_the_sources(k) for k in self.changes or {})
     accept = tuple(accept) + ((provenance.ACCEPT_DATA,) if source_keys_changed else ())
-    self.data_changes = provenance.check_identity(self.path, self.recorded_data_identity(), identity, accept)
+    refused = None
+    if self.chief:
+      try:
+        self.data_changes = provenance.check_identity(self.path, self.recorded_data_identity(),
+                                                      self.data_identity, accept)
+      except provenance.DataChangedError as e:
+        refused = e
+    self._refuse_on_every_process(refused)
     # Its numbers describe other data: recorded apart, with what changed (where no accepted
     # config change, recorded already, made the data change).
     if self.purpose == EVAL and self.data_changes and not source_keys_changed:
@@ -176,6 +191,15 @@ class Workdir:
       for line in provenance.environment_warnings(self.recorded_environment(), provenance.environment()):
         _REPORT.warning(f"warning: {line}: its numbers may differ in the last digits")
     return self.data_changes
+
+  def _refuse_on_every_process(self, refused: Exception | None) -> None:
+    """Process 0's verdict on the data, on every process: the others computed no identity,
+    and a refusal on one process alone would leave the others waiting in a collective."""
+    from jaxnet.core import sharding
+    if sharding.any_process(refused is not None):
+      raise refused or provenance.DataChangedError(
+          f"the data differs from the data {self.path} was made with (process 0 names the changes): "
+          f"use that data, or accept the change with --accept_config_changes={provenance.ACCEPT_DATA}")
 
   def recorded_data_identity(self) -> dict | None:
     return _read_json_or_none(os.path.join(self.path, provenance.DATA_IDENTITY_FILE))
@@ -199,6 +223,14 @@ class Workdir:
     self._writable()
     if self.chief:
       record_config(self.path, config_json, self.changes, step, report)
+
+  def keep_previous_start(self) -> str | None:
+    """Before a training start rewrites its own records (START_RECORDS), keeps the previous
+    start's copies in WORKDIR/starts/<step>/; returns that folder, or None (nothing to keep)."""
+    self._writable()
+    if not self.chief or self.purpose != TRAIN:
+      return None
+    return keep_start_records(self.path)
 
   def write_run_info(self, **info) -> None:
     self._writable()
@@ -400,6 +432,44 @@ def record_config(workdir: str, config_json: str, changes: dict, step: int | Non
     (report or _REPORT.info)("config changes accepted on resume: " +
            ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items()))
   write_atomically(os.path.join(workdir, CONFIG_FILE), config_json)
+
+
+def keep_start_records(workdir: str) -> str | None:
+  """Copies the START_RECORDS the workdir holds to WORKDIR/starts/<N>/, N the step they
+  were written at (environment.json's `started_at_step`; "unknown" for a record older than
+  it); `-2`, `-3` are added for later starts at the same step. None where no start recorded
+  its environment. The same records kept already (a start that stopped before writing its
+  own) are not kept twice."""
+  environment_text = _read_text_or_none(os.path.join(workdir, "environment.json"))
+  if environment_text is None:
+    return None
+  try:
+    step = json.loads(environment_text).get("started_at_step")
+  except ValueError:  # unreadable: kept all the same, as it is
+    step = None
+  base = os.path.join(workdir, STARTS_DIR, str(step) if isinstance(step, int) else "unknown")
+  target, n = base, 2
+  while os.path.exists(target):
+    if _read_text_or_none(os.path.join(target, "environment.json")) == environment_text:
+      return target
+    target, n = f"{base}-{n}", n + 1
+  staging = target + ".partial"  # a crash mid-copy leaves no half-kept start
+  shutil.rmtree(staging, ignore_errors=True)
+  with reporting_failed_writes(target):
+    os.makedirs(staging)
+    for name in START_RECORDS:
+      if os.path.isfile(os.path.join(workdir, name)):
+        shutil.copyfile(os.path.join(workdir, name), os.path.join(staging, name))
+    os.rename(staging, target)
+  return target
+
+
+def _read_text_or_none(path: str) -> str | None:
+  try:
+    with open(path) as f:
+      return f.read()
+  except OSError:
+    return None
 
 
 def _show(value) -> str:

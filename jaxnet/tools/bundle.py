@@ -27,7 +27,8 @@ from jaxnet.core.metrics import read_jsonl
 MANIFEST = "bundle.json"
 FORMAT = "jaxnet-bundle"
 RECORDS = ("config.json", "classes.json", "environment.json", provenance.DATA_IDENTITY_FILE,
-           provenance.CODE_DIFF_FILE, provenance.CONFIG_TEXT_FILE, "preprocessing.json")
+           provenance.CODE_DIFF_FILE, provenance.CONFIG_TEXT_FILE, "preprocessing.json",
+           provenance.INIT_WEIGHTS_FILE)
 
 
 class BundleError(InvalidValueError):

@@ -59,6 +59,14 @@ def open_workdir(workdir: str) -> dict:
   return {"environment": environment, "data_identity": identity, "metrics": read_jsonl(workdir)}
 
 
+def _read_json(path: str) -> dict | None:
+  """A record's content, None where the workdir has none (a run older than it)."""
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
 def on_the_runs_devices(config, environment: dict, now: dict):
   """(config, exact). Where this process has the run's device kind and at least as many
   devices as its mesh had, the config is set to a mesh of that many. The numbers are then
@@ -276,6 +284,9 @@ def verify(workdir: str, *, evaluate: bool = True, step: int | None = None, retr
   manifest = bundle.check_bundle(workdir)  # a bundle: every file as it was made, or one line
   records = open_workdir(workdir)
   config = pretrained.with_recorded_preprocessing(config_lib.load(workdir), workdir)
+  if retrain and config.init.weights:  # rereads them: refused at once where they are not the run's
+    pretrained.check_weights_record(_read_json(os.path.join(workdir, provenance.INIT_WEIGHTS_FILE)),
+                                    config.init.weights)
   now = provenance.environment()
   config, exact = on_the_runs_devices(config, records["environment"], now)
   checks = environment_checks(records["environment"], now)

@@ -83,6 +83,34 @@ def _is_workdir(spec: str) -> bool:
   return True
 
 
+def weights_record(spec: str) -> dict:
+  """What identifies the init weights `spec` once the run has started from them: a file's
+  absolute path and sha256; a workdir or hub name is recorded as given (sha256 None)."""
+  from jaxnet.core import provenance
+  if os.path.isfile(spec):
+    return {"weights": spec, "path": os.path.abspath(spec), "sha256": provenance.file_sha256(spec)}
+  return {"weights": spec, "path": os.path.abspath(spec) if os.path.isdir(spec) else None, "sha256": None}
+
+
+def check_weights_record(record: dict, spec: str) -> None:
+  """Raises MissingFileError (or InvalidValueError) in one line when the init weights file
+  `record` describes (weights_record) is missing at `spec` (or its sha256 differs): the run rereading it would
+  start from other weights."""
+  from jaxnet.core import provenance
+  if not record or not record.get("sha256"):
+    return
+  recorded = record["sha256"]
+  if not os.path.isfile(spec):
+    raise MissingFileError(
+        f"the init weights {spec} this run started from are missing (sha256 {recorded[:12]}): put that "
+        f"file back at {spec}, or verify without --retrain")
+  now = provenance.file_sha256(spec)
+  if now != recorded:
+    raise InvalidValueError(
+        f"the init weights {spec} are not the file this run started from (sha256 {now[:12]}, recorded "
+        f"{recorded[:12]}): put that file back at {spec}, or verify without --retrain")
+
+
 def load(spec: str, target: dict[Path, tuple], model: str = "resnet") -> Source:
   """The variables of `spec` (a file, a jaxnet workdir or hf-hub:OWNER/NAME) for the model
   whose variables' shapes `target` gives ({path: shape}).
