@@ -76,6 +76,12 @@ MUTATIONS = [
              '      self._restore_position(step, iterator, saved.get("process_count"))\n', "      pass\n",
              ("tests/test_train.py::test_resume_is_exact",
               PARALLEL + "test_resumed_two_process_run_continues_exactly")),
+    # A workdir whose data was moved (regenerated elsewhere) resumes: Grain's saved position
+    # names the data's old path. Only tests/data/workdir_6a228ef_retinanet's test moves data.
+    Mutation("data_position_of_moved_data_restores", "jaxnet/core/checkpoint.py",
+             "grain.PyGrainCheckpointRestore(_position_of_moved_data(iterator))",
+             "grain.PyGrainCheckpointRestore(iterator)",
+             (DETECTION + "test_a_detection_workdir_written_by_an_earlier_jaxnet_evaluates_resumes_and_predicts",)),
     Mutation("sigterm_stops_the_run", "jaxnet/core/train.py",
              "  if jax.process_count() == 1:\n    return control.stop_requested()",
              "  if jax.process_count() == 1:\n    return False",

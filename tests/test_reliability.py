@@ -999,6 +999,37 @@ def test_a_checkpoint_whose_deletion_is_under_way_is_rotated_not_damaged(trained
                           f"to read the newest")
 
 
+def test_a_data_position_follows_its_data_to_another_folder_and_nothing_else():
+  """Grain checks a saved position against repr(source), which names the data's path: the
+  same data in another folder (a moved or regenerated copy, checked by data_identity.json)
+  resumes; a source that differs otherwise is handed to Grain as saved, for it to refuse.
+  (tests/test_detection.py's workdir_6a228ef_retinanet test resumes such a run end to end.)"""
+
+  class Loader:  # the part of Grain's DataLoaderIterator its restore handler uses
+    def __init__(self, source):
+      self.source, self.given = source, None
+
+    def get_state(self):
+      return json.dumps({"data_source": self.source, "sampler": "IndexSampler(seed=0)"}).encode()
+
+    def set_state(self, state):
+      self.given = json.loads(state)
+
+    def start_prefetch(self):
+      pass
+
+  here = "CocoSource('/data/new/annotations/instances_train.json', n=48)"
+  for saved, expected in (("CocoSource('/tmp/old/annotations/instances_train.json', n=48)", here),
+                          ("CocoSource('/tmp/old/annotations/instances_train.json', n=47)", None),
+                          ("ArraySource(n=48, shape=(8, 8, 3), classes=10)", None)):
+    loader = Loader(here)
+    ckpt._position_of_moved_data(loader).set_state(json.dumps({"data_source": saved, "last": 7}).encode())
+    assert loader.given == {"data_source": expected or saved, "last": 7}
+  # An iterator without Grain's string state (DALI's, a stand-in) is passed on untouched.
+  dali = object()
+  assert ckpt._position_of_moved_data(dali) is dali
+
+
 def test_a_data_position_of_another_loader_names_data_loader(trained, tmp_path, monkeypatch):
   """A DALI run resumed with data.loader=grain: Grain's refusal named worker_count, not the
   loader that wrote the position (issue 46)."""
