@@ -79,7 +79,7 @@ MUTATIONS = [
     # A workdir whose data was moved (regenerated elsewhere) resumes: Grain's saved position
     # names the data's old path. Only tests/data/workdir_6a228ef_retinanet's test moves data.
     Mutation("data_position_of_moved_data_restores", "jaxnet/core/checkpoint.py",
-             "grain.PyGrainCheckpointRestore(_position_of_moved_data(iterator))",
+             "grain.PyGrainCheckpointRestore(grain_adapter.position_of_moved_data(iterator))",
              "grain.PyGrainCheckpointRestore(iterator)",
              (DETECTION + "test_a_detection_workdir_written_by_an_earlier_jaxnet_evaluates_resumes_and_predicts",)),
     Mutation("sigterm_stops_the_run", "jaxnet/core/train.py",

@@ -491,7 +491,7 @@ def test_a_detection_workdir_written_by_an_earlier_jaxnet_evaluates_resumes_and_
 
   # (c) Rerunning its command for two more steps resumes it from its checkpoint, data position
   # included, though that position names the data's old folder (Grain refused it before
-  # jaxnet/core/checkpoint.py's _MovedDataPosition; the data is the same, checked above).
+  # jaxnet/core/adapters/grain.py's _MovedDataPosition; the data is the same, checked above).
   proc = run_main(workdir, *args, f"total_steps={fixture.STEPS + 2}", config=fixture.CONFIG, flags=accept)
   assert f"resumed from checkpoint at step {fixture.STEPS}" in proc.stdout, proc.stdout
   resumed = read_jsonl(workdir)

@@ -21,8 +21,9 @@ What jaxnet adds to orbax:
   optimizer, or a data position that does not fit this run's input pipeline (another data
   config, another process count), is a CheckpointMismatchError, and the checkpoint stays;
 - a data position restores when the data has moved (another data.dir, accepted): Grain
-  checks the position against repr(source), which names the files' absolute path; the data
-  itself was checked against data_identity.json before (jaxnet/core/workdir.py);
+  checks the position against repr(source), which names the files' absolute path
+  (adapters/grain.py); the data itself was checked against data_identity.json before
+  (jaxnet/core/workdir.py);
 - a failed save (a full disk, a permission error) is one clear error naming the step, the
   path, the cause and the newest intact checkpoint, and its partial files are removed;
 - rotation (keep_checkpoints) deletes only old checkpoints whose save is known to have
@@ -32,7 +33,6 @@ What jaxnet adds to orbax:
 import json
 import logging
 import os
-import re
 import shutil
 import time
 
@@ -43,6 +43,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxnet.core import state as state_lib
+from jaxnet.core.adapters import grain as grain_adapter
 from jaxnet.core.adapters import orbax as orbax_adapter
 from jaxnet.core.errors import DIVERGED_HINT, MissingFileError, NonFiniteError, UserError
 
@@ -91,49 +92,6 @@ class IteratorPosition:
 
   def get_state(self) -> bytes:
     return self._state
-
-
-# A quoted absolute path in a data source's repr (CocoSource's annotation file, ImageFolderSource's
-# root): where the data lies, which a moved copy of the same data changes.
-_PATH_IN_REPR = re.compile(r"""(['"])/[^'"]*\1""")
-
-
-def _without_paths(source_repr: str) -> str:
-  return _PATH_IN_REPR.sub("PATH", source_repr)
-
-
-class _MovedDataPosition:
-  """A Grain loader's iterator as Grain's restore handler sees it, taking a saved position
-  whose data source differs from this run's only in the paths its repr names. Grain refuses
-  any other repr; the run checked before that its data is the data the position was saved
-  with (data_identity.json, which holds no path), so a moved dataset (a workdir restored on
-  another machine, a regenerated copy) resumes where it was."""
-
-  def __init__(self, iterator):
-    self.iterator = iterator
-
-  def set_state(self, state: bytes) -> None:
-    saved, now = json.loads(state), json.loads(self.iterator.get_state())
-    old, new = saved.get("data_source"), now.get("data_source")
-    if isinstance(old, str) and isinstance(new, str) and old != new and _without_paths(old) == _without_paths(new):
-      state = json.dumps({**saved, "data_source": new}).encode()
-    self.iterator.set_state(state)
-
-  def start_prefetch(self) -> None:
-    self.iterator.start_prefetch()
-
-
-def _position_of_moved_data(iterator):
-  """`iterator` for Grain's restore handler: a DataLoader's wrapped (_MovedDataPosition); a
-  dataset iterator (its state a dict) or DALI's (no data_source in its state) as it is."""
-  if isinstance(iterator, grain.DatasetIterator) or not hasattr(iterator, "start_prefetch"):
-    return iterator
-  state = iterator.get_state()
-  try:
-    has_source = "data_source" in json.loads(state)
-  except (TypeError, ValueError):
-    has_source = False
-  return _MovedDataPosition(iterator) if has_source else iterator
 
 
 def _handlers():
@@ -366,7 +324,7 @@ class Checkpoints:
           f"from these weights with --config.init.weights={self.workdir}")
     try:
       self.manager.restore(step, args=ocp.args.Composite(**{
-          DATA_ITER: grain.PyGrainCheckpointRestore(_position_of_moved_data(iterator))}))
+          DATA_ITER: grain.PyGrainCheckpointRestore(grain_adapter.position_of_moved_data(iterator))}))
     except Exception as e:
       raise CheckpointMismatchError(
           f"the data position saved at step {step} in {where} does not fit this run's input "

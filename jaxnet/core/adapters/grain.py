@@ -1,7 +1,9 @@
-"""Grain: the absl flags its worker processes read, and freeing the batches they leave in
-shared memory."""
+"""Grain: the absl flags its worker processes read, freeing the batches they leave in
+shared memory, and a saved position's data source, which names where the data lay."""
 
 import gc
+import json
+import re
 
 import grain.python as grain
 
@@ -48,3 +50,46 @@ def wait_for_unlinks() -> None:
   pool = getattr(grain.SharedMemoryArray, "_del_thread_pool", None)
   if pool is not None:
     pool.apply(int)
+
+
+# A quoted absolute path in a data source's repr (CocoSource's annotation file, ImageFolderSource's
+# root): where the data lies, which a moved copy of the same data changes.
+_PATH_IN_REPR = re.compile(r"""(['"])/[^'"]*\1""")
+
+
+def _without_paths(source_repr: str) -> str:
+  return _PATH_IN_REPR.sub("PATH", source_repr)
+
+
+class _MovedDataPosition:
+  """A Grain loader's iterator as Grain's restore handler sees it, taking a saved position
+  whose data source differs from this run's only in the paths its repr names. Grain refuses
+  any other repr; the run checked before that its data is the data the position was saved
+  with (data_identity.json, which holds no path), so a moved dataset (a workdir restored on
+  another machine, a regenerated copy) resumes where it was."""
+
+  def __init__(self, iterator):
+    self.iterator = iterator
+
+  def set_state(self, state: bytes) -> None:
+    saved, now = json.loads(state), json.loads(self.iterator.get_state())
+    old, new = saved.get("data_source"), now.get("data_source")
+    if isinstance(old, str) and isinstance(new, str) and old != new and _without_paths(old) == _without_paths(new):
+      state = json.dumps({**saved, "data_source": new}).encode()
+    self.iterator.set_state(state)
+
+  def start_prefetch(self) -> None:
+    self.iterator.start_prefetch()
+
+
+def position_of_moved_data(iterator):
+  """`iterator` for Grain's restore handler (PyGrainCheckpointRestore): a DataLoader's wrapped (_MovedDataPosition); a
+  dataset iterator (its state a dict) or DALI's (no data_source in its state) as it is."""
+  if isinstance(iterator, grain.DatasetIterator) or not hasattr(iterator, "start_prefetch"):
+    return iterator
+  state = iterator.get_state()
+  try:
+    has_source = "data_source" in json.loads(state)
+  except (TypeError, ValueError):
+    has_source = False
+  return _MovedDataPosition(iterator) if has_source else iterator
