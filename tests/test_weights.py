@@ -263,6 +263,23 @@ def test_an_import_of_another_architecture_is_one_line_naming_both_and_leaves_no
   assert status == 1 and os.listdir(workdir) == ["mine.txt"]
 
 
+def test_weights_of_no_jaxnet_model_say_so_in_one_line(tmp_path, capsys):
+  """A ResNet's file without one of its tensors fits no model: every family is looked at (the
+  ResNets traced, the families whose names the file does not use passed over after their first
+  member), then one line."""
+  path, tensors, _ = drawn_file(tmp_path, "resnet_tiny", num_classes=3)
+  del tensors["layer1.0.conv1.weight"]
+  save_file(tensors, path)
+  status, _, err = _import(tmp_path, capsys, path, tmp_path / "w", "--config.model.name=resnet18")
+  errors = [line for line in err.splitlines() if line.startswith("error:")]
+  assert status == 1 and "Traceback" not in err
+  assert errors == [f"error: {path} holds weights of no jaxnet model of their names, not of a resnet18 "
+                    f"(config.model.name): 100 tensors do not fit, e.g. missing from the weights: "
+                    f"layer1.0.conv1.weight (stage1_block1/Conv_0/kernel) (3, 3, 64, 64). Import weights "
+                    f"of a resnet18"]
+  assert not (tmp_path / "w").exists()
+
+
 @pytest.mark.parametrize("cut", ["empty", "truncated"])
 def test_a_truncated_or_empty_safetensors_is_one_line_naming_the_file(tmp_path, capsys, cut):
   path, _, _ = drawn_file(tmp_path, "resnet_tiny", num_classes=3)

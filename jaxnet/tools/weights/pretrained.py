@@ -408,14 +408,23 @@ def architecture_of(spec: str, image_size: int, model: str) -> str | None:
 
   candidates = sorted((n for n in models.names() if n != model and any(n.startswith(p) for p in families())),
                       key=order)
+  # A family none of whose names the file uses (a ResNet's file and ConvNeXt's "features.*")
+  # is passed over after its first member: tracing each model costs 1-4 s on a CPU.
+  foreign = set()
   for name in candidates:
+    family = names_of(name)
+    if family in foreign:
+      continue
     try:
       module = models.create(name, num_classes=10)
       abstract = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0),
                                                     np.zeros((1, image_size, image_size, 3), np.float32),
                                                     train=False))
       shapes = {p: tuple(x.shape) for p, x in flatten_dict(abstract).items()}
-      flat, unknown = names_of(name).from_torch(tensors, shapes)
+      flat, unknown = family.from_torch(tensors, shapes)
+      if not flat:
+        foreign.add(family)
+        continue
       fill(shapes, Source(flat, unknown, _describe_jaxnet), keep_head=False)
     except (WeightsMismatchError, KeyError, ValueError, TypeError):  # not this one
       continue
