@@ -54,9 +54,9 @@ def open_workdir(workdir: str) -> dict:
                     f"give the --workdir a training run wrote")
   with open(os.path.join(workdir, "environment.json")) as f:
     environment = json.load(f)
-  identity_path = os.path.join(workdir, provenance.DATA_IDENTITY_FILE)
-  identity = json.load(open(identity_path)) if os.path.isfile(identity_path) else None
-  return {"environment": environment, "data_identity": identity, "metrics": read_jsonl(workdir)}
+  return {"environment": environment, "metrics": read_jsonl(workdir),
+          "data_identity": _read_json(os.path.join(workdir, provenance.DATA_IDENTITY_FILE)),
+          "init_weights": _read_json(os.path.join(workdir, provenance.INIT_WEIGHTS_FILE))}
 
 
 def _read_json(path: str) -> dict | None:
@@ -285,8 +285,7 @@ def verify(workdir: str, *, evaluate: bool = True, step: int | None = None, retr
   records = open_workdir(workdir)
   config = pretrained.with_recorded_preprocessing(config_lib.load(workdir), workdir)
   if retrain and config.init.weights:  # rereads them: refused at once where they are not the run's
-    pretrained.check_weights_record(_read_json(os.path.join(workdir, provenance.INIT_WEIGHTS_FILE)),
-                                    config.init.weights)
+    pretrained.check_weights_record(records["init_weights"], config.init.weights)
   now = provenance.environment()
   config, exact = on_the_runs_devices(config, records["environment"], now)
   checks = environment_checks(records["environment"], now)
