@@ -344,9 +344,12 @@ def _tmpfs(path, size):
     subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
-def _disk_bytes(path) -> int:
-  return sum(os.lstat(os.path.join(d, f)).st_blocks * 512
-             for d, dirs, files in os.walk(path) for f in dirs + files)
+def _tmpfs_bytes(path) -> int:
+  """What the files under `path` would take on a tmpfs: each file's length rounded up to
+  whole 4 KiB pages. Not the blocks the file system under the probe reports: those vary
+  with it (preallocated up to twice on XFS, fewer on a compressing one such as a CI host's)."""
+  return sum(-(-os.lstat(os.path.join(d, f)).st_size // 4096) * 4096
+             for d, _, files in os.walk(path) for f in files)
 
 
 def test_full_disk_stops_cleanly_and_keeps_the_newest_checkpoint(tmp_path):
@@ -355,17 +358,16 @@ def test_full_disk_stops_cleanly_and_keeps_the_newest_checkpoint(tmp_path):
   args = ("log_every_steps=10", "checkpoint_every_steps=5", "keep_checkpoints=1", "batch_size=32")
   probe = tmp_path / "probe"
   run_main(probe, "total_steps=5", *args)
-  checkpoint = _disk_bytes(probe / "checkpoints" / "5")
-  size_k = (_disk_bytes(probe) + checkpoint // 2) // 1024
+  checkpoint = _tmpfs_bytes(probe / "checkpoints" / "5")
+  size_k = (_tmpfs_bytes(probe) + checkpoint // 2) // 1024
   with _tmpfs(tmp_path / "small", f"{size_k}k") as mount:
     workdir = mount / "w"
     proc = run_main(workdir, "total_steps=40", *args, check=False)
     shown = f"disk {size_k} KiB, checkpoint {checkpoint} B\nstdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-3000:]}"
     line = _assert_one_clear_line(proc)
-    # The disk is sized from the probe's blocks, which a file system that preallocates (XFS,
-    # for files just written) can count up to twice: the first save that does not fit is
-    # step 10's, or a later one's on such a disk (seen once: step 15). Whichever it is, the
-    # run stops there in one line and keeps the checkpoint before it.
+    # The first save that does not fit is step 10's (a later one's if the probe's files were
+    # smaller than this run's). Whichever it is, the run stops there in one line and keeps
+    # the checkpoint before it.
     failed = re.search(r"checkpoint at step (\d+) FAILED \(no space left on device\)", line)
     assert failed and int(failed[1]) >= 10, shown
     step, kept = int(failed[1]), int(failed[1]) - 5
