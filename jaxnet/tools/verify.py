@@ -159,6 +159,28 @@ def _identity_summary(identity: dict) -> str:
   return f"{count} examples" + (f", {digest[:12]}" if digest else "")
 
 
+# --- the init weights ------------------------------------------------------------------
+
+def init_weights_checks(record: dict | None, spec: str) -> list[Check]:
+  """A note on the `init.weights` file the run started from against init_weights.json; none
+  for a run from random init. A note, not a check: the checkpoints re-evaluated do not depend
+  on it, only --retrain reads it again (and refuses first where it is missing or another)."""
+  from jaxnet.tools.weights import pretrained
+  if not spec:
+    return []
+  if record is None:
+    return [Check("init weights", "(not recorded: a workdir older than init_weights.json)", spec, None, "note")]
+  now = pretrained.weights_file_sha256(record, spec)
+  if now is None:  # a workdir or hub name: what it holds now is not compared
+    return [Check("init weights", spec, "not a file: not compared", None, "note")]
+  recorded = f"{spec}, sha256 {record['sha256'][:12]}"
+  if now == record["sha256"]:
+    return [Check("init weights", recorded, recorded, None, "same")]
+  if not now:
+    return [Check("init weights", recorded, "missing: --retrain would refuse", None, "missing")]
+  return [Check("init weights", recorded, f"sha256 {now[:12]}: --retrain would refuse", None, "differs")]
+
+
 # --- the metrics --------------------------------------------------------------------------
 
 def reported_steps(workdir: str, metrics: list[dict], step: int | None = None) -> list[int]:
@@ -296,6 +318,7 @@ def verify(workdir: str, *, evaluate: bool = True, step: int | None = None, retr
   if manifest is not None:
     checks.append(Check("bundle files", f"{len(manifest['files'])} sha256 in {bundle.MANIFEST}", "all match", True))
   checks += data_checks(config, records["data_identity"])
+  checks += init_weights_checks(records["init_weights"], config.init.weights)
   if evaluate:
     checks += eval_checks(workdir, config, records["metrics"], exact, step)
   if retrain:

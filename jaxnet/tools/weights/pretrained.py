@@ -92,19 +92,28 @@ def weights_record(spec: str) -> dict:
   return {"weights": spec, "path": os.path.abspath(spec) if os.path.isdir(spec) else None, "sha256": None}
 
 
+def weights_file_sha256(record: dict | None, spec: str) -> str | None:
+  """The sha256 of the file at `spec` now, to compare with the `record` of the init weights a
+  run started from (weights_record): "" where the file is missing, None where there is nothing
+  to compare (no record; a workdir or hub name, recorded without a sha256)."""
+  from jaxnet.core import provenance
+  if not record or not record.get("sha256"):
+    return None
+  return provenance.file_sha256(spec) if os.path.isfile(spec) else ""
+
+
 def check_weights_record(record: dict, spec: str) -> None:
   """Raises MissingFileError (or InvalidValueError) in one line when the init weights file
   `record` describes (weights_record) is missing at `spec` (or its sha256 differs): the run rereading it would
   start from other weights."""
-  from jaxnet.core import provenance
-  if not record or not record.get("sha256"):
+  now = weights_file_sha256(record, spec)
+  if now is None:
     return
   recorded = record["sha256"]
-  if not os.path.isfile(spec):
+  if not now:
     raise MissingFileError(
         f"the init weights {spec} this run started from are missing (sha256 {recorded[:12]}): put that "
         f"file back at {spec}, or verify without --retrain")
-  now = provenance.file_sha256(spec)
   if now != recorded:
     raise InvalidValueError(
         f"the init weights {spec} are not the file this run started from (sha256 {now[:12]}, recorded "
