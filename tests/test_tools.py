@@ -1,5 +1,6 @@
 """report, predict, export and the API's evaluate/restore, on a workdir made by a short CLI run."""
 
+import contextlib
 import json
 import os
 import platform
@@ -556,17 +557,41 @@ def test_a_resume_keeps_the_previous_start_s_records(workdir, tmp_path):
   assert workdir_lib.keep_start_records(str(copy)) == str(copy / "starts" / "0-2")
 
 
-def test_retrain_of_a_run_from_init_weights_refuses_a_missing_or_other_weights_file(workdir, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def run_from_weights(workdir, tmp_path_factory):
+  """(workdir, weights file) of a 5-step run started from `init.weights`: the `workdir`
+  fixture's params, exported under torchvision's names."""
+  folder = tmp_path_factory.mktemp("from_weights")
+  weights = folder / "digits.safetensors"
+  assert export_command.main([f"--workdir={workdir}", "--format=torch", f"--out={weights}"]) == 0
+  run = folder / "finetuned"
+  run_main(run, "total_steps=5", "log_every_steps=5", f"init.weights={weights}", env=kernel_env())
+  return run, weights
+
+
+@contextlib.contextmanager
+def _put_back(path):
+  """The file at `path` as it was after the block, which may change or remove it."""
+  kept = path.read_bytes()
+  try:
+    yield
+  finally:
+    path.write_bytes(kept)
+
+
+def _verify_row(out: str, what: str) -> list[str]:
+  """The lines of verify's table (its stdout) whose check is `what`."""
+  return [line for line in out.splitlines() if line.startswith(what + "  ")]
+
+
+def test_retrain_of_a_run_from_init_weights_refuses_a_missing_or_other_weights_file(run_from_weights, capsys):
   """init.weights are not in the workdir, yet --retrain reads them again: the run records the
   file's path and sha256 at its start, and verify --retrain refuses in one line, naming the
   file and the fix, when the file is gone or another."""
   from jaxnet.cli import console
   from jaxnet.core import provenance
   from jaxnet.tools.weights import pretrained
-  weights = tmp_path / "digits.safetensors"
-  assert export_command.main([f"--workdir={workdir}", "--format=torch", f"--out={weights}"]) == 0
-  run = tmp_path / "finetuned"
-  run_main(run, "total_steps=5", "log_every_steps=5", f"init.weights={weights}", env=kernel_env())
+  run, weights = run_from_weights
   record = json.loads((run / "init_weights.json").read_text())
   assert record == {"weights": str(weights), "path": str(weights), "sha256": provenance.file_sha256(str(weights))}
   pretrained.check_weights_record(record, str(weights))  # the same file: no refusal
@@ -581,12 +606,73 @@ def test_retrain_of_a_run_from_init_weights_refuses_a_missing_or_other_weights_f
     assert len(errors) == 1 and "train/loss" not in err, err
     return errors[0]
 
-  with open(weights, "ab") as f:
-    f.write(b"\0")
-  line = refusal()
-  assert f"the init weights {weights} are not the file this run started from" in line, line
-  assert f"recorded {record['sha256'][:12]}" in line and f"put that file back at {weights}" in line
-  os.remove(weights)
-  line = refusal()
-  assert f"the init weights {weights} this run started from are missing" in line, line
-  assert "or verify without --retrain" in line
+  with _put_back(weights):
+    with open(weights, "ab") as f:
+      f.write(b"\0")
+    line = refusal()
+    assert f"the init weights {weights} are not the file this run started from" in line, line
+    assert f"recorded {record['sha256'][:12]}" in line and f"put that file back at {weights}" in line
+    os.remove(weights)
+    line = refusal()
+    assert f"the init weights {weights} this run started from are missing" in line, line
+    assert "or verify without --retrain" in line
+
+
+def test_verify_retrain_of_a_run_from_init_weights_starts_from_them(run_from_weights, workdir, capsys,
+                                                                     monkeypatch):
+  """--retrain of a run from `init.weights` re-reads them: its losses are the recorded ones,
+  which are those of trained weights (below the random init's of the `workdir` fixture, the
+  same config), so the rerun did not start from a random init."""
+  from jaxnet.cli import console
+  from jaxnet.core import provenance
+  run, _ = run_from_weights
+  recorded_code = _recorded_code(run)  # this checkout may have been edited since the run
+  monkeypatch.setattr(provenance, "code_state", lambda: recorded_code)
+  loss_at_5 = {w: [r["train/loss"] for r in read_jsonl(w) if r["step"] == 5 and "train/loss" in r][0]
+               for w in (run, workdir)}
+  assert loss_at_5[run] < loss_at_5[workdir] / 2, loss_at_5
+  capsys.readouterr()
+  assert console.main(["verify", str(run), "--no-eval", "--retrain=5"]) == 0
+  out = capsys.readouterr().out
+  rows = _verify_row(out, "train/loss, steps 1-5 (1 logged)")
+  assert len(rows) == 1 and rows[0].endswith("  same"), out
+  assert _verify_row(out, "init weights")[0].endswith("  same"), out
+  assert f"verified: every check of {run} holds" in out
+
+
+def test_verify_notes_the_init_weights_file_and_only_warns_where_it_changed(run_from_weights, workdir, capsys,
+                                                                           monkeypatch):
+  """Plain verify shows the `init.weights` file against init_weights.json: the same, another
+  (its sha256) or missing. A note, not a failure: the checkpoints re-evaluated do not depend on
+  it (only --retrain refuses). A run from random init has no such row."""
+  from jaxnet.cli import console
+  from jaxnet.core import provenance
+  from jaxnet.tools import verify
+  run, weights = run_from_weights
+  recorded_code = _recorded_code(run)  # this checkout may have been edited since the run
+  monkeypatch.setattr(provenance, "code_state", lambda: recorded_code)
+  sha = json.loads((run / "init_weights.json").read_text())["sha256"]
+
+  def row():
+    capsys.readouterr()
+    assert console.main(["verify", str(run), "--no-eval"]) == 0
+    out = capsys.readouterr().out
+    rows = _verify_row(out, "init weights")
+    assert len(rows) == 1, out
+    return rows[0].split()
+
+  assert row()[-4:] == [f"{weights},", "sha256", sha[:12], "same"]
+  with _put_back(weights):
+    with open(weights, "ab") as f:
+      f.write(b"\0")
+    now = provenance.file_sha256(str(weights))
+    assert row()[-6:] == ["sha256", f"{now[:12]}:", "--retrain", "would", "refuse", "differs"]
+    os.remove(weights)
+    assert row()[-5:] == ["missing:", "--retrain", "would", "refuse", "missing"]
+  assert "init weights" not in {c.what for c in verify.verify(str(workdir), evaluate=False)}
+  # Nothing to compare: a workdir or hub name (no sha256), a workdir older than the record.
+  hub = "hf-hub:timm/resnet50.tv_in1k"
+  assert [(c.now, c.holds) for c in verify.init_weights_checks({"weights": hub, "sha256": None}, hub)] == [
+      ("not a file: not compared", None)]
+  assert [(c.recorded, c.holds) for c in verify.init_weights_checks(None, str(weights))] == [
+      ("(not recorded: a workdir older than init_weights.json)", None)]
