@@ -678,6 +678,12 @@ MUTATIONS = [
     Mutation("retrain_does_not_check_the_init_weights", "jaxnet/tools/verify.py",
              "  if retrain and config.init.weights:", "  if False:",
              (TOOLS + "test_retrain_of_a_run_from_init_weights_refuses_a_missing_or_other_weights_file",)),
+    Mutation("retrain_starts_from_random_init", "jaxnet/tools/verify.py",
+             "      init_params = pretrained.initialiser(config)\n", "      init_params = None\n",
+             (TOOLS + "test_verify_retrain_of_a_run_from_init_weights_starts_from_them",)),
+    Mutation("other_init_weights_noted_as_the_same", "jaxnet/tools/verify.py",
+             '  if now == record["sha256"]:\n', "  if now:\n",
+             (TOOLS + "test_verify_notes_the_init_weights_file_and_only_warns_where_it_changed",)),
 ]
 
 

@@ -7,7 +7,9 @@ the eval metrics of each checkpoint metrics.jsonl reports (bit for bit on the ru
 kind and count, to a tolerance on others), the data's identity per split, the package
 versions, jaxnet's version, git revision and uncommitted changes. --retrain=STEPS re-runs
 the first STEPS steps into a scratch workdir and compares the logged train losses,
-naming the first step that differs. Devices, Python and XLA flags are shown as notes.
+naming the first step that differs. Devices, Python and XLA flags are shown as notes, and
+so is the init.weights file of a run that started from one (the same, another or missing:
+only --retrain reads it again, and refuses where it is not the run's).
 See docs/reproducibility.md.
 """
 
