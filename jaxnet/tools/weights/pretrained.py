@@ -268,6 +268,13 @@ def _place(value: np.ndarray, like: jax.Array) -> jax.Array:
   return jax.make_array_from_callback(like.shape, like.sharding, lambda index: value[index])
 
 
+def _variables(flat: dict[Path, jax.Array]) -> dict:
+  """{"params": ..., "batch_stats": ...} from flat variables: a model without BN (ConvNeXt, ViT)
+  has no flat path under batch_stats, and unflattening alone would leave that key out of the
+  variables the train state is made from."""
+  return {"batch_stats": {}, **unflatten_dict(flat)}
+
+
 def initialiser(config, log=print, loaded: dict | None = None):
   """`init_params(variables) -> variables` for jaxnet.core (Experiment.init_state): the params
   and BN statistics from `config.init.weights`, placed as the fresh ones are (dtype, sharding).
@@ -294,7 +301,7 @@ def initialiser(config, log=print, loaded: dict | None = None):
     if jax.process_index() == 0:
       head = f"; classifier head re-initialised: {reason}" if reason else ""
       log(f"init: {len(values)} of {len(target)} variables from {spec}{head}")
-    return unflatten_dict({p: _place(values[p], x) if p in values else x for p, x in target.items()})
+    return _variables({p: _place(values[p], x) if p in values else x for p, x in target.items()})
 
   def init_backbone(target):
     """A detector (models/retinanet.py): its backbone from a classifier's weights (ImageNet's,
@@ -311,7 +318,7 @@ def initialiser(config, log=print, loaded: dict | None = None):
                   head_arrays=len(target) - len(values))
     if jax.process_index() == 0:
       log(f"init: {len(values)} of {len(target)} variables (the backbone's) from {spec}")
-    return unflatten_dict({p: _place(values[p], x) if p in values else x for p, x in target.items()})
+    return _variables({p: _place(values[p], x) if p in values else x for p, x in target.items()})
 
   return init_params
 
