@@ -7,9 +7,9 @@
 
 --format=jax (the default) serializes the inference function with jax.export, --int8 with
 its convolutions and dense layers in int8 (qwix); --format=torch writes the weights under
-PyTorch's names (torchvision's for ResNets, AlexNet and ConvNeXts, timm's for ViTs; --names=timm
-for a ConvNeXt's timm names); --format=onnx an ONNX graph, --int8 quantized by onnxruntime;
---format=bundle a folder others can load
+PyTorch's names (torchvision's for ResNets, AlexNet, ConvNeXts and EfficientNets, timm's for
+ViTs; --names=timm for a ConvNeXt's or an EfficientNet B0-B7's timm names); --format=onnx an
+ONNX graph, --int8 quantized by onnxruntime; --format=bundle a folder others can load
 (api.restore, predict, verify): one checkpoint with its config, classes, metrics,
 environment, data identity and a MODEL_CARD.md, every file's sha256 checked on loading
 (jaxnet/tools/bundle.py, docs/reproducibility.md).
@@ -29,13 +29,15 @@ def main(argv=None):
   parser.add_argument("--format", choices=("jax", "torch", "onnx", "bundle"), default="jax",
                       help="jax: the serialized inference function; torch: the weights as a "
                            ".safetensors file with PyTorch names (torchvision's for ResNets, "
-                           "AlexNet and ConvNeXts, timm's for ViTs; see --names); onnx: an ONNX "
+                           "AlexNet, ConvNeXts and EfficientNets, timm's for ViTs; see --names); "
+                           "onnx: an ONNX "
                            "graph, uint8 NHWC images in, fp32 logits out (docs/deploy.md); bundle: "
                            "a new folder holding one checkpoint with its records and a model card "
                            "(docs/reproducibility.md)")
   parser.add_argument("--names", choices=("torchvision", "timm"), default=None,
                       help="with --format=torch: whose tensor names to write (default: the model "
-                           "family's first: torchvision's, timm's for ViTs); ConvNeXts have both")
+                           "family's first: torchvision's, timm's for ViTs); ConvNeXts and EfficientNet "
+                           "B0-B7 have both")
   parser.add_argument("--int8", action="store_true",
                       help="with --format=onnx: static int8 quantization (onnxruntime, QDQ, "
                            "per-channel weights); with --format=jax: int8 convolutions and dense "

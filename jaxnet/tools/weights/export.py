@@ -6,7 +6,7 @@ The file holds the eval-mode variables (EMA params when the run kept an EMA,
 BN running statistics) under the names and layouts of the model family's
 PyTorch implementation: torchvision's for the ResNets and AlexNet, timm's for
 the ViTs (`flavour=timm`), torchvision's or, asked for (`names="timm"`, `--names=timm`),
-timm's for the ConvNeXts. So, for a resnet50 run,
+timm's for the ConvNeXts and EfficientNet B0-B7. So, for a resnet50 run,
 
   model = torchvision.models.resnet50(num_classes=N)
   model.load_state_dict(safetensors.torch.load_file("model.safetensors"))

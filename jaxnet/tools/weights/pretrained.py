@@ -5,8 +5,8 @@
 workdir (its latest checkpoint, EMA params if it kept an EMA), or
 `hf-hub:OWNER/NAME` (through huggingface_hub). A file's tensor names are read
 as the model family's: torchvision's for ResNets (timm's plain ResNets share
-them) and AlexNet, timm's for ViTs, torchvision's or timm's for ConvNeXts (whichever
-the file uses). Every variable of the model must
+them) and AlexNet, timm's for ViTs, torchvision's or timm's for ConvNeXts and
+EfficientNets (whichever the file uses). Every variable of the model must
 come from the source, except the classifier head when it is re-initialised, and
 every source tensor must be used; otherwise one error lists each missing,
 unused and misshapen tensor.
@@ -147,8 +147,8 @@ def load(spec: str, target: dict[Path, tuple], model: str = "resnet") -> Source:
 
   A file's tensors carry the PyTorch names of `model`'s family (`model` is a
   model name such as "vit_ti16", or a family: "resnet", "vit", "alexnet"), in the naming
-  of the family's that knows the most of them where it has several (ConvNeXt: torchvision's,
-  timm's); a tensor that is no variable of `target` under those names is unknown. A file in
+  of the family's that knows the most of them where it has several (ConvNeXt, EfficientNet:
+  torchvision's, timm's); a tensor that is no variable of `target` under those names is unknown. A file in
   none of them is described in each naming's names.
   """
   if _is_workdir(spec):
