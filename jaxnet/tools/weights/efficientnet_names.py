@@ -40,6 +40,7 @@ Leaves: `kernel` is `weight` ((H, W, in, out) -> (out, in, H, W); a depthwise ke
 """
 
 import re
+from typing import Callable
 
 from jaxnet.tools.weights import torch_names
 from jaxnet.tools.weights.resnet_names import _bn_counter
@@ -72,7 +73,7 @@ def _module_to_torch(module: str) -> str | None:
 
 
 # A block's layer (role and place) -> timm's names of its (convolution, BN).
-_TIMM_IN_BLOCK = {"depthwise0": ("conv_dw", "bn1"), "project2": ("conv_pw", "bn2"),
+_TIMM_IN_BLOCK = {"depthwise0": ("conv_dw", "bn1"), "project2": ("conv_pw", "bn2"),  # no expansion
                   "expand0": ("conv_pw", "bn1"), "depthwise1": ("conv_dw", "bn2"), "project3": ("conv_pwl", "bn3")}
 _TIMM_SE = {"fc1": "se.conv_reduce", "fc2": "se.conv_expand"}
 _TIMM_FIXED = {"head": "classifier", "stem/conv": "conv_stem", "stem/bn": "bn1"}
@@ -95,7 +96,7 @@ def _module_to_timm(module: str) -> str | None:
   return f"{block}.{conv_bn[inner == 'bn']}" if conv_bn and inner in ("conv", "bn") else None
 
 
-def _name(path: Path, module_name) -> str | None:
+def _name(path: Path, module_name: Callable[[str], str | None]) -> str | None:
   """`module_name(module)` and the leaf's name: the name of a jaxnet EfficientNet variable."""
   collection, *module, leaf = path
   module = "/".join(module)

@@ -52,8 +52,8 @@ class Source:
 def families() -> dict[str, tuple[torch_names.Family, ...]]:
   """Model-name prefix -> the PyTorch namings of that family (names and layouts), the default
   first: each `NAME_names.py` of this package is the family of the models named NAME* (a new
-  family is a new file), its FAMILY, or its NAMINGS where it has several (ConvNeXt:
-  torchvision's and timm's)."""
+  family is a new file), its FAMILY, or its NAMINGS where it has several (ConvNeXt and
+  EfficientNet: torchvision's and timm's)."""
   package = importlib.import_module("jaxnet.tools.weights")
   modules = {m.name.removesuffix("_names"): importlib.import_module(f"{package.__name__}.{m.name}")
              for m in pkgutil.iter_modules(package.__path__) if m.name.endswith("_names") and m.name != "torch_names"}
@@ -148,8 +148,8 @@ def load(spec: str, target: dict[Path, tuple], model: str = "resnet") -> Source:
   A file's tensors carry the PyTorch names of `model`'s family (`model` is a
   model name such as "vit_ti16", or a family: "resnet", "vit", "alexnet"), in the naming
   of the family's that knows the most of them where it has several (ConvNeXt, EfficientNet:
-  torchvision's, timm's); a tensor that is no variable of `target` under those names is unknown. A file in
-  none of them is described in each naming's names.
+  torchvision's, timm's); a tensor that is no variable of `target` under those names is
+  unknown. A file in none of them describes the model's variables in each naming's names.
   """
   if _is_workdir(spec):
     from jaxnet.core import config as config_lib
