@@ -1,6 +1,8 @@
 """ConvNeXt and EfficientNet: parameter counts and logits against torchvision, weights in and out
-under torchvision's names, stochastic depth, and a few training steps of the mini variants (CPU)."""
+under torchvision's names (ConvNeXt's under timm's too), stochastic depth, and a few training
+steps of the mini variants (CPU)."""
 
+import json
 import math
 import os
 
@@ -14,6 +16,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from safetensors.numpy import save_file
 
 from jaxnet.core import models
+from jaxnet.core.errors import InvalidValueError
 from jaxnet.tools.weights import export, pretrained
 from tests import convnet_weights as cw
 from tests import models_helpers as H
@@ -54,9 +57,10 @@ def test_param_counts_equal_torchvision(name):
 # --- the same logits as torchvision for the same weights -------------------------------------
 
 
-def torchvision_spec(name, setup) -> dict:
-  """{torchvision name: torchvision shape} of every tensor jaxnet's map gives model `name`."""
-  family = pretrained.names_of(name)
+def torchvision_spec(name, setup, names="torchvision") -> dict:
+  """({torchvision name: torchvision shape} of every tensor jaxnet's map gives model `name`,
+  {jaxnet path: shape}); another naming's names with `names`."""
+  family = pretrained.names_of(name, names)
   shapes = {p: tuple(x.shape) for p, x in flatten_dict(
       abstract_variables(name, setup["image_size"], num_classes=setup["num_classes"])).items()}
   spec = {}
@@ -67,9 +71,10 @@ def torchvision_spec(name, setup) -> dict:
   return spec, shapes
 
 
-def load_reference_weights(name, tmp_path):
+def load_reference_weights(name, tmp_path, rename=lambda tensors: tensors):
   """(the model, its variables loaded from the reference weights through a .safetensors file
-  and `init.weights`'s reader, the torchvision state dict those came from)."""
+  and `init.weights`'s reader, the torchvision state dict those came from); the file holds
+  `rename` of that state dict (another library's names for it)."""
   setup = cw.SETUPS[name]
   spec, shapes = torchvision_spec(name, setup)
   stored = np.load(REFERENCE)
@@ -78,7 +83,7 @@ def load_reference_weights(name, tmp_path):
   assert spec == stored_spec  # jaxnet's map names every tensor of torchvision's state dict, and no other
   tensors = cw.draw(spec, setup["seed"])
   path = str(tmp_path / f"{name}.safetensors")
-  save_file(tensors, path)
+  save_file(rename(tensors), path)
   values, head_reason = pretrained.fill(shapes, pretrained.load(path, shapes, name), keep_head=True)
   assert head_reason is None and set(values) == set(shapes)  # every variable, head included
   return models.create(name, num_classes=setup["num_classes"]), unflatten_dict(values), tensors
@@ -89,8 +94,8 @@ def jaxnet_logits(model, variables, image_size):
   return np.asarray(jax.jit(lambda v, x: model.apply(v, x, train=False))(variables, x))
 
 
-def check_logits(name, tmp_path):
-  model, variables, _ = load_reference_weights(name, tmp_path)
+def check_logits(name, tmp_path, rename=lambda tensors: tensors):
+  model, variables, _ = load_reference_weights(name, tmp_path, rename)
   logits = jaxnet_logits(model, variables, cw.SETUPS[name]["image_size"])
   reference = np.load(REFERENCE)[name]
   assert logits.shape == reference.shape
@@ -122,6 +127,157 @@ def test_export_writes_back_the_torchvision_state_dict(name, tmp_path):
   for key, value in tensors.items():
     assert out[key].dtype == value.dtype and out[key].flags.c_contiguous, key
     np.testing.assert_array_equal(out[key], value, err_msg=key)
+
+
+# --- the same weights under timm's names ----------------------------------------------------
+
+TIMM_NAMES = os.path.join(os.path.dirname(__file__), "data", "timm_names_convnets.json")
+
+
+def timm_recorded(name) -> dict:
+  """{timm name: shape} of timm's `name` at 1000 classes (experiments/make_timm_names_convnets.py)."""
+  with open(TIMM_NAMES) as f:
+    return {key: tuple(shape) for key, shape in json.load(f)["models"][name].items()}
+
+
+# The renamings below are written from torchvision's and timm's module trees, apart from jaxnet's
+# maps, so that a map that swaps two layers of one shape (a norm's bias and a depthwise
+# convolution's) loads other weights than torchvision's and gives other logits.
+
+# A torchvision ConvNeXt block's layers and timm's names for them.
+_TIMM_CONVNEXT_BLOCK = {"block.0": "conv_dw", "block.2": "norm", "block.3": "mlp.fc1", "block.5": "mlp.fc2"}
+
+
+def timm_convnext_name(torchvision_name: str) -> str:
+  """What timm names the ConvNeXt tensor torchvision names `torchvision_name`: torchvision's
+  features.(2S-2) and features.(2S-1) are the downsampling into and the blocks of timm's
+  stages.(S-1)."""
+  module, _, leaf = torchvision_name.rpartition(".")
+  if module.startswith("classifier."):
+    return f"{ {'classifier.0': 'head.norm', 'classifier.2': 'head.fc'}[module]}.{leaf}"
+  _, index, *rest = module.split(".")
+  index = int(index)
+  if index == 0:
+    return f"stem.{rest[0]}.{leaf}"
+  stage = f"stages.{index // 2}"
+  if index % 2 == 0:
+    return f"{stage}.downsample.{rest[0]}.{leaf}"
+  block = f"{stage}.blocks.{rest[0]}"
+  return f"{block}.gamma" if leaf == "layer_scale" else f"{block}.{_TIMM_CONVNEXT_BLOCK['.'.join(rest[1:])]}.{leaf}"
+
+
+# timm's names of a torchvision EfficientNet block's layers, block.I -> (its convolution, its BN),
+# for a block without expansion (timm's depthwise-separable block) and one with it.
+_TIMM_EFFICIENTNET_BLOCK = {False: {"0": ("conv_dw", "bn1"), "2": ("conv_pw", "bn2")},
+                            True: {"0": ("conv_pw", "bn1"), "1": ("conv_dw", "bn2"), "3": ("conv_pwl", "bn3")}}
+
+
+def timm_efficientnet_names(tensors: dict) -> dict[str, str]:
+  """{torchvision name: timm name} of a torchvision EfficientNet (B0-B7) state dict: features.0 is
+  timm's stem, the last of `features` its head, features.S.B timm's blocks.(S-1).B; a block
+  expands when it has a block.3."""
+  last = max(int(n.split(".")[1]) for n in tensors if n.startswith("features."))
+
+  def rename(name):
+    parts = name.split(".")
+    if parts[0] == "classifier":
+      return f"classifier.{parts[-1]}"
+    index, leaf = int(parts[1]), parts[-1]
+    if index in (0, last):
+      return f"{(('conv_stem', 'bn1') if index == 0 else ('conv_head', 'bn2'))[int(parts[2])]}.{leaf}"
+    block, layer, inner = parts[2], parts[4], parts[5]
+    expands = f"features.{index}.{block}.block.3.0.weight" in tensors
+    prefix = f"blocks.{index - 1}.{block}"
+    if inner in ("fc1", "fc2"):
+      return f"{prefix}.se.{'conv_reduce' if inner == 'fc1' else 'conv_expand'}.{leaf}"
+    return f"{prefix}.{_TIMM_EFFICIENTNET_BLOCK[expands][layer][int(inner)]}.{leaf}"
+  return {name: rename(name) for name in tensors}
+
+
+def timm_named(tensors: dict) -> dict:
+  """A torchvision ConvNeXt or EfficientNet state dict under timm's names (timm's ConvNeXt layer
+  scale is (C,), not (C, 1, 1))."""
+  if any(n.startswith("classifier.2.") for n in tensors):  # ConvNeXt's classifier: norm, flatten, linear
+    return {timm_convnext_name(n): v.reshape(-1) if n.endswith("layer_scale") else v for n, v in tensors.items()}
+  names = timm_efficientnet_names(tensors)
+  return {names[n]: v for n, v in tensors.items()}
+
+
+@pytest.mark.parametrize("name", ["convnext_tiny", "efficientnet_b0"])
+def test_timm_names_are_timms_state_dict(name):
+  """jaxnet's timm names and shapes, and those the renamings above give torchvision's, are timm's:
+  every tensor of its state dict, no other."""
+  recorded = timm_recorded(name)
+  setup = dict(cw.SETUPS[name], num_classes=1000)
+  assert torchvision_spec(name, setup, "timm")[0] == recorded
+  torchvision = torchvision_spec(name, setup)[0]
+  renamed = timm_named({n: np.empty(s, bool) for n, s in torchvision.items()})
+  assert {n: v.shape for n, v in renamed.items()} == recorded
+
+
+@pytest.mark.parametrize("name", ["convnext_mini", "efficientnet_b0",
+                                  pytest.param("convnext_tiny", marks=pytest.mark.slow)])
+def test_timm_named_weights_give_torchvisions_logits(name, tmp_path):
+  """The reference weights under timm's names load (the file's names choose the naming) into
+  the network torchvision computed the reference logits with."""
+  check_logits(name, tmp_path, timm_named)
+
+
+@pytest.mark.parametrize("name", ["convnext_mini", "convnext_tiny", "efficientnet_b0"])
+def test_export_under_timm_names_is_timms_state_dict(name, tmp_path):
+  """`--format=torch --names=timm` of the variables read from a torchvision state dict is that
+  state dict under timm's names; at timm's sizes, exactly timm's names and shapes."""
+  _, variables, tensors = load_reference_weights(name, tmp_path)
+  out, expected = export.torch_tensors(variables, name, "timm"), timm_named(tensors)
+  assert set(out) == set(expected)
+  for key, value in expected.items():
+    assert out[key].dtype == value.dtype, key
+    np.testing.assert_array_equal(out[key], value, err_msg=key)
+  if name != "convnext_mini":
+    assert {key: value.shape for key, value in out.items()} == timm_recorded(name)
+
+
+def test_weights_in_neither_naming_name_both(tmp_path):
+  """A file whose names are neither torchvision's nor timm's: the error names each variable
+  both ways. A model without timm names, or a V2's fused blocks, refuse a timm export."""
+  _, shapes = torchvision_spec("convnext_mini", cw.SETUPS["convnext_mini"])
+  path = str(tmp_path / "other.safetensors")
+  save_file({"conv0.weight": np.zeros((16, 3, 4, 4), np.float32)}, path)
+  with pytest.raises(pretrained.WeightsMismatchError) as info:
+    pretrained.fill(shapes, pretrained.load(path, shapes, "convnext_mini"), keep_head=True)
+  assert ("missing from the weights: features.0.0.weight (torchvision) or stem.0.weight (timm) "
+          "(stem_conv/kernel) (4, 4, 3, 16)") in str(info.value)
+  assert "not used by the model: conv0.weight" in str(info.value)
+  with pytest.raises(InvalidValueError, match="resnet18 has no timm names in jaxnet: it has torchvision's"):
+    export.torch_tensors({}, "resnet18", "timm")
+  fused = {"params": {"stage1_block1": {"fused0": {"conv": {"kernel": np.zeros((3, 3, 8, 8))}}}}}
+  with pytest.raises(ValueError, match="no timm EfficientNet name: params/stage1_block1/fused0/conv/kernel"):
+    export.torch_tensors(fused, "efficientnet_mini", "timm")
+
+
+@pytest.mark.parametrize("name", ["convnext_tiny", "efficientnet_b0"])
+def test_timms_own_model_computes_the_same_logits_from_a_timm_export(name, tmp_path):
+  """Real timm (skipped where it is not installed, as in CI): its model loads jaxnet's export
+  under timm's names strictly and computes jaxnet's logits for the reference weights."""
+  torch = pytest.importorskip("torch")
+  # timm imports torchvision, whose compiled operators may not load against a CPU torch wheel of
+  # another build (as in experiments/make_reference_logits_convnets.py): these models use none.
+  register_fake = torch.library.register_fake
+  torch.library.register_fake = lambda *args, **kwargs: (lambda fn: fn)
+  try:
+    timm = pytest.importorskip("timm")
+  finally:
+    torch.library.register_fake = register_fake
+  setup = cw.SETUPS[name]
+  model, variables, _ = load_reference_weights(name, tmp_path)
+  tensors = export.torch_tensors(variables, name, "timm")
+  theirs = timm.create_model(name, pretrained=False, num_classes=setup["num_classes"]).eval()
+  theirs.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=True)
+  with torch.no_grad():
+    their_logits = theirs(torch.from_numpy(cw.reference_input(setup["image_size"]))).numpy()
+  difference = np.abs(jaxnet_logits(model, variables, setup["image_size"]) - their_logits).max()
+  print(f"{name}: max |logit - timm's| = {difference:.2e}")
+  assert their_logits.std() > 0.1 and difference <= 1e-4
 
 
 # --- stochastic depth -----------------------------------------------------------------------
@@ -297,3 +453,27 @@ def test_bf16_convolutions_with_fp32_norms_and_squeeze_excitation(name):
   assert sum(n for (op, types), n in ops.items() if op == "convolution" and types == ("bf16",) * 3) > 0
   reductions = {types: n for (op, types), n in ops.items() if op == "reduce"}
   assert reductions and all(set(types) == {"f32"} for types in reductions), reductions
+
+
+def test_import_reads_timm_names_and_export_writes_either(tmp_path):
+  """`python -m jaxnet.cli.weights import` takes a timm-named file with no flag; `export
+  --format=torch` writes torchvision's names, `--names=timm` timm's, and the metadata says whose."""
+  from jaxnet.cli import export as export_command
+  from jaxnet.cli import weights as weights_command
+  from jaxnet.tools.weights import tensor_files
+  _, _, tensors = load_reference_weights("convnext_mini", tmp_path)
+  file, workdir = tmp_path / "timm.safetensors", tmp_path / "imported"
+  save_file(timm_named(tensors), str(file))
+  config = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "resnet.py:runlocal")
+  assert weights_command.main(["import", f"--from={file}", f"--config={config}", f"--workdir={workdir}",
+                               "--config.model.name=convnext_mini", "--config.data.source=synthetic",
+                               "--config.data.num_classes=10", "--config.image_size=16",
+                               "--config.batch_size=8", "--config.init.preprocessing=config"]) == 0
+  for names, expected in ((None, tensors), ("timm", timm_named(tensors))):
+    out = tmp_path / f"export_{names or 'default'}.safetensors"
+    assert export_command.main([f"--workdir={workdir}", "--format=torch", f"--out={out}",
+                                *([f"--names={names}"] if names else [])]) == 0
+    written, metadata = tensor_files.read(str(out))
+    assert metadata["names"] == (names or "torchvision") and set(written) == set(expected)
+    for key, value in expected.items():
+      np.testing.assert_array_equal(written[key], value, err_msg=key)

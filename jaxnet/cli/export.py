@@ -1,13 +1,14 @@
 """A trained model out of jaxnet (jaxnet/tools/export.py, jaxnet/tools/onnx/; docs/deploy.md):
 
   python -m jaxnet.cli.export --workdir=DIR --out=FILE [--step=N] [--platforms=cpu,cuda] [--int8]
-  python -m jaxnet.cli.export --workdir=DIR --format=torch --out=FILE.safetensors
+  python -m jaxnet.cli.export --workdir=DIR --format=torch --out=FILE.safetensors [--names=timm]
   python -m jaxnet.cli.export --workdir=DIR --format=onnx --out=FILE.onnx [--int8 [--calibration-images=N|DIR]]
   python -m jaxnet.cli.export --workdir=DIR --format=bundle --out=NEW_FOLDER [--step=N]
 
 --format=jax (the default) serializes the inference function with jax.export, --int8 with
 its convolutions and dense layers in int8 (qwix); --format=torch writes the weights under
-PyTorch's names (torchvision's for ResNets and AlexNet, timm's for ViTs); --format=onnx an
+PyTorch's names (torchvision's for ResNets, AlexNet, ConvNeXts and EfficientNets, timm's for
+ViTs; --names=timm for a ConvNeXt's or an EfficientNet B0-B7's timm names); --format=onnx an
 ONNX graph, --int8 quantized by onnxruntime; --format=bundle a folder others can load
 (api.restore, predict, verify): one checkpoint with its config, classes, metrics,
 environment, data identity and a MODEL_CARD.md, every file's sha256 checked on loading
@@ -27,10 +28,16 @@ def main(argv=None):
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   parser.add_argument("--format", choices=("jax", "torch", "onnx", "bundle"), default="jax",
                       help="jax: the serialized inference function; torch: the weights as a "
-                           ".safetensors file with PyTorch names (torchvision's for ResNets and "
-                           "AlexNet, timm's for ViTs); onnx: an ONNX graph, uint8 NHWC images in, "
-                           "fp32 logits out (docs/deploy.md); bundle: a new folder holding one "
-                           "checkpoint with its records and a model card (docs/reproducibility.md)")
+                           ".safetensors file with PyTorch names (torchvision's for ResNets, "
+                           "AlexNet, ConvNeXts and EfficientNets, timm's for ViTs; see --names); "
+                           "onnx: an ONNX "
+                           "graph, uint8 NHWC images in, fp32 logits out (docs/deploy.md); bundle: "
+                           "a new folder holding one checkpoint with its records and a model card "
+                           "(docs/reproducibility.md)")
+  parser.add_argument("--names", choices=("torchvision", "timm"), default=None,
+                      help="with --format=torch: whose tensor names to write (default: the model "
+                           "family's first: torchvision's, timm's for ViTs); ConvNeXts and EfficientNet "
+                           "B0-B7 have both")
   parser.add_argument("--int8", action="store_true",
                       help="with --format=onnx: static int8 quantization (onnxruntime, QDQ, "
                            "per-channel weights); with --format=jax: int8 convolutions and dense "
@@ -49,6 +56,8 @@ def main(argv=None):
     parser.error(f"--int8 quantizes an ONNX or a jax export, not --format={args.format}")
   if args.calibration_images is not None and not (args.int8 and args.format == "onnx"):
     parser.error("--calibration-images calibrates the ONNX --int8: add --int8 --format=onnx")
+  if args.names and args.format != "torch":
+    parser.error(f"--names chooses the tensor names of --format=torch, not of --format={args.format}")
   if args.platforms and args.format != "jax":
     parser.error(f"--platforms applies to --format=jax; --format={args.format} runs anywhere")
 
@@ -73,8 +82,8 @@ def main(argv=None):
     shape = f"(batch, {', '.join(map(str, predictor.image_shape))})"
     if args.format == "torch":
       from jaxnet.tools.weights import export as weights_export, pretrained
-      tensors = weights_export.save(predictor, args.out)
-      names = pretrained.names_of(predictor.config.model.name).NAMES
+      tensors = weights_export.save(predictor, args.out, args.names)
+      names = pretrained.names_of(predictor.config.model.name, args.names).NAMES
       what = f"{len(tensors)} tensors, {names} names"
     elif args.format == "onnx":
       if args.int8:

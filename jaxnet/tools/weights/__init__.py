@@ -3,6 +3,9 @@
   resnet_names.py   jaxnet ResNet variable paths -> torchvision state-dict names (one direction)
   alexnet_names.py  the same for torchvision's AlexNet, and its fc1 layout
   vit_names.py      the same for timm's Vision Transformers
+  convnext_names.py, efficientnet_names.py  torchvision's and timm's names of ConvNeXt and
+                    EfficientNet (NAMINGS: a file is read in either, exported in the first or
+                    the one asked for)
   torch_names.py    what those share: PyTorch kernel layouts, whole state dicts both ways (the
                     inverse names from the model's paths, the inverse layouts from the forward)
   tensor_files.py   read .safetensors (numpy only) or .pth (with torch); write .safetensors

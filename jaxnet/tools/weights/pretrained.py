@@ -5,7 +5,8 @@
 workdir (its latest checkpoint, EMA params if it kept an EMA), or
 `hf-hub:OWNER/NAME` (through huggingface_hub). A file's tensor names are read
 as the model family's: torchvision's for ResNets (timm's plain ResNets share
-them) and AlexNet, timm's for ViTs. Every variable of the model must
+them) and AlexNet, timm's for ViTs, torchvision's or timm's for ConvNeXts and
+EfficientNets (whichever the file uses). Every variable of the model must
 come from the source, except the classifier head when it is re-initialised, and
 every source tensor must be used; otherwise one error lists each missing,
 unused and misshapen tensor.
@@ -48,16 +49,19 @@ class Source:
 
 
 @functools.cache
-def families() -> dict[str, torch_names.Family]:
-  """Model-name prefix -> that family's PyTorch names and layouts: each `NAME_names.py` of this
-  package is the family of the models named NAME* (a new family is a new file)."""
+def families() -> dict[str, tuple[torch_names.Family, ...]]:
+  """Model-name prefix -> the PyTorch namings of that family (names and layouts), the default
+  first: each `NAME_names.py` of this package is the family of the models named NAME* (a new
+  family is a new file), its FAMILY, or its NAMINGS where it has several (ConvNeXt and
+  EfficientNet: torchvision's and timm's)."""
   package = importlib.import_module("jaxnet.tools.weights")
-  return {m.name.removesuffix("_names"): importlib.import_module(f"{package.__name__}.{m.name}").FAMILY
-          for m in pkgutil.iter_modules(package.__path__) if m.name.endswith("_names") and m.name != "torch_names"}
+  modules = {m.name.removesuffix("_names"): importlib.import_module(f"{package.__name__}.{m.name}")
+             for m in pkgutil.iter_modules(package.__path__) if m.name.endswith("_names") and m.name != "torch_names"}
+  return {prefix: getattr(module, "NAMINGS", (module.FAMILY,)) for prefix, module in modules.items()}
 
 
-def names_of(model: str) -> torch_names.Family:
-  """The PyTorch names and layouts of model `model` or family `model` ("resnet", "vit", ...)."""
+def namings_of(model: str) -> tuple[torch_names.Family, ...]:
+  """The PyTorch namings of model `model` or family `model` ("resnet", "vit", ...), the default first."""
   prefixes = [p for p in families() if model.startswith(p)]
   if prefixes:
     return families()[max(prefixes, key=len)]  # the most specific: "efficientnet_v2" before "efficientnet"
@@ -66,8 +70,34 @@ def names_of(model: str) -> torch_names.Family:
                           f"(a jaxnet workdir loads into any model)")
 
 
-def _describer(family: torch_names.Family) -> Callable[[Path], str]:
-  return lambda path: f"{family.torch_name(path) or '(no PyTorch name)'} ({'/'.join(path[1:])})"
+def names_of(model: str, names: str | None = None) -> torch_names.Family:
+  """The PyTorch names and layouts of model `model` or family `model`: those of `names`
+  ("torchvision", "timm"), or by default the family's first naming."""
+  namings = namings_of(model)
+  if names is None:
+    return namings[0]
+  for family in namings:
+    if family.NAMES == names:
+      return family
+  known = " and ".join(f"{f.NAMES}'s" for f in namings)
+  raise InvalidValueError(f"{model} has no {names} names in jaxnet: it has {known}")
+
+
+def _naming_used(tensors: dict, target, namings: tuple[torch_names.Family, ...]
+                 ) -> tuple[torch_names.Family, dict, list[str]]:
+  """(the naming of `namings` that knows the most of the file's tensor names (the default on a
+  tie), the variables it reads from them, the names it does not know): a file says by its
+  names whose they are, so importing needs no flag."""
+  read = [(family, *family.from_torch(tensors, target)) for family in namings]
+  return max(read, key=lambda r: len(r[1]))  # max keeps the first of equals: the default
+
+
+def _describer(families: tuple[torch_names.Family, ...]) -> Callable[[Path], str]:
+  """A variable by its name in `families` (each naming's, where the file used none of them)."""
+  if len(families) == 1:
+    return lambda path: f"{families[0].torch_name(path) or '(no PyTorch name)'} ({'/'.join(path[1:])})"
+  return lambda path: (" or ".join(f"{f.torch_name(path) or '(no name)'} ({f.NAMES})" for f in families)
+                       + f" ({'/'.join(path[1:])})")
 
 
 def _describe_jaxnet(path: Path) -> str:
@@ -125,8 +155,10 @@ def load(spec: str, target: dict[Path, tuple], model: str = "resnet") -> Source:
   whose variables' shapes `target` gives ({path: shape}).
 
   A file's tensors carry the PyTorch names of `model`'s family (`model` is a
-  model name such as "vit_ti16", or a family: "resnet", "vit", "alexnet"); a
-  tensor that is no variable of `target` under its family's names is unknown.
+  model name such as "vit_ti16", or a family: "resnet", "vit", "alexnet"), in the naming
+  of the family's that knows the most of them where it has several (ConvNeXt, EfficientNet:
+  torchvision's, timm's); a tensor that is no variable of `target` under those names is
+  unknown. A file in none of them describes the model's variables in each naming's names.
   """
   if _is_workdir(spec):
     from jaxnet.core import config as config_lib
@@ -134,11 +166,11 @@ def load(spec: str, target: dict[Path, tuple], model: str = "resnet") -> Source:
     variables, _ = predictor.load_eval_variables(spec, config_lib.load(spec))
     flat = {p: np.asarray(x, np.float32) for p, x in flatten_dict(variables).items()}
     return Source(flat, [], _describe_jaxnet)
-  family = names_of(model)
+  namings = namings_of(model)
   path = hub.fetch(spec)[0] if hub.is_hub_spec(spec) else spec
   tensors, _ = tensor_files.read(path)
-  flat, unknown = family.from_torch(tensors, target)
-  return Source(flat, unknown, _describer(family))
+  family, flat, unknown = _naming_used(tensors, target, namings)
+  return Source(flat, unknown, _describer((family,) if flat else namings))
 
 
 def preprocessing_of(spec: str) -> tuple[Preprocessing, str]:
@@ -277,6 +309,13 @@ def _place(value: np.ndarray, like: jax.Array) -> jax.Array:
   return jax.make_array_from_callback(like.shape, like.sharding, lambda index: value[index])
 
 
+def _variables(flat: dict[Path, jax.Array]) -> dict:
+  """{"params": ..., "batch_stats": ...} from flat variables: a model without BN (ConvNeXt, ViT)
+  has no flat path under batch_stats, and unflattening alone would leave that key out of the
+  variables the train state is made from."""
+  return {"batch_stats": {}, **unflatten_dict(flat)}
+
+
 def initialiser(config, log=print, loaded: dict | None = None):
   """`init_params(variables) -> variables` for jaxnet.core (Experiment.init_state): the params
   and BN statistics from `config.init.weights`, placed as the fresh ones are (dtype, sharding).
@@ -303,7 +342,7 @@ def initialiser(config, log=print, loaded: dict | None = None):
     if jax.process_index() == 0:
       head = f"; classifier head re-initialised: {reason}" if reason else ""
       log(f"init: {len(values)} of {len(target)} variables from {spec}{head}")
-    return unflatten_dict({p: _place(values[p], x) if p in values else x for p, x in target.items()})
+    return _variables({p: _place(values[p], x) if p in values else x for p, x in target.items()})
 
   def init_backbone(target):
     """A detector (models/retinanet.py): its backbone from a classifier's weights (ImageNet's,
@@ -320,7 +359,7 @@ def initialiser(config, log=print, loaded: dict | None = None):
                   head_arrays=len(target) - len(values))
     if jax.process_index() == 0:
       log(f"init: {len(values)} of {len(target)} variables (the backbone's) from {spec}")
-    return unflatten_dict({p: _place(values[p], x) if p in values else x for p, x in target.items()})
+    return _variables({p: _place(values[p], x) if p in values else x for p, x in target.items()})
 
   return init_params
 
@@ -421,8 +460,8 @@ def architecture_of(spec: str, image_size: int, model: str) -> str | None:
   # is passed over after its first member: tracing each model costs 1-4 s on a CPU.
   foreign = set()
   for name in candidates:
-    family = names_of(name)
-    if family in foreign:
+    namings = namings_of(name)
+    if namings in foreign:
       continue
     try:
       module = models.create(name, num_classes=10)
@@ -430,9 +469,9 @@ def architecture_of(spec: str, image_size: int, model: str) -> str | None:
                                                     np.zeros((1, image_size, image_size, 3), np.float32),
                                                     train=False))
       shapes = {p: tuple(x.shape) for p, x in flatten_dict(abstract).items()}
-      flat, unknown = family.from_torch(tensors, shapes)
+      _, flat, unknown = _naming_used(tensors, shapes, namings)
       if not flat:
-        foreign.add(family)
+        foreign.add(namings)
         continue
       fill(shapes, Source(flat, unknown, _describe_jaxnet), keep_head=False)
     except (WeightsMismatchError, KeyError, ValueError, TypeError):  # not this one
