@@ -57,9 +57,9 @@ def test_param_counts_equal_torchvision(name):
 # --- the same logits as torchvision for the same weights -------------------------------------
 
 
-def torchvision_spec(name, setup, names="torchvision") -> dict:
-  """({torchvision name: torchvision shape} of every tensor jaxnet's map gives model `name`,
-  {jaxnet path: shape}); another naming's names with `names`."""
+def state_dict_spec(name, setup, names="torchvision") -> tuple[dict, dict]:
+  """({name: PyTorch shape} of every tensor jaxnet's `names` map gives model `name`
+  (torchvision's by default, "timm" for timm's), {jaxnet path: shape})."""
   family = pretrained.names_of(name, names)
   shapes = {p: tuple(x.shape) for p, x in flatten_dict(
       abstract_variables(name, setup["image_size"], num_classes=setup["num_classes"])).items()}
@@ -76,7 +76,7 @@ def load_reference_weights(name, tmp_path, rename=lambda tensors: tensors):
   and `init.weights`'s reader, the torchvision state dict those came from); the file holds
   `rename` of that state dict (another library's names for it)."""
   setup = cw.SETUPS[name]
-  spec, shapes = torchvision_spec(name, setup)
+  spec, shapes = state_dict_spec(name, setup)
   stored = np.load(REFERENCE)
   stored_spec = {n: tuple(int(d) for d in s.split(",") if d) for n, s in
                  zip(stored[name + "/names"], stored[name + "/shapes"])}
@@ -209,8 +209,8 @@ def test_timm_names_are_timms_state_dict(name):
   every tensor of its state dict, no other."""
   recorded = timm_recorded(name)
   setup = dict(cw.SETUPS[name], num_classes=1000)
-  assert torchvision_spec(name, setup, "timm")[0] == recorded
-  torchvision = torchvision_spec(name, setup)[0]
+  assert state_dict_spec(name, setup, "timm")[0] == recorded
+  torchvision = state_dict_spec(name, setup)[0]
   renamed = timm_named({n: np.empty(s, bool) for n, s in torchvision.items()})
   assert {n: v.shape for n, v in renamed.items()} == recorded
 
@@ -240,7 +240,7 @@ def test_export_under_timm_names_is_timms_state_dict(name, tmp_path):
 def test_weights_in_neither_naming_name_both(tmp_path):
   """A file whose names are neither torchvision's nor timm's: the error names each variable
   both ways. A model without timm names, or a V2's fused blocks, refuse a timm export."""
-  _, shapes = torchvision_spec("convnext_mini", cw.SETUPS["convnext_mini"])
+  _, shapes = state_dict_spec("convnext_mini", cw.SETUPS["convnext_mini"])
   path = str(tmp_path / "other.safetensors")
   save_file({"conv0.weight": np.zeros((16, 3, 4, 4), np.float32)}, path)
   with pytest.raises(pretrained.WeightsMismatchError) as info:
