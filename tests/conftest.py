@@ -11,6 +11,8 @@ import shutil
 import sys
 import tempfile
 
+import pytest
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
@@ -74,3 +76,19 @@ def pytest_xdist_auto_num_workers(config):
   except (ValueError, OSError, AttributeError):
     memory_gib = 3
   return max(1, min(cores, 4, int(memory_gib // 3)))
+
+
+
+# --- Trained workdirs shared by the session (tests/helpers.py, SharedRuns) ------------------
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory):
+  """The session's SharedRuns, in a folder that every test process sees (xdist's processes each
+  have a basetemp of their own under one root)."""
+  from tests.helpers import SharedRuns
+  base = tmp_path_factory.getbasetemp()
+  root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
+  root.mkdir(exist_ok=True)
+  runs = SharedRuns(root)
+  yield runs
+  runs.check_unchanged()
