@@ -370,7 +370,7 @@ def test_each_step_on_eight_devices_matches_one_device(name):
 
 
 def test_vit_config_variants_follow_the_big_vision_recipe():
-  from configs import vit
+  from jaxnet.configs import vit
   for variant in vit.VARIANTS:
     c = vit.get_config(variant)
     assert c.model.name == f"vit_{variant}" and c.model.name in models.names()
@@ -390,7 +390,7 @@ def test_vit_config_variants_follow_the_big_vision_recipe():
 
 
 def test_model_options_are_the_models_fields_passed_straight_to_it():
-  from configs import digits
+  from jaxnet.configs import digits
   from jaxnet.core import config as config_lib
   c = config_lib.load(os.path.join(REPO, "configs", "digits.py"))
   # digits sets zero_init_last_bn=False, a ResNet option; load fills in the others at ResNet's defaults.

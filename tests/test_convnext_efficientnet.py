@@ -367,7 +367,7 @@ def numpy_variables(model, x):
 
 
 def test_imagenet_recipes_follow_the_published_settings():
-  from configs import convnext, efficientnet
+  from jaxnet.configs import convnext, efficientnet
   for variant in convnext.VARIANTS:
     assert convnext.get_config(variant).model.name in models.names()
   c = convnext.get_config("tiny")

@@ -1,6 +1,6 @@
 """The train and eval command:
 
-  python -m jaxnet.main --config=configs/NAME.py[:ARG] --workdir=DIR [--mode=train|eval]
+  python -m jaxnet.main --config=NAME[:ARG] --workdir=DIR [--mode=train|eval]
       [--config.KEY=VALUE ...] [--accept_config_changes=KEY,...]
 
 The config is built by the same function as the Python API's (jaxnet.core.config.load):
@@ -21,7 +21,7 @@ from jaxnet.cli import process
 from jaxnet.core import config as config_lib
 from jaxnet.core.errors import UserError
 
-_CONFIG = flags.DEFINE_string("config", None, "A config file, configs/NAME.py[:ARG]. Override "
+_CONFIG = flags.DEFINE_string("config", None, "A config file, jaxnet/configs/NAME.py[:ARG]. Override "
                               "its keys with --config.KEY=VALUE (keys: jaxnet/core/config.py).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"],

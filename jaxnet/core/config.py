@@ -1,8 +1,9 @@
 """The run's config: every run-level key with its default, loading a config file or a
 workdir's config.json with overrides, range checks, and durations in steps or epochs.
 
-A config file (configs/*.py) defines `get_config()` that calls `base_config()` and
-overrides what its recipe needs. The command line passes its `--config.KEY=VALUE` flags
+A config file defines `get_config()` that calls `base_config()` and overrides what its
+recipe needs. The recipes jaxnet ships are such files in the package (jaxnet/configs/), named
+by their file's name: `digits`, `resnet50:fast` (`resolve`). The command line passes its `--config.KEY=VALUE` flags
 to `load` as strings, the Python API passes values; both get the file's `get_config()`,
 locked, with the overrides applied, so a mistyped key is the same error in both. A
 string for a non-string key is read as that key's type.
@@ -171,7 +172,8 @@ class ConfigFileError(UserError, ValueError):
 
 
 def load(path: str, overrides: dict | None = None) -> ml_collections.ConfigDict:
-  """A locked config from `configs/NAME.py[:ARG]`, a `config.json`, or a workdir holding one.
+  """A locked config from a recipe `NAME[:ARG]`, a file `PATH.py[:ARG]`, a `config.json`, or a
+  workdir holding one.
 
   `overrides` maps dotted keys to values: {"optim.learning_rate": 0.1, "total_steps": 50}.
   An override of `model.name` comes first (`switch_model`), so that the other overrides
@@ -220,11 +222,44 @@ def with_model_options(config) -> ml_collections.ConfigDict:
   return filled
 
 
+# The recipes that ship with jaxnet: jaxnet/configs/NAME.py, run as `--config=NAME[:ARG]`.
+RECIPES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def recipe_names() -> list[str]:
+  """The names of the packaged recipes (jaxnet/configs/NAME.py), sorted."""
+  return sorted(name[:-3] for name in os.listdir(RECIPES_DIR)
+                if name.endswith(".py") and not name.startswith("_"))
+
+
+def resolve(spec: str) -> tuple[str, str]:
+  """(config file, ARG) of `spec`: a file `PATH.py[:ARG]`, or a packaged recipe `NAME[:ARG]`.
+
+  A file that exists wins over a recipe of the same name. `configs/NAME.py` that does not
+  exist (from any folder) is the packaged recipe NAME: where the recipes lived in a
+  checkout before they moved into the package, so older commands keep working."""
+  if os.path.exists(spec):
+    return spec, ""
+  path, _, arg = spec.partition(":")
+  if os.path.exists(path):
+    return path, arg
+  name = os.path.basename(path).removesuffix(".py")
+  old_layout = path.endswith(".py") and os.path.basename(os.path.dirname(path)) == "configs"
+  if (path == name or old_layout) and name in recipe_names():
+    return os.path.join(RECIPES_DIR, f"{name}.py"), arg
+  if path.endswith(".py") or os.sep in path:
+    raise MissingFileError(f"config file {path!r} not found (or a recipe by name: "
+                           f"{', '.join(recipe_names())}; jaxnet recipes)")
+  close = difflib.get_close_matches(name, recipe_names(), n=1)
+  hint = f"did you mean --config={close[0]}? " if close else ""
+  raise MissingFileError(f"no recipe or config file {path!r}: {hint}the recipes are "
+                         f"{', '.join(recipe_names())} (jaxnet recipes), or give a FILE.py")
+
+
 def from_file(spec: str) -> ml_collections.ConfigDict:
-  """Runs `get_config()` of a config file; `path.py:ARG` passes ARG (`get_config(ARG)`)."""
-  path, _, arg = spec.partition(":") if not os.path.exists(spec) else (spec, "", "")
-  if not os.path.exists(path):
-    raise MissingFileError(f"config file {path!r} not found")
+  """Runs `get_config()` of a config file or packaged recipe (`resolve`); `:ARG` passes ARG
+  (`get_config(ARG)`)."""
+  path, arg = resolve(spec)
   module_spec = importlib.util.spec_from_file_location("_jaxnet_config", path)
   module = importlib.util.module_from_spec(module_spec)
   try:

@@ -42,11 +42,30 @@ def _not_prepared(name: str, data_dir: str, looked_in: str, why: str) -> FileNot
       f"(looked in {looked_in!r}).\n{_prepare_help(name, data_dir)}")
 
 
+def _check_looks_prepared(name: str, split: str, data_dir: str | None) -> None:
+  """The two mistakes seen in data_dir before tfds is asked (whose answer is a log line and
+  TensorFlow build steps): an image folder given as a TFDS dataset, and a folder without
+  the dataset's dataset_info.json."""
+  import glob
+  import os
+  if not data_dir:
+    return
+  split_dir = os.path.join(data_dir, split.split("[")[0])
+  if os.path.isdir(split_dir) and any(e.is_dir() for e in os.scandir(split_dir)):
+    raise MissingFileError(
+        f"data.dir={data_dir!r} holds an image folder ({split_dir}/CLASS/...), not the TFDS "
+        f"dataset {name!r}: add --config.data.source=imagefolder")
+  base = os.path.join(data_dir, name.split(":")[0])
+  if not glob.glob(os.path.join(glob.escape(base), "**", "dataset_info.json"), recursive=True):
+    raise _not_prepared(name, data_dir, base, "no dataset_info.json found")
+
+
 def open_prepared(name: str, split: str, data_dir: str | None, image_key: str = "image"):
   """(tfds.data_source of a dataset prepared as ArrayRecord with its images as raw bytes,
   the dataset's features); MissingFileError with the commands to prepare it otherwise.
   Preparation is checked here: tfds.data_source would otherwise start downloading and
   preparing, or fail with a format error on TFRecord data."""
+  _check_looks_prepared(name, split, data_dir)
   import tensorflow_datasets as tfds  # slow import: only when used
   try:
     builder = tfds.builder(name, data_dir=data_dir)

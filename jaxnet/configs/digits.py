@@ -1,6 +1,6 @@
 """Quick start: a tiny ResNet on scikit-learn's bundled 8x8 digits, upsampled to 16x16.
 
-  python -m jaxnet.main --config=configs/digits.py --workdir=/tmp/jaxnet-digits
+  python -m jaxnet.main --config=digits --workdir=/tmp/jaxnet-digits
 
 Meant for: any CPU (made on 2 cores, no GPU). Nothing is downloaded.
 Expect: >= 97% test top-1 (0.9972 in 12 s, compilation included, on 2 CPU cores of an x86_64

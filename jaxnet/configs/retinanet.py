@@ -1,8 +1,8 @@
 """RetinaNet (a ResNet-FPN detector): COCO 2017, and a shapes dataset for a CPU.
 
-  python -m jaxnet.main --config=configs/retinanet.py --workdir=$WORKDIR --config.data.dir=$COCO
+  python -m jaxnet.main --config=retinanet --workdir=$WORKDIR --config.data.dir=$COCO
   python -m jaxnet.cli.make_shapes /tmp/shapes
-  python -m jaxnet.main --config=configs/retinanet.py:shapes --workdir=/tmp/jaxnet-shapes \
+  python -m jaxnet.main --config=retinanet:shapes --workdir=/tmp/jaxnet-shapes \
       --config.data.dir=/tmp/shapes
 
 ARGS (comma-separated, all optional): recipe=coco|shapes (default coco; a bare `shapes` is the
@@ -15,7 +15,7 @@ weight decay 1e-4) at 0.01 per 16 images with 1,000 warmup steps, a 1x schedule 
 cosine decay where torchvision steps the rate down at epochs 8 and 11). Start the backbone
 from ImageNet weights (--config.init.weights=...).
   Meant for: one server with 8 GPUs (batch 64, 8 per GPU; 25.9 GiB per H100 by
-  python -m jaxnet.cli.gpu_plan --config=configs/retinanet.py).
+  python -m jaxnet.cli.gpu_plan --config=retinanet).
   Expect: torchvision's published result for this model, 36.4 box AP (mAP@[.5:.95]) on
   val2017; not measured by jaxnet (no COCO and no GPU here).
 
@@ -76,5 +76,5 @@ def get_config(arg: str = ""):
     c.eval_every_steps, c.eval_every_epochs = 0, 10
     c.checkpoint_every_steps, c.checkpoint_every_epochs = 0, 10
   else:
-    raise ValueError(f"configs/retinanet.py recipe={args.recipe!r}: use 'coco' or 'shapes'")
+    raise ValueError(f"retinanet recipe={args.recipe!r}: use 'coco' or 'shapes'")
   return c
