@@ -158,19 +158,22 @@ def recipes(argv) -> int:
 
 def key_help() -> dict[str, str]:
   """{dotted key: its comment} from base_config's source: the comment on a key's line and the
-  comment lines that continue it."""
+  comment lines that continue it, else the comment lines just above it."""
   from jaxnet.core import config as config_lib
-  lines = inspect.getsource(config_lib.base_config).splitlines()
-  helps, key = {}, None
-  for line in lines:
+  helps, key, above = {}, None, []
+  for line in inspect.getsource(config_lib.base_config).splitlines():
     assigned = re.match(r"\s*c\.([\w.]+)\s*=[^#]*?(?:#\s?(.*))?$", line)
     if assigned:
       key = assigned.group(1)
-      helps[key] = (assigned.group(2) or "").strip()
+      helps[key] = (assigned.group(2) or "").strip() or " ".join(above)
+      above = []
     elif key and re.match(r"\s{8,}#", line):  # a continuation, aligned under the comment
       helps[key] = f"{helps[key]} {line.strip().lstrip('#').strip()}".strip()
-    else:
+    elif re.match(r"\s*#", line):
       key = None
+      above.append(line.strip().lstrip("#").strip())
+    else:
+      key, above = None, []
   return helps
 
 
@@ -195,14 +198,18 @@ def config_keys(argv) -> int:
   helps = key_help()
   keys = [k for k in config_lib.flat_keys(config) if k.startswith(args.prefix)]
   if not keys:
-    close = difflib.get_close_matches(args.prefix, config_lib.flat_keys(config), n=3)
+    names = config_lib.flat_keys(config)
+    close = difflib.get_close_matches(args.prefix, names + sorted({k.split(".")[0] for k in names}), n=3)
     hint = f" (did you mean {' or '.join(close)}?)" if close else ""
     print(f"error: no config key starts with {args.prefix!r}{hint}; jaxnet config lists them all",
           file=sys.stderr)
     return 2
   for key in keys:
     value = config_lib.get(config, key)
-    text = helps.get(key) or (f"an option of model {config.model.name}" if key.startswith("model.") else "")
+    text = helps.get(key) or (f"an option of model {config.model.name}"
+                              if key.startswith("model.") else "")
+    if key == "model.name":
+      text = "the model, a registry name (jaxnet summary --help lists them)"
     print(f"{key} = {value!r}" + (f"  # {text}" if text else ""))
   return 0
 

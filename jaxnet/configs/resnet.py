@@ -1,6 +1,6 @@
 """ResNets on ImageNet (ILSVRC-2012): one file, two recipes, any depth.
 
-  python -m jaxnet.main --config=resnet:ARGS --workdir=$WORKDIR \
+  jaxnet train --config=resnet:ARGS --workdir=$WORKDIR \
       --config.data.dir=$TFDS_DATA_DIR
 ARGS (comma-separated, all optional): depth=18|34|50|101|152 (default 50),
 recipe=standard|fast (default standard), runlocal (shrinks the run for a CPU
@@ -9,11 +9,11 @@ jaxnet/configs/resnet50.py is this file at depth 50: `--config=resnet50` and
 `--config=resnet50:fast` run the two ResNet-50 recipes.
 
 Standard 90-epoch recipe (Goyal et al. 2017 with cosine decay and label smoothing):
-  python -m jaxnet.main --config=resnet --workdir=$WORKDIR \
+  jaxnet train --config=resnet --workdir=$WORKDIR \
       --config.data.dir=$TFDS_DATA_DIR
 Fast recipe, in the spirit of MLPerf and fast.ai (LARS, batch 2048, ~40 epochs,
 progressive resizing 160 -> 192 -> 224):
-  python -m jaxnet.main --config=resnet:recipe=fast --workdir=$WORKDIR \
+  jaxnet train --config=resnet:recipe=fast --workdir=$WORKDIR \
       --config.data.dir=$TFDS_DATA_DIR
 
 Meant for: one server with 8 GPUs (A100/H100 class), batch 1024 (128 per GPU) for

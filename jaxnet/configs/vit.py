@@ -1,6 +1,6 @@
 """Vision Transformers on ImageNet (ILSVRC-2012): big_vision's "better plain ViT baselines".
 
-  python -m jaxnet.main --config=vit:s16 --workdir=$WORKDIR \
+  jaxnet train --config=vit:s16 --workdir=$WORKDIR \
       --config.data.dir=$TFDS_DATA_DIR
   (variants: ti16, s16, b16, l16, h14; s16 is the default)
 

@@ -3,10 +3,10 @@ workdir's config.json with overrides, range checks, and durations in steps or ep
 
 A config file defines `get_config()` that calls `base_config()` and overrides what its
 recipe needs. The recipes jaxnet ships are such files in the package (jaxnet/configs/), named
-by their file's name: `digits`, `resnet50:fast` (`resolve`). The command line passes its `--config.KEY=VALUE` flags
-to `load` as strings, the Python API passes values; both get the file's `get_config()`,
-locked, with the overrides applied, so a mistyped key is the same error in both. A
-string for a non-string key is read as that key's type.
+by their file's name: `digits`, `resnet50:fast` (`resolve`). The command line passes its
+`--config.KEY=VALUE` flags to `load` as strings, the Python API passes values; both get the
+file's `get_config()`, locked, with the overrides applied, so a mistyped key is the same
+error in both. A string for a non-string key is read as that key's type.
 
 `config.model` is the model's own options: `name` picks a model of the registry
 (jaxnet/core/models), and every other key is a field of that model, passed to it as a
@@ -30,27 +30,27 @@ from jaxnet.core.errors import InvalidValueError, MissingFileError, UserError
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.seed = 0
+  c.seed = 0                       # init, data order, augmentation: the same seed, the same run
   c.batch_size = 256               # global, over all devices and hosts
   c.grad_accum_steps = 1           # > 1: each step sums the gradients of this many micro-batches
                                    # of batch_size / grad_accum_steps (less memory, same update)
   c.total_steps = 0                # > 0 caps the run; 0 means num_epochs
-  c.num_epochs = 1.0
-  c.image_size = 224
+  c.num_epochs = 1.0               # passes over the train split (when total_steps is 0)
+  c.image_size = 224               # train and eval resolution, pixels (square)
   # ((fraction_of_training, image_size), ...): train at smaller sizes early on.
   # Empty: always image_size. Evaluation always uses image_size.
   c.progressive_resizing = ()
   c.precision = "fp32"             # fp32 | bf16 | fp16
-  c.label_smoothing = 0.0
+  c.label_smoothing = 0.0          # cross-entropy's target smoothing, in [0, 1)
   c.ema_decay = 0.0                # 0: no EMA of params (and no copy of them in the state); eval uses EMA params when on
 
-  c.log_every_steps = 100
+  c.log_every_steps = 100          # a progress line and a metrics.jsonl record every this many steps
   c.eval_every_steps = 0           # 0: only the final eval
   c.eval_every_epochs = 0.0        # used when eval_every_steps is 0; both 0: only the final eval
   c.checkpoint_every_steps = 1000  # 0: only the final checkpoint
   c.checkpoint_every_epochs = 0.0  # used when checkpoint_every_steps is 0 (duration_in_steps)
-  c.keep_checkpoints = 3
-  c.async_checkpointing = True
+  c.keep_checkpoints = 3           # the newest this many checkpoints are kept
+  c.async_checkpointing = True     # save in the background while training goes on
   # (first, last): trace steps first..last (1-based) with jax.profiler into
   # WORKDIR/tensorboard for TensorBoard's profile plugin. Empty: no trace.
   c.profile_steps = ()
@@ -78,8 +78,8 @@ def base_config() -> ml_collections.ConfigDict:
                                    # detector reads tfds datasets laid out as coco/2017)
   c.data.dir = ""                  # ImageFolder or COCO-format root, or tfds data_dir
   c.data.name = "imagenet2012"     # tfds dataset name
-  c.data.train_split = "train"
-  c.data.eval_split = "validation"
+  c.data.train_split = "train"     # the split trained on (a folder of an ImageFolder root)
+  c.data.eval_split = "validation"  # the split evaluated (ImageFolder: its folder, e.g. val)
   c.data.loader = "grain"          # grain | dali: NVIDIA DALI decodes and augments (on the GPU where
                                    # jax computes on one; image folders; pip install -e '.[dali]')
   c.data.workers = 0               # Grain worker processes (0: decode in the main process);
@@ -92,7 +92,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.num_classes = 1000        # synthetic only: how many classes its labels draw from
   c.data.synthetic_size = 10_000   # synthetic only: examples per epoch
   c.data.mean = (0.485, 0.456, 0.406)  # per-channel, of pixels in [0, 1]
-  c.data.std = (0.229, 0.224, 0.225)
+  c.data.std = (0.229, 0.224, 0.225)  # per-channel, of pixels in [0, 1]
   c.data.prefetch = 2              # batches placed on the devices ahead of the step
   c.data.randaug_num_ops = 0       # RandAugment: ops per train image (0: off); in the Grain
   c.data.randaug_magnitude = 10    # workers, on uint8 images; magnitude of 0..10
@@ -118,22 +118,22 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim = ml_collections.ConfigDict()
   c.optim.name = "sgd"             # sgd | lars | adamw
   c.optim.learning_rate = 0.1      # peak LR at base_batch_size; scaled linearly with batch_size
-  c.optim.base_batch_size = 256
+  c.optim.base_batch_size = 256    # the batch learning_rate is given for
   c.optim.schedule = "cosine"      # cosine | linear | poly2 | constant
-  c.optim.warmup_epochs = 0.0
+  c.optim.warmup_epochs = 0.0      # linear warmup from 0 to the peak LR
   c.optim.warmup_steps = 0         # overrides warmup_epochs when > 0
-  c.optim.end_lr_fraction = 0.0
-  c.optim.momentum = 0.9
-  c.optim.nesterov = True
+  c.optim.end_lr_fraction = 0.0    # the final LR as a fraction of the peak
+  c.optim.momentum = 0.9           # sgd, lars
+  c.optim.nesterov = True          # sgd
   c.optim.weight_decay = 5e-5      # conv/dense kernels only: not BN, LayerNorm, biases, embeddings
   c.optim.b1 = 0.9                 # adamw
   c.optim.b2 = 0.999               # adamw
   c.optim.mu_dtype = ""            # adamw: dtype of the first moment, e.g. "bfloat16"; "" = params'
-  c.optim.grad_clip_norm = 0.0
+  c.optim.grad_clip_norm = 0.0     # clip gradients to this global norm; 0: no clipping
 
   c.loss_scale = ml_collections.ConfigDict()  # fp16 only
-  c.loss_scale.initial_scale = 2.0**15
-  c.loss_scale.growth_interval = 2000
+  c.loss_scale.initial_scale = 2.0**15  # fp16: the dynamic loss scale to start from
+  c.loss_scale.growth_interval = 2000  # fp16: finite steps before the scale doubles
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.num_devices = 0           # 0: every device of every host
@@ -146,10 +146,10 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.distributed = ml_collections.ConfigDict()  # multi-host; see docs/multihost.md
   c.distributed.enabled = "auto"   # auto (Slurm / coordinator set) | true | false
-  c.distributed.coordinator_address = ""
-  c.distributed.num_processes = 0
-  c.distributed.process_id = -1
-  c.distributed.local_device_ids = ""
+  c.distributed.coordinator_address = ""  # HOST:PORT of process 0; "": from Slurm or the environment
+  c.distributed.num_processes = 0  # 0: from Slurm or the environment
+  c.distributed.process_id = -1    # -1: from Slurm or the environment
+  c.distributed.local_device_ids = ""  # comma-separated device ids this process uses; "": all
   c.distributed.heartbeat_timeout_sec = 100.0  # a process silent this long counts as dead: the
                                    # others stop with one line naming it (jaxnet/cli/heartbeat.py);
                                    # jax's own heartbeat timeout is set to twice this
@@ -457,7 +457,7 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict) -> None:
       close = difflib.get_close_matches(dotted, known, n=3)
       hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
       raise ConfigOverrideError(f"the config has no key {dotted!r}.{hint} "
-                                f"Config keys are listed in jaxnet/core/config.py.")
+                                f"jaxnet config lists the keys (jaxnet/core/config.py).")
     if isinstance(value, str) and not isinstance(node[leaf], str):
       value = _parse(dotted, value, node[leaf])
     try:
