@@ -219,3 +219,9 @@ def test_recipes_run_by_name_from_any_folder_and_old_paths_still_work(tmp_path, 
   assert config_lib.load("digits").batch_size == 64    # the recipe
   with pytest.raises(FileNotFoundError, match="did you mean --config=resnet50"):
     config_lib.load("resnet5")
+
+
+def test_the_recipes_are_package_data():
+  # pyproject.toml's package discovery takes jaxnet/configs into a wheel (a non-editable install).
+  setuptools = pytest.importorskip("setuptools")
+  assert "jaxnet.configs" in setuptools.find_packages(REPO, include=["jaxnet*"])

@@ -210,7 +210,7 @@ def test_console_commands_in_the_docs_exist_and_take_their_flags():
 
 def test_configs_in_the_docs_load(tmp_path, monkeypatch):
   from jaxnet.core import config as config_lib
-  specs = {m.group(1) for _, m in _occurrences(r"--config=((?:configs/)?[\w]+(?:\.py)?(?::[\w=,]+)?)")}
+  specs = {m.group(1) for _, m in _occurrences(r"--config=((?:configs/\w+\.py|[a-z]\w*)(?::[\w=,]+)?)(?![\w./])")}
   assert {"digits", "resnet50:fast", "convnext:mini"} <= specs
   monkeypatch.chdir(tmp_path)  # a recipe runs by name from any folder
   broken = []

@@ -87,9 +87,28 @@ def test_report_writes_plots_and_summary(workdir, tmp_path, capsys):
   assert mine["median_images_per_sec"] == pytest.approx(float(np.median(rates)), rel=1e-12)
   assert mine["final_step"] == 40
   assert summary["other"]["best_eval_top1"] == pytest.approx(0.5 * best["eval/top1"])
+  final = evals[-1]
+  assert (mine["final_eval_top1"], mine["final_eval_step"]) == (final["eval/top1"], 40)
   text = (out / "summary.txt").read_text()
+  assert f"final eval top-1 {final['eval/top1']:.4f} at step 40; " in text
   assert f"best eval top-1 {best['eval/top1']:.4f} at step {best['step']}" in text
   assert text in capsys.readouterr().out
+
+
+def test_report_draws_the_run_s_own_learning_rate_schedule(workdir, tmp_path):
+  """The schedule from the run's config.json and length: each logged learning rate (the mean
+  over its log interval) is the mean of the schedule's values over those steps."""
+  schedule = report.learning_rate_schedule(str(workdir))
+  assert list(schedule.steps) == list(range(1, 41))
+  by_step = dict(zip(schedule.steps, schedule.values))
+  logged = [r for r in read_jsonl(workdir) if "train/learning_rate" in r]
+  assert len(logged) == 8
+  for r in logged:
+    window = [by_step[s] for s in range(r["step"] - 4, r["step"] + 1)]
+    assert float(np.mean(window)) == pytest.approx(r["train/learning_rate"], rel=1e-5), r["step"]
+  warmup = 1438 // 64  # the digits recipe's one warmup epoch, in this run's steps
+  assert np.argmax(schedule.values) + 1 == warmup + 1 and schedule.values[0] == 0.0
+  assert report.learning_rate_schedule(str(tmp_path)) is None  # no run there: the logged values only
 
 
 def test_report_command_line(workdir, tmp_path):

@@ -217,7 +217,14 @@ def config_keys(argv) -> int:
 # --- dispatch --------------------------------------------------------------------------
 
 def main(argv=None) -> int:
-  argv = sys.argv[1:] if argv is None else list(argv)
+  try:
+    return _dispatch(sys.argv[1:] if argv is None else list(argv))
+  except BrokenPipeError:  # `jaxnet recipes | head`: the reader has what it wanted
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _dispatch(argv: list[str]) -> int:
   if not argv or argv[0] in ("-h", "--help", "help"):
     print(usage())
     return 0 if argv else 2
