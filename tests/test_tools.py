@@ -443,6 +443,10 @@ def test_a_bundle_restores_evaluates_and_verifies_as_its_workdir_and_refuses_a_c
   assert "bundled step 40" in capsys.readouterr().out
   manifest = json.loads((out / "bundle.json").read_text())
   assert manifest["step"] == 40 and os.listdir(out / "checkpoints") == ["40"]
+  umask = os.umask(0o022)
+  os.umask(umask)
+  assert (out.stat().st_mode & 0o777) == 0o777 & ~umask  # shared as the umask says (not 0700)
+  assert not [p for p in os.listdir(tmp_path) if p.startswith(".bundle-")]
   for name in ("config.json", "classes.json", "environment.json", "data_identity.json", "config_file.py",
                "metrics.jsonl", "MODEL_CARD.md"):
     assert name in manifest["files"], name
