@@ -279,6 +279,14 @@ def config_file_error(path: str, error: BaseException) -> ConfigFileError:
   return ConfigFileError(f"{where}: {type(error).__name__}: {error}")
 
 
+def data_name(config) -> str:
+  """What a run's data is called: a tfds dataset's name, a folder's name (an image folder's,
+  a COCO-format one's: `shapes`, not `coco`), else the generated source's (digits, synthetic)."""
+  folder = os.path.basename(os.path.normpath(str(config.data.dir or ""))) or config.data.source
+  return {"tfds": config.data.name, "imagefolder": folder, "coco": folder}.get(
+      config.data.source, config.data.source)
+
+
 def get(config, dotted: str):
   """The value of a dotted key: get(config, "optim.learning_rate")."""
   node = config

@@ -131,10 +131,7 @@ def model_card(folder: str, step: int, records: list[dict], name: str) -> str:
   data = "\n".join(f"- {split}: " + ", ".join(f"{k} {_shown(v)}" for k, v in ident.items())
                    for split, ident in sorted(identity.items())) or "- (not recorded)"
   packages = ", ".join(f"{k} {v}" for k, v in sorted(env.get("packages", {}).items())) or "(not recorded)"
-  folder_name = os.path.basename(os.path.normpath(str(config.data.dir or ""))) or config.data.source
-  data_name = {"tfds": config.data.name, "imagefolder": folder_name, "coco": folder_name}.get(
-      config.data.source, config.data.source)  # the generated sources are named by themselves
-  return f"""# {name}: {config.model.name} on {data_name}
+  return f"""# {name}: {config.model.name} on {config_lib.data_name(config)}
 
 A jaxnet bundle: the checkpoint of step {step} of a training run, with its config and the
 records of what made it. Made by `python -m jaxnet.cli.export --format=bundle`.
