@@ -274,3 +274,13 @@ def test_self_contained_python_snippets_run():
   done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
                         timeout=120)
   assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_deploy_md_lists_every_export_format():
+  from jaxnet.cli import export
+  parser_source = open(export.__file__).read()
+  formats = re.search(r'"--format".*?choices=[(\[]([^)\]]*)[)\]]', parser_source, re.S).group(1)
+  formats = re.findall(r'"(\w+)"', formats)
+  assert len(formats) >= 4
+  rows = re.findall(r"(?m)^\| `(\w+)`(?: \(default\))? \| `", DOCS["docs/deploy.md"])
+  assert sorted(rows) == sorted(formats), f"docs/deploy.md's table lists {rows}; export --format takes {formats}"
