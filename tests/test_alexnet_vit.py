@@ -385,7 +385,7 @@ def test_vit_config_variants_follow_the_big_vision_recipe():
   # Only ViT-H/14 splits its state (FSDP) and its batch (2 micro-batches) to fit 80 GB GPUs.
   assert [(v, vit.get_config(v).mesh.fsdp, vit.get_config(v).grad_accum_steps) for v in ("l16", "h14")] == [
       ("l16", False, 1), ("h14", True, 2)]
-  with pytest.raises(ValueError, match=r"variant 's32'.*configs/vit.py:s16"):
+  with pytest.raises(ValueError, match=r"variant 's32'.*--config=vit:s16"):
     vit.get_config("s32")
 
 

@@ -315,7 +315,7 @@ def test_the_workdir_records_data_versions_code_and_config_file(workdir):
   assert env["code_diff_sha256"] == (provenance.text_sha256(diff) if diff else "")
   text = (workdir / "config_file.py").read_text()
   assert text.startswith("# jaxnet: the config file this run was started with: configs/digits.py\n")
-  assert text.endswith(open(os.path.join(REPO, "configs/digits.py")).read())
+  assert text.endswith(open(os.path.join(REPO, "jaxnet/configs/digits.py")).read())  # the recipe that path names
 
 
 def test_changed_data_is_refused_in_one_line_and_an_accepted_eval_is_recorded_apart(workdir, tmp_path, capsys):
@@ -562,7 +562,7 @@ def test_a_resume_keeps_the_previous_start_s_records(workdir, tmp_path):
   first = {name: (copy / name).read_text() for name in workdir_lib.START_RECORDS if (copy / name).exists()}
   assert json.loads(first["environment.json"])["started_at_step"] == 0 and "config_file.py" in first
   config_file = tmp_path / "digits_again.py"  # the same config, from another file
-  config_file.write_text(open(os.path.join(REPO, "configs/digits.py")).read() + "# resumed\n")
+  config_file.write_text(open(os.path.join(REPO, "jaxnet/configs/digits.py")).read() + "# resumed\n")
   run_main(copy, "total_steps=45", "ema_decay=0.9", config=str(config_file), env=kernel_env())
   kept = copy / "starts" / "0"
   assert sorted(os.listdir(copy / "starts")) == ["0"]
