@@ -114,6 +114,9 @@ def test_eval_reads_the_workdir_s_config_and_train_needs_one(parse, tmp_path):
       "that jaxnet train wrote, or a bundle)\n"
   _, status, err = parse(f"--workdir={workdir}", "--mode=train")
   assert status == 2 and err.count("\n") == 1 and "needs --config=RECIPE" in err
+  (workdir / "config_file.py").write_text("# jaxnet: the config file this run was started with: digits\n")
+  _, status, err = parse(f"--workdir={workdir}", "--mode=train")
+  assert status == 2 and err.endswith(f"; to resume {workdir}: --config=digits\n")
 
 
 def test_a_config_key_given_as_a_flag_gets_its_config_spelling(parse, tmp_path):

@@ -99,7 +99,7 @@ def _parse_flags(argv, parsed: dict):
     if spec is None:
       if _MODE.value == "train":
         raise UserError("jaxnet train needs --config=RECIPE (jaxnet recipes lists them) or "
-                        "--config=FILE.py")
+                        f"--config=FILE.py{_resume_hint(_WORKDIR.value)}")
       spec = _WORKDIR.value  # eval: the config the workdir's run recorded
       if not os.path.isfile(os.path.join(spec, "config.json")):
         raise UserError(f"no run in {spec}: it has no config.json (a workdir that jaxnet train "
@@ -112,6 +112,17 @@ def _parse_flags(argv, parsed: dict):
   except (UserError, FileNotFoundError) as e:
     _exit_usage(str(e), pointer=False)  # a config error names its fix itself
   return rest
+
+
+def _resume_hint(workdir: str) -> str:
+  """"; to resume DIR: --config=digits" where DIR's run recorded the config it started with."""
+  try:
+    with open(os.path.join(workdir, "config_file.py")) as f:
+      first = f.readline()
+  except OSError:
+    return ""
+  started_with = first.rpartition("started with: ")[2].strip()
+  return f"; to resume {workdir}: --config={started_with}" if started_with else ""
 
 
 def _exit_usage(message: str, pointer: bool):
