@@ -119,7 +119,7 @@ def _bundle(args) -> int:
     from jaxnet.tools import bundle
     manifest = bundle.write_bundle(args.workdir, args.out, args.step)
   print(f"bundled step {manifest['step']} of {args.workdir} into {args.out} ({len(manifest['files'])} files; "
-        f"see its MODEL_CARD.md): api.restore({args.out!r}) loads it, python -m jaxnet.cli.verify "
+        f"see its MODEL_CARD.md): api.restore({args.out!r}) loads it, jaxnet verify "
         f"{args.out} checks it")
   return 0
 

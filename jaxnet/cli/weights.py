@@ -37,10 +37,10 @@ def main(argv=None):
     print(f"imported {loaded['arrays']} arrays of {args.source} into {args.workdir} (checkpoint of step "
           f"0); the class layer's {loaded['head_arrays']} arrays of the model's {loaded['of']} are freshly "
           f"initialised ({loaded['head']}): its eval and predictions are at chance until it is trained "
-          f"(python -m jaxnet.main --config={args.config} --workdir={args.workdir} fine-tunes it)")
+          f"(jaxnet train --config={args.config} --workdir={args.workdir} fine-tunes it)")
   else:
     print(f"imported {loaded['arrays']} arrays of {args.source} into {args.workdir} (checkpoint of step 0): "
-          f"evaluate it with python -m jaxnet.main --config={args.config} --workdir={args.workdir} --mode=eval")
+          f"evaluate it with jaxnet eval --workdir={args.workdir}")
   return 0
 
 
