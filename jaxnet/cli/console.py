@@ -107,7 +107,7 @@ def _expectations(docstring: str) -> list[tuple[str, list[str]]]:
 
 def describe_recipe(path: str) -> dict:
   """What `jaxnet recipes` shows of a config file, read from its source (no get_config runs):
-  its name, its docstring's first line, its :ARGs, its "Meant for" and "Expect" paragraphs."""
+  its name, its docstring's first paragraph, its :ARGs, its "Meant for" and "Expect" paragraphs."""
   with open(path) as f:
     tree = ast.parse(f.read())
   docstring = ast.get_docstring(tree) or ""
