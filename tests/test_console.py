@@ -220,6 +220,10 @@ def test_recipes_run_by_name_from_any_folder_and_old_paths_still_work(tmp_path, 
       "  c.batch_size = 7\n  return c\n")
   assert config_lib.load("digits.py").batch_size == 7  # a file of the user's own
   assert config_lib.load("digits").batch_size == 64    # the recipe
+  (tmp_path / "resnet50").mkdir()  # a folder named as a recipe: the name stays the recipe's
+  assert config_lib.load("resnet50").batch_size == 1024
+  (tmp_path / "resnet50" / "config.json").write_text(config_lib.load("digits").to_json_best_effort())
+  assert config_lib.load("resnet50").batch_size == 64  # ... unless it is a workdir, as before
   with pytest.raises(FileNotFoundError, match="did you mean --config=resnet50"):
     config_lib.load("resnet5")
 

@@ -179,7 +179,8 @@ def load(path: str, overrides: dict | None = None) -> ml_collections.ConfigDict:
   An override of `model.name` comes first (`switch_model`), so that the other overrides
   reach the options of the model it names.
   """
-  if os.path.isdir(path):
+  # A workdir: one that holds its run's config.json, or any folder not named as a recipe.
+  if os.path.isdir(path) and (os.path.isfile(os.path.join(path, "config.json")) or not is_recipe(path)):
     config = from_json(os.path.join(path, "config.json"))
   elif path.endswith(".json"):
     config = from_json(path)
@@ -232,20 +233,28 @@ def recipe_names() -> list[str]:
                 if name.endswith(".py") and not name.startswith("_"))
 
 
-def resolve(spec: str) -> tuple[str, str]:
-  """(config file, ARG) of `spec`: a file `PATH.py[:ARG]`, or a packaged recipe `NAME[:ARG]`.
+def is_recipe(spec: str) -> bool:
+  """Whether `spec` names a packaged recipe: `NAME[:ARG]`, a bare name (no folder, no .py)."""
+  return spec.partition(":")[0] in recipe_names()
 
-  A file that exists wins over a recipe of the same name. `configs/NAME.py` that does not
-  exist (from any folder) is the packaged recipe NAME: where the recipes lived in a
-  checkout before they moved into the package, so older commands keep working."""
+
+def resolve(spec: str) -> tuple[str, str]:
+  """(config file, ARG) of `spec`: a packaged recipe `NAME[:ARG]`, or a file `PATH.py[:ARG]`.
+
+  A bare name is the recipe, not a file of that name (that is `./digits`; `load` takes a workdir
+  named so that holds a config.json as the workdir).
+  `configs/NAME.py` that does not exist (from any folder) is the packaged recipe NAME: where
+  the recipes lived in a checkout before they moved into the package, so older commands keep
+  working."""
+  path, _, arg = spec.partition(":")
+  if is_recipe(spec):
+    return os.path.join(RECIPES_DIR, f"{path}.py"), arg
   if os.path.exists(spec):
     return spec, ""
-  path, _, arg = spec.partition(":")
   if os.path.exists(path):
     return path, arg
   name = os.path.basename(path).removesuffix(".py")
-  old_layout = path.endswith(".py") and os.path.basename(os.path.dirname(path)) == "configs"
-  if (path == name or old_layout) and name in recipe_names():
+  if path.endswith(".py") and os.path.basename(os.path.dirname(path)) == "configs" and name in recipe_names():
     return os.path.join(RECIPES_DIR, f"{name}.py"), arg
   if path.endswith(".py") or os.sep in path:
     raise MissingFileError(f"config file {path!r} not found (or a recipe by name: "
