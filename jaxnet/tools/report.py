@@ -188,13 +188,14 @@ def learning_rate_schedule(workdir: str) -> Series | None:
   run's length (environment.json: total steps, steps per epoch); None without them."""
   from jaxnet.core import config as config_lib
   from jaxnet.core import optim
+  from jaxnet.core.errors import UserError
   try:
     with open(os.path.join(workdir, "environment.json")) as f:
       environment = json.load(f)
     config = config_lib.load(workdir)
     total, per_epoch = int(environment["total_steps"]), int(environment["steps_per_epoch"])
-  except (OSError, KeyError, ValueError):
-    return None
+  except (OSError, KeyError, ValueError, UserError):  # no run there, or one this jaxnet cannot
+    return None                                         # rebuild: its logged values only
   warmup = config_lib.duration_in_steps(config, "warmup", per_epoch)
   schedule = optim.learning_rate_schedule(config.optim, config.batch_size, total, warmup)
   # Each step, up to a few thousand points: the warmup's corner and the end included.
