@@ -120,8 +120,12 @@ def test_unprepared_imagenet_gives_manual_download_steps(tmp_path):
   assert "download_config=tfds.download.DownloadConfig(manual_dir=MANUAL_DIR)" in message
 
 
-def test_an_image_folder_given_as_tfds_is_one_line_naming_the_source(tmp_path):
-  # An ImageNet-style folder passed to a tfds recipe: the fix, not TensorFlow's build steps.
+def test_an_image_folder_given_as_tfds_is_one_line_naming_the_source(tmp_path, monkeypatch):
+  # An ImageNet-style folder passed to a tfds recipe: the fix, not TensorFlow's build steps,
+  # and tfds is not asked (its answer starts with a warning logged above the error line).
+  monkeypatch.setattr(tfds, "builder", lambda *a, **k: pytest.fail("tfds was asked"))
+  with pytest.raises(FileNotFoundError, match="no dataset_info.json found"):
+    TfdsSource("imagenet2012", "train", str(tmp_path / "empty"))
   (tmp_path / "train" / "cat").mkdir(parents=True)
   with pytest.raises(FileNotFoundError) as err:
     TfdsSource("imagenet2012", "train", str(tmp_path))
