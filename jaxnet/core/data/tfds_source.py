@@ -48,7 +48,7 @@ def _check_looks_prepared(name: str, split: str, data_dir: str | None) -> None:
   the dataset's dataset_info.json."""
   import glob
   import os
-  if not data_dir:
+  if not data_dir or "://" in data_dir:  # gs://... and the like: tfds' own file system
     return
   split_dir = os.path.join(data_dir, split.split("[")[0])
   if os.path.isdir(split_dir) and any(e.is_dir() for e in os.scandir(split_dir)):
