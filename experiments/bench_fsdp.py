@@ -37,7 +37,7 @@ GIB = 2**30
 
 def _config(variant: str, fsdp: bool, per_device_batch: int, image_size: int, precision: str = "bf16"):
   sys.path.insert(0, REPO)
-  from configs import vit
+  from jaxnet.configs import vit
   c = vit.get_config(variant)
   c.data.source = "synthetic"
   c.data.synthetic_size = per_device_batch * DEVICES

@@ -1,7 +1,7 @@
 """The Python API: the command line's operations as functions, for notebooks and scripts.
 
     from jaxnet import api
-    config = api.load_config("configs/digits.py", **{"optim.learning_rate": 0.2})
+    config = api.load_config("digits", **{"optim.learning_rate": 0.2})
     metrics = api.train(config, "/tmp/digits", steps=200)   # final eval metrics
     api.evaluate("/tmp/digits")                              # config from the workdir
     model = api.restore("/tmp/digits")
@@ -23,6 +23,7 @@ import os
 import sys
 
 from jaxnet.core import config as config_lib
+from jaxnet.core.errors import UserError
 from jaxnet.core.metrics import read_jsonl as read_metrics  # noqa: F401  (re-exported)
 from jaxnet.tools.predictor import Detector, Predictor  # noqa: F401  (re-exported)
 
@@ -52,7 +53,8 @@ show_reports()
 
 
 def load_config(path: str, overrides: dict | None = None, **kwargs):
-  """A locked config from a config file (`configs/digits.py`), a config.json or a workdir.
+  """A locked config from a packaged recipe (`"digits"`, `"resnet50:fast"`), a config file
+  (`my_config.py[:ARG]`), a config.json or a workdir.
 
   Overrides are dotted keys, as keyword arguments or a dict:
   `load_config(path, total_steps=50, **{"optim.learning_rate": 0.1})`. A key the
@@ -80,7 +82,7 @@ def train(config, workdir: str, steps: int | None = None, accept_config_changes=
   `accept_config_changes` (or "all"). With `config.init.weights`, a run that starts fresh
   takes its params from those weights and the preprocessing they expect (recorded in the
   workdir). `control`: a jaxnet.core.train.RunControl (the command line's signals).
-  `config_file`: the config file the config was loaded from (`configs/NAME.py[:ARG]`), whose
+  `config_file`: the config file or recipe the config was loaded from (`NAME[:ARG]`), whose
   text the workdir keeps (config_file.py) beside the config it made.
   """
   from jaxnet.core import checkpoint as ckpt
@@ -105,7 +107,10 @@ def config_file_record(config_file: str | None) -> dict:
   """{"config_file.py": the text of the config file run, headed by the name it was run as},
   or {} for a config from a workdir, a config.json, or none named."""
   from jaxnet.core import provenance
-  path = (config_file or "").split(":")[0]
+  try:
+    path = config_lib.resolve(config_file)[0] if config_file else ""
+  except UserError:
+    return {}
   if not path.endswith(".py") or not os.path.isfile(path):
     return {}
   with open(path) as f:

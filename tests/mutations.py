@@ -256,7 +256,7 @@ MUTATIONS = [
              "EvalDecodeCrop(size, config.data.eval_crop_fraction, config.data.eval_interpolation, warn=False)",
              "EvalDecodeCrop(size, 0.875, config.data.eval_interpolation, warn=False)",
              ("tests/test_preprocess.py::test_jpeg_file_is_preprocessed_like_the_eval_pipeline",), ci=True),
-    Mutation("digits_record_whole_image_eval", "configs/digits.py",
+    Mutation("digits_record_whole_image_eval", "jaxnet/configs/digits.py",
              "  c.data.eval_crop_fraction = 1.0\n", "  c.data.eval_crop_fraction = 0.875\n",
              (TOOLS + "test_prediction_resizes_array_source_images_to_image_size",)),
     Mutation("restore_uses_ema", "jaxnet/tools/predictor.py",

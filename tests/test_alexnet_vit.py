@@ -370,7 +370,7 @@ def test_each_step_on_eight_devices_matches_one_device(name):
 
 
 def test_vit_config_variants_follow_the_big_vision_recipe():
-  from configs import vit
+  from jaxnet.configs import vit
   for variant in vit.VARIANTS:
     c = vit.get_config(variant)
     assert c.model.name == f"vit_{variant}" and c.model.name in models.names()
@@ -385,12 +385,12 @@ def test_vit_config_variants_follow_the_big_vision_recipe():
   # Only ViT-H/14 splits its state (FSDP) and its batch (2 micro-batches) to fit 80 GB GPUs.
   assert [(v, vit.get_config(v).mesh.fsdp, vit.get_config(v).grad_accum_steps) for v in ("l16", "h14")] == [
       ("l16", False, 1), ("h14", True, 2)]
-  with pytest.raises(ValueError, match=r"variant 's32'.*configs/vit.py:s16"):
+  with pytest.raises(ValueError, match=r"variant 's32'.*--config=vit:s16"):
     vit.get_config("s32")
 
 
 def test_model_options_are_the_models_fields_passed_straight_to_it():
-  from configs import digits
+  from jaxnet.configs import digits
   from jaxnet.core import config as config_lib
   c = config_lib.load(os.path.join(REPO, "configs", "digits.py"))
   # digits sets zero_init_last_bn=False, a ResNet option; load fills in the others at ResNet's defaults.

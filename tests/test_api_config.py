@@ -148,3 +148,11 @@ def test_one_resnet_recipe_file_takes_depth_recipe_and_runlocal():
   assert (small.model.name, small.image_size, small.optim.name) == ("resnet_tiny", 32, "lars")
   with pytest.raises(config_io.ConfigFileError, match="not one of depth, recipe, runlocal"):
     load("resnet.py:width=2")
+
+
+def test_a_run_s_data_is_named_by_its_dataset_or_folder():
+  # The header line of a run and a bundle's MODEL_CARD: the shapes data, not its format (coco).
+  name = lambda spec, **o: config_io.data_name(config_io.load(spec, o))
+  assert name("retinanet:shapes", **{"data.dir": "/tmp/shapes/"}) == "shapes"
+  assert name("resnet50", **{"data.source": "imagefolder", "data.dir": "/data/flowers"}) == "flowers"
+  assert name("resnet50") == "imagenet2012" and name("digits") == "digits"

@@ -240,7 +240,7 @@ def test_mixup_on_eight_devices_moves_no_image_between_them():
   """Compiled for 8 devices, with 2 micro-batches: each device pairs its own images (no
   all-to-all, collective permute or all-gather of images); pairing over the whole batch
   (mix.groups=1) does move them, so the check is not vacuous."""
-  from configs import digits
+  from jaxnet.configs import digits
   from jaxnet.core import config as config_lib
   from jaxnet.core import experiment
 

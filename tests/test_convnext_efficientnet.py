@@ -367,7 +367,7 @@ def numpy_variables(model, x):
 
 
 def test_imagenet_recipes_follow_the_published_settings():
-  from configs import convnext, efficientnet
+  from jaxnet.configs import convnext, efficientnet
   for variant in convnext.VARIANTS:
     assert convnext.get_config(variant).model.name in models.names()
   c = convnext.get_config("tiny")
@@ -385,7 +385,7 @@ def test_imagenet_recipes_follow_the_published_settings():
   assert [models.options(n)["bn_epsilon"] for n in ("efficientnet_b4", "efficientnet_b5", "efficientnet_v2_s")] == [
       1e-5, 1e-3, 1e-3]
   assert models.options("efficientnet_b7")["bn_momentum"] == 0.99
-  with pytest.raises(ValueError, match=r"variant 'b8'.*configs/efficientnet.py:b0"):
+  with pytest.raises(ValueError, match=r"variant 'b8'.*--config=efficientnet:b0"):
     efficientnet.get_config("b8")
 
 

@@ -8,8 +8,9 @@ docs/*.md, pyproject.toml's comments, the configs' docstrings and the notebooks.
 - every `python -m jaxnet.X` names a module whose `--help` exits 0, and every `--flag` such a
   command is shown with appears in that help (`--config.KEY` overrides excepted);
 - every `jaxnet COMMAND` of the console command likewise;
-- every `--config=configs/NAME.py[:ARG]` loads (get_config only: nothing trains).
-Placeholders (an upper-case segment such as jaxnet.cli.NAME or configs/NAME.py) are skipped.
+- every `--config=RECIPE[:ARG]` (or an older `--config=configs/NAME.py[:ARG]`) loads, from a
+  folder outside the checkout (get_config only: nothing trains).
+Placeholders (an upper-case segment such as jaxnet.cli.NAME or --config=NAME) are skipped.
 """
 
 import functools
@@ -34,7 +35,7 @@ def _notebook_text(path):
 
 def _doc_texts():
   paths = (["README.md", "pyproject.toml"] + sorted(glob.glob("docs/*.md", root_dir=REPO))
-           + sorted(glob.glob("configs/*.py", root_dir=REPO))
+           + sorted(glob.glob("jaxnet/configs/*.py", root_dir=REPO))
            + sorted(glob.glob("notebooks/*.ipynb", root_dir=REPO)))
   texts = {}
   for rel in paths:
@@ -207,14 +208,15 @@ def test_console_commands_in_the_docs_exist_and_take_their_flags():
   assert not broken, "\n".join(broken)
 
 
-def test_configs_in_the_docs_load():
+def test_configs_in_the_docs_load(tmp_path, monkeypatch):
   from jaxnet.core import config as config_lib
-  specs = {m.group(1) for _, m in _occurrences(r"--config=(configs/[\w]+\.py(?::[\w=,]+)?)")}
-  assert len(specs) >= 5
+  specs = {m.group(1) for _, m in _occurrences(r"--config=((?:configs/\w+\.py|[a-z]\w*)(?::[\w=,]+)?)(?![\w./])")}
+  assert {"digits", "resnet50:fast", "convnext:mini"} <= specs
+  monkeypatch.chdir(tmp_path)  # a recipe runs by name from any folder
   broken = []
   for spec in sorted(s for s in specs if not _placeholder(s)):
     try:
-      config_lib.load(os.path.join(REPO, spec))
+      config_lib.load(spec)
     except Exception as e:  # noqa: BLE001  (each broken spec named, not just the first)
       broken.append(f"{spec}: {type(e).__name__}: {e}")
   assert not broken, "\n".join(broken)
@@ -272,3 +274,13 @@ def test_self_contained_python_snippets_run():
   done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
                         timeout=120)
   assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_deploy_md_lists_every_export_format():
+  from jaxnet.cli import export
+  parser_source = open(export.__file__).read()
+  formats = re.search(r'"--format".*?choices=[(\[]([^)\]]*)[)\]]', parser_source, re.S).group(1)
+  formats = re.findall(r'"(\w+)"', formats)
+  assert len(formats) >= 4
+  rows = re.findall(r"(?m)^\| `(\w+)`(?: \(default\))? \| `", DOCS["docs/deploy.md"])
+  assert sorted(rows) == sorted(formats), f"docs/deploy.md's table lists {rows}; export --format takes {formats}"

@@ -490,7 +490,7 @@ def test_fsdp_weight_shards_are_weight_sized_not_activations():
   """Under FSDP a transpose of a weight's shard (f32[1280,160] of ViT-H/14's [1280,1280]) is a
   weight's, not an activation's: the plan counted 513 such as activation-sized."""
   import math
-  from configs import digits
+  from jaxnet.configs import digits
   from jaxnet.core import config as config_lib
   from jaxnet.core import experiment
   from jaxnet.tools import gpu_plan

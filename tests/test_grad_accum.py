@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import digits
+from jaxnet.configs import digits
 from jaxnet.core import config as config_lib
 from jaxnet.core import experiment
 from tests.test_parallel import rel_diff

@@ -57,15 +57,24 @@ def test_install_cell(monkeypatch, tmp_path):
   assert _run_install_cell(monkeypatch, tmp_path, "", "jaxnet")[0] == []
   with pytest.raises(SystemExit, match="set JAXNET_SOURCE"):
     _run_install_cell(monkeypatch, tmp_path, "", "other")
-  url = "https://example.org/jaxnet.git"
+  # The repository's address, as Colab shows it: installed with git, not cloned and not editable
+  # (the recipes are in the package, so the notebook runs from any folder).
+  url = "https://github.com/OWNER/REPO"
   calls, cwd = _run_install_cell(monkeypatch, tmp_path, url, "other")
-  assert calls[0] == ["git", "clone", "--depth=1", url, "jaxnet-src"]
-  assert calls[1][-4:] == ["-q", "-e", "jaxnet-src", "matplotlib"] and len(calls) == 2
+  assert calls == [[calls[0][0], "-m", "pip", "install", "-q", f"git+{url}", "matplotlib"]]
+  assert cwd == str(tmp_path)
   checkout = tmp_path / "my-checkout"
   checkout.mkdir()
   calls, cwd = _run_install_cell(monkeypatch, tmp_path, str(checkout), None)
   assert calls == [[calls[0][0], "-m", "pip", "install", "-q", "-e", str(checkout), "matplotlib"]]
-  assert cwd == str(checkout)
+  assert cwd == str(tmp_path)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_each_notebook_says_how_to_open_it_in_colab_and_run_it_headless(name):
+  intro = nbformat.read(os.path.join(REPO, "notebooks", name), as_version=4).cells[0].source
+  assert f"https://colab.research.google.com/github/OWNER/REPO/blob/main/notebooks/{name}" in intro
+  assert f"jupyter nbconvert --to notebook --execute notebooks/{name} --output-dir=/tmp" in intro
 
 
 def test_quickstart_notebook(tmp_path):

@@ -25,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # `configs` is a directory of the repo, not an installed package
   sys.path.insert(0, REPO)
 
-from configs import digits  # noqa: E402
+from jaxnet.configs import digits  # noqa: E402
 from jaxnet.core import checkpoint as ckpt  # noqa: E402
 from jaxnet.core import experiment
 from jaxnet.core import sharding as parallel

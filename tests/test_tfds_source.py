@@ -120,6 +120,19 @@ def test_unprepared_imagenet_gives_manual_download_steps(tmp_path):
   assert "download_config=tfds.download.DownloadConfig(manual_dir=MANUAL_DIR)" in message
 
 
+def test_an_image_folder_given_as_tfds_is_one_line_naming_the_source(tmp_path, monkeypatch):
+  # An ImageNet-style folder passed to a tfds recipe: the fix, not TensorFlow's build steps,
+  # and tfds is not asked (its answer starts with a warning logged above the error line).
+  monkeypatch.setattr(tfds, "builder", lambda *a, **k: pytest.fail("tfds was asked"))
+  with pytest.raises(FileNotFoundError, match="no dataset_info.json found"):
+    TfdsSource("imagenet2012", "train", str(tmp_path / "empty"))
+  (tmp_path / "train" / "cat").mkdir(parents=True)
+  with pytest.raises(FileNotFoundError) as err:
+    TfdsSource("imagenet2012", "train", str(tmp_path))
+  assert str(err.value) == (f"data.dir={str(tmp_path)!r} holds an image folder ({tmp_path}/train/CLASS/...), "
+                            "not the TFDS dataset 'imagenet2012': add --config.data.source=imagefolder")
+
+
 def test_identity_names_the_prepared_dataset_and_its_split(data_dir):
   """What data_identity.json records for a tfds split (docs/reproducibility.md): read from
   dataset_info.json, kept through the pickling grain's workers do."""

@@ -87,9 +87,28 @@ def test_report_writes_plots_and_summary(workdir, tmp_path, capsys):
   assert mine["median_images_per_sec"] == pytest.approx(float(np.median(rates)), rel=1e-12)
   assert mine["final_step"] == 40
   assert summary["other"]["best_eval_top1"] == pytest.approx(0.5 * best["eval/top1"])
+  final = evals[-1]
+  assert (mine["final_eval_top1"], mine["final_eval_step"]) == (final["eval/top1"], 40)
   text = (out / "summary.txt").read_text()
+  assert f"final eval top-1 {final['eval/top1']:.4f} at step 40; " in text
   assert f"best eval top-1 {best['eval/top1']:.4f} at step {best['step']}" in text
   assert text in capsys.readouterr().out
+
+
+def test_report_draws_the_run_s_own_learning_rate_schedule(workdir, tmp_path):
+  """The schedule from the run's config.json and length: each logged learning rate (the mean
+  over its log interval) is the mean of the schedule's values over those steps."""
+  schedule = report.learning_rate_schedule(str(workdir))
+  assert list(schedule.steps) == list(range(1, 41))
+  by_step = dict(zip(schedule.steps, schedule.values))
+  logged = [r for r in read_jsonl(workdir) if "train/learning_rate" in r]
+  assert len(logged) == 8
+  for r in logged:
+    window = [by_step[s] for s in range(r["step"] - 4, r["step"] + 1)]
+    assert float(np.mean(window)) == pytest.approx(r["train/learning_rate"], rel=1e-5), r["step"]
+  warmup = 1438 // 64  # the digits recipe's one warmup epoch, in this run's steps
+  assert np.argmax(schedule.values) + 1 == warmup + 1 and schedule.values[0] == 0.0
+  assert report.learning_rate_schedule(str(tmp_path)) is None  # no run there: the logged values only
 
 
 def test_report_command_line(workdir, tmp_path):
@@ -296,7 +315,7 @@ def test_the_workdir_records_data_versions_code_and_config_file(workdir):
   assert env["code_diff_sha256"] == (provenance.text_sha256(diff) if diff else "")
   text = (workdir / "config_file.py").read_text()
   assert text.startswith("# jaxnet: the config file this run was started with: configs/digits.py\n")
-  assert text.endswith(open(os.path.join(REPO, "configs/digits.py")).read())
+  assert text.endswith(open(os.path.join(REPO, "jaxnet/configs/digits.py")).read())  # the recipe that path names
 
 
 def test_changed_data_is_refused_in_one_line_and_an_accepted_eval_is_recorded_apart(workdir, tmp_path, capsys):
@@ -424,6 +443,10 @@ def test_a_bundle_restores_evaluates_and_verifies_as_its_workdir_and_refuses_a_c
   assert "bundled step 40" in capsys.readouterr().out
   manifest = json.loads((out / "bundle.json").read_text())
   assert manifest["step"] == 40 and os.listdir(out / "checkpoints") == ["40"]
+  umask = os.umask(0o022)
+  os.umask(umask)
+  assert (out.stat().st_mode & 0o777) == 0o777 & ~umask  # shared as the umask says (not 0700)
+  assert not [p for p in os.listdir(tmp_path) if p.startswith(".bundle-")]
   for name in ("config.json", "classes.json", "environment.json", "data_identity.json", "config_file.py",
                "metrics.jsonl", "MODEL_CARD.md"):
     assert name in manifest["files"], name
@@ -539,7 +562,7 @@ def test_a_resume_keeps_the_previous_start_s_records(workdir, tmp_path):
   first = {name: (copy / name).read_text() for name in workdir_lib.START_RECORDS if (copy / name).exists()}
   assert json.loads(first["environment.json"])["started_at_step"] == 0 and "config_file.py" in first
   config_file = tmp_path / "digits_again.py"  # the same config, from another file
-  config_file.write_text(open(os.path.join(REPO, "configs/digits.py")).read() + "# resumed\n")
+  config_file.write_text(open(os.path.join(REPO, "jaxnet/configs/digits.py")).read() + "# resumed\n")
   run_main(copy, "total_steps=45", "ema_decay=0.9", config=str(config_file), env=kernel_env())
   kept = copy / "starts" / "0"
   assert sorted(os.listdir(copy / "starts")) == ["0"]

@@ -228,14 +228,15 @@ def test_mistyped_override_names_the_key(tmp_path):
 
 def test_every_config_documents_its_command():
   import importlib.util
-  for name in sorted(os.listdir(os.path.join(REPO, "configs"))):
+  folder = os.path.join(REPO, "jaxnet", "configs")
+  for name in sorted(os.listdir(folder)):
     if not name.endswith(".py") or name.startswith("_"):
       continue
-    spec = importlib.util.spec_from_file_location(name[:-3], os.path.join(REPO, "configs", name))
+    spec = importlib.util.spec_from_file_location(name[:-3], os.path.join(folder, name))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     doc = module.__doc__ or ""
-    assert f"python -m jaxnet.main --config=configs/{name}" in doc, name
+    assert f"jaxnet train --config={name[:-3]}" in doc, name
     assert "Expect" in doc and "Meant for" in doc, name
     module.get_config()  # builds without error
 

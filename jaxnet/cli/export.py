@@ -15,14 +15,14 @@ environment, data identity and a MODEL_CARD.md, every file's sha256 checked on l
 (jaxnet/tools/bundle.py, docs/reproducibility.md).
 """
 
-import argparse
 import sys
 
+from jaxnet import cli
 from jaxnet.cli import process
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m jaxnet.cli.export", description=__doc__.split("\n\n")[0])
+  parser = cli.parser("export", __doc__.split("\n\n")[0])
   parser.add_argument("--workdir", required=True, help="a training workdir with checkpoints")
   parser.add_argument("--out", required=True, help="file to write the serialized function to")
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
@@ -119,7 +119,7 @@ def _bundle(args) -> int:
     from jaxnet.tools import bundle
     manifest = bundle.write_bundle(args.workdir, args.out, args.step)
   print(f"bundled step {manifest['step']} of {args.workdir} into {args.out} ({len(manifest['files'])} files; "
-        f"see its MODEL_CARD.md): api.restore({args.out!r}) loads it, python -m jaxnet.cli.verify "
+        f"see its MODEL_CARD.md): api.restore({args.out!r}) loads it, jaxnet verify "
         f"{args.out} checks it")
   return 0
 

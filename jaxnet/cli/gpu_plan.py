@@ -1,11 +1,10 @@
 """Compile jaxnet's train and eval steps for GPUs you do not have, and say what they would do
 (jaxnet/tools/gpu_plan.py; docs/gpu_plan.md):
 
-  python -m jaxnet.cli.gpu_plan --config=configs/resnet50.py --target=h100 --gpus=8 \
+  python -m jaxnet.cli.gpu_plan --config=resnet50 --target=h100 --gpus=8 \
       [--config.KEY=VALUE ...] [--hosts=N] [--find-max-batch] [--dump=DIR] [--json]
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -13,13 +12,14 @@ import subprocess
 import sys
 import tempfile
 
+from jaxnet import cli
 from jaxnet.cli import process
 
 
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
-  parser = argparse.ArgumentParser(prog="python -m jaxnet.cli.gpu_plan", description=__doc__.split("\n\n")[0])
-  parser.add_argument("--config", required=True, help="configs/NAME.py[:ARG], as for training")
+  parser = cli.parser("gpu_plan", __doc__.split("\n\n")[0])
+  parser.add_argument("--config", required=True, help="NAME[:ARG], as for training")
   parser.add_argument("--target", default="h100", help="h100, h200, a100, or a .txtpb path")
   parser.add_argument("--gpus", type=int, default=8, help="GPUs in all (over all hosts)")
   parser.add_argument("--hosts", type=int, default=1)

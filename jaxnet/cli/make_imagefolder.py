@@ -4,14 +4,14 @@
     python -m jaxnet.cli.make_imagefolder DIR --classes 10 --per-class 50
 """
 
-import argparse
 import sys
 
+from jaxnet import cli
 from jaxnet.tools.make_imagefolder import make_imagefolder
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = cli.parser("make_imagefolder", __doc__.split("\n\n")[0])
   parser.add_argument("dir", help="output root; train/ and val/ go inside")
   parser.add_argument("--classes", type=int, default=10)
   parser.add_argument("--per-class", type=int, default=50, help="train images per class")

@@ -12,10 +12,10 @@ image's boxes (x0 y0 x1 y1 in the image's pixels), classes and scores; --draw wr
 image with its boxes as PNG: OUT itself for one image, OUT/NAME.png for several.
 """
 
-import argparse
 import os
 import sys
 
+from jaxnet import cli
 from jaxnet.cli import process
 
 
@@ -46,7 +46,7 @@ def _draw_paths(out: str, images: list[str]) -> list[str]:
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m jaxnet.cli.predict", description=__doc__.split("\n\n")[0])
+  parser = cli.parser("predict", __doc__.split("\n\n")[0])
   parser.add_argument("--workdir", required=True, help="a training workdir with checkpoints")
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   parser.add_argument("--top", type=int, default=5, help="classes to print per image")

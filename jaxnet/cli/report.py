@@ -3,13 +3,14 @@
   python -m jaxnet.cli.report WORKDIR [WORKDIR ...] [--out DIR]
 """
 
-import argparse
 import os
 import sys
 
+from jaxnet import cli
+
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m jaxnet.cli.report", description=__doc__.split("\n\n")[0])
+  parser = cli.parser("report", __doc__.split("\n\n")[0])
   parser.add_argument("workdirs", nargs="+", metavar="WORKDIR")
   parser.add_argument("--out", default=None, help="output directory for PNGs and summary")
   args = parser.parse_args(argv)

@@ -4,17 +4,17 @@
       [--num-classes 1000] [--precision fp32] [--channels 3] [--no-train-step]
 """
 
-import argparse
 import difflib
 import sys
 
+from jaxnet import cli
 from jaxnet.cli import process
 
 
 def main(argv=None) -> int:
   from jaxnet.core import models
   from jaxnet.tools.summary import format_table, summarize
-  p = argparse.ArgumentParser(prog="python -m jaxnet.cli.summary", description=__doc__.split("\n")[0])
+  p = cli.parser("summary", __doc__.split("\n")[0])
   p.add_argument("model", help=f"one of: {', '.join(models.names())}")
   p.add_argument("--image-size", type=int, default=224)
   p.add_argument("--batch-size", type=int, default=32)

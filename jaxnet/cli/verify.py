@@ -13,14 +13,14 @@ only --retrain reads it again, and refuses where it is not the run's).
 See docs/reproducibility.md.
 """
 
-import argparse
 import sys
 
+from jaxnet import cli
 from jaxnet.cli import process
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m jaxnet.cli.verify", description=__doc__.split("\n\n")[0])
+  parser = cli.parser("verify", __doc__.split("\n\n")[0])
   parser.add_argument("workdir", help="the workdir of a training run")
   parser.add_argument("--step", type=int, default=None,
                       help="re-evaluate this checkpoint only (default: every kept one with a recorded eval)")

@@ -1,7 +1,7 @@
 """Pretrained weights into a jaxnet workdir, without training (jaxnet/tools/weights):
 
   python -m jaxnet.cli.weights import --from=FILE.safetensors|FILE.pth|hf-hub:OWNER/NAME \
-      --config=configs/NAME.py[:ARG] --workdir=DIR [--config.KEY=VALUE ...]
+      --config=NAME[:ARG] --workdir=DIR [--config.KEY=VALUE ...]
 
 The config names the model (its architecture must be the weights') and the data (its classes,
 and the eval split that eval and predict use; `--config.data.source=synthetic
@@ -10,19 +10,19 @@ step 0: `--mode=eval`, `jaxnet.cli.predict` and `jaxnet.cli.export` take it as a
 The way back out is `python -m jaxnet.cli.export --format=torch`.
 """
 
-import argparse
 import sys
 
+from jaxnet import cli
 from jaxnet.cli import process
 
 
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
-  parser = argparse.ArgumentParser(prog="python -m jaxnet.cli.weights", description=__doc__.split("\n\n")[0])
+  parser = cli.parser("weights", __doc__.split("\n\n")[0])
   parser.add_argument("action", choices=["import"])
   parser.add_argument("--from", dest="source", required=True,
                       help="a .safetensors or .pth file (torchvision/timm names), or hf-hub:OWNER/NAME")
-  parser.add_argument("--config", required=True, help="configs/NAME.py[:ARG]: the model and the data")
+  parser.add_argument("--config", required=True, help="NAME[:ARG]: the model and the data")
   parser.add_argument("--workdir", required=True, help="a new workdir to write")
   with process.one_line_errors():
     from jaxnet.core import config as config_lib
@@ -37,10 +37,10 @@ def main(argv=None):
     print(f"imported {loaded['arrays']} arrays of {args.source} into {args.workdir} (checkpoint of step "
           f"0); the class layer's {loaded['head_arrays']} arrays of the model's {loaded['of']} are freshly "
           f"initialised ({loaded['head']}): its eval and predictions are at chance until it is trained "
-          f"(python -m jaxnet.main --config={args.config} --workdir={args.workdir} fine-tunes it)")
+          f"(jaxnet train --config={args.config} --workdir={args.workdir} fine-tunes it)")
   else:
     print(f"imported {loaded['arrays']} arrays of {args.source} into {args.workdir} (checkpoint of step 0): "
-          f"evaluate it with python -m jaxnet.main --config={args.config} --workdir={args.workdir} --mode=eval")
+          f"evaluate it with jaxnet eval --workdir={args.workdir}")
   return 0
 
 

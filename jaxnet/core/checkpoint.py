@@ -197,7 +197,7 @@ class Checkpoints:
 
   def _no_checkpoint(self) -> MissingFileError:
     return MissingFileError(f"no checkpoint in {self.directory}: train first "
-                            f"(python -m jaxnet.main --config=... --workdir={self.workdir})")
+                            f"(jaxnet train --config=RECIPE --workdir={self.workdir})")
 
   # -- saving ---------------------------------------------------------------
 

@@ -1,11 +1,12 @@
 """The run's config: every run-level key with its default, loading a config file or a
 workdir's config.json with overrides, range checks, and durations in steps or epochs.
 
-A config file (configs/*.py) defines `get_config()` that calls `base_config()` and
-overrides what its recipe needs. The command line passes its `--config.KEY=VALUE` flags
-to `load` as strings, the Python API passes values; both get the file's `get_config()`,
-locked, with the overrides applied, so a mistyped key is the same error in both. A
-string for a non-string key is read as that key's type.
+A config file defines `get_config()` that calls `base_config()` and overrides what its
+recipe needs. The recipes jaxnet ships are such files in the package (jaxnet/configs/), named
+by their file's name: `digits`, `resnet50:fast` (`resolve`). The command line passes its
+`--config.KEY=VALUE` flags to `load` as strings, the Python API passes values; both get the
+file's `get_config()`, locked, with the overrides applied, so a mistyped key is the same
+error in both. A string for a non-string key is read as that key's type.
 
 `config.model` is the model's own options: `name` picks a model of the registry
 (jaxnet/core/models), and every other key is a field of that model, passed to it as a
@@ -29,27 +30,27 @@ from jaxnet.core.errors import InvalidValueError, MissingFileError, UserError
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.seed = 0
+  c.seed = 0                       # init, data order, augmentation: the same seed, the same run
   c.batch_size = 256               # global, over all devices and hosts
   c.grad_accum_steps = 1           # > 1: each step sums the gradients of this many micro-batches
                                    # of batch_size / grad_accum_steps (less memory, same update)
   c.total_steps = 0                # > 0 caps the run; 0 means num_epochs
-  c.num_epochs = 1.0
-  c.image_size = 224
+  c.num_epochs = 1.0               # passes over the train split (when total_steps is 0)
+  c.image_size = 224               # train and eval resolution, pixels (square)
   # ((fraction_of_training, image_size), ...): train at smaller sizes early on.
   # Empty: always image_size. Evaluation always uses image_size.
   c.progressive_resizing = ()
   c.precision = "fp32"             # fp32 | bf16 | fp16
-  c.label_smoothing = 0.0
+  c.label_smoothing = 0.0          # cross-entropy's target smoothing, in [0, 1)
   c.ema_decay = 0.0                # 0: no EMA of params (and no copy of them in the state); eval uses EMA params when on
 
-  c.log_every_steps = 100
+  c.log_every_steps = 100          # a progress line and a metrics.jsonl record every this many steps
   c.eval_every_steps = 0           # 0: only the final eval
   c.eval_every_epochs = 0.0        # used when eval_every_steps is 0; both 0: only the final eval
   c.checkpoint_every_steps = 1000  # 0: only the final checkpoint
   c.checkpoint_every_epochs = 0.0  # used when checkpoint_every_steps is 0 (duration_in_steps)
-  c.keep_checkpoints = 3
-  c.async_checkpointing = True
+  c.keep_checkpoints = 3           # the newest this many checkpoints are kept
+  c.async_checkpointing = True     # save in the background while training goes on
   # (first, last): trace steps first..last (1-based) with jax.profiler into
   # WORKDIR/tensorboard for TensorBoard's profile plugin. Empty: no trace.
   c.profile_steps = ()
@@ -77,8 +78,8 @@ def base_config() -> ml_collections.ConfigDict:
                                    # detector reads tfds datasets laid out as coco/2017)
   c.data.dir = ""                  # ImageFolder or COCO-format root, or tfds data_dir
   c.data.name = "imagenet2012"     # tfds dataset name
-  c.data.train_split = "train"
-  c.data.eval_split = "validation"
+  c.data.train_split = "train"     # the split trained on (a folder of an ImageFolder root)
+  c.data.eval_split = "validation"  # the split evaluated (ImageFolder: its folder, e.g. val)
   c.data.loader = "grain"          # grain | dali: NVIDIA DALI decodes and augments (on the GPU where
                                    # jax computes on one; image folders; pip install -e '.[dali]')
   c.data.workers = 0               # Grain worker processes (0: decode in the main process);
@@ -91,7 +92,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.num_classes = 1000        # synthetic only: how many classes its labels draw from
   c.data.synthetic_size = 10_000   # synthetic only: examples per epoch
   c.data.mean = (0.485, 0.456, 0.406)  # per-channel, of pixels in [0, 1]
-  c.data.std = (0.229, 0.224, 0.225)
+  c.data.std = (0.229, 0.224, 0.225)  # per-channel, of pixels in [0, 1]
   c.data.prefetch = 2              # batches placed on the devices ahead of the step
   c.data.randaug_num_ops = 0       # RandAugment: ops per train image (0: off); in the Grain
   c.data.randaug_magnitude = 10    # workers, on uint8 images; magnitude of 0..10
@@ -117,22 +118,22 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim = ml_collections.ConfigDict()
   c.optim.name = "sgd"             # sgd | lars | adamw
   c.optim.learning_rate = 0.1      # peak LR at base_batch_size; scaled linearly with batch_size
-  c.optim.base_batch_size = 256
+  c.optim.base_batch_size = 256    # the batch learning_rate is given for
   c.optim.schedule = "cosine"      # cosine | linear | poly2 | constant
-  c.optim.warmup_epochs = 0.0
+  c.optim.warmup_epochs = 0.0      # linear warmup from 0 to the peak LR
   c.optim.warmup_steps = 0         # overrides warmup_epochs when > 0
-  c.optim.end_lr_fraction = 0.0
-  c.optim.momentum = 0.9
-  c.optim.nesterov = True
+  c.optim.end_lr_fraction = 0.0    # the final LR as a fraction of the peak
+  c.optim.momentum = 0.9           # sgd, lars
+  c.optim.nesterov = True          # sgd
   c.optim.weight_decay = 5e-5      # conv/dense kernels only: not BN, LayerNorm, biases, embeddings
   c.optim.b1 = 0.9                 # adamw
   c.optim.b2 = 0.999               # adamw
   c.optim.mu_dtype = ""            # adamw: dtype of the first moment, e.g. "bfloat16"; "" = params'
-  c.optim.grad_clip_norm = 0.0
+  c.optim.grad_clip_norm = 0.0     # clip gradients to this global norm; 0: no clipping
 
   c.loss_scale = ml_collections.ConfigDict()  # fp16 only
-  c.loss_scale.initial_scale = 2.0**15
-  c.loss_scale.growth_interval = 2000
+  c.loss_scale.initial_scale = 2.0**15  # fp16: the dynamic loss scale to start from
+  c.loss_scale.growth_interval = 2000  # fp16: finite steps before the scale doubles
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.num_devices = 0           # 0: every device of every host
@@ -145,10 +146,10 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.distributed = ml_collections.ConfigDict()  # multi-host; see docs/multihost.md
   c.distributed.enabled = "auto"   # auto (Slurm / coordinator set) | true | false
-  c.distributed.coordinator_address = ""
-  c.distributed.num_processes = 0
-  c.distributed.process_id = -1
-  c.distributed.local_device_ids = ""
+  c.distributed.coordinator_address = ""  # HOST:PORT of process 0; "": from Slurm or the environment
+  c.distributed.num_processes = 0  # 0: from Slurm or the environment
+  c.distributed.process_id = -1    # -1: from Slurm or the environment
+  c.distributed.local_device_ids = ""  # comma-separated device ids this process uses; "": all
   c.distributed.heartbeat_timeout_sec = 100.0  # a process silent this long counts as dead: the
                                    # others stop with one line naming it (jaxnet/cli/heartbeat.py);
                                    # jax's own heartbeat timeout is set to twice this
@@ -171,13 +172,15 @@ class ConfigFileError(UserError, ValueError):
 
 
 def load(path: str, overrides: dict | None = None) -> ml_collections.ConfigDict:
-  """A locked config from `configs/NAME.py[:ARG]`, a `config.json`, or a workdir holding one.
+  """A locked config from a recipe `NAME[:ARG]`, a file `PATH.py[:ARG]`, a `config.json`, or a
+  workdir holding one.
 
   `overrides` maps dotted keys to values: {"optim.learning_rate": 0.1, "total_steps": 50}.
   An override of `model.name` comes first (`switch_model`), so that the other overrides
   reach the options of the model it names.
   """
-  if os.path.isdir(path):
+  # A workdir: one that holds its run's config.json, or any folder not named as a recipe.
+  if os.path.isdir(path) and (os.path.isfile(os.path.join(path, "config.json")) or not is_recipe(path)):
     config = from_json(os.path.join(path, "config.json"))
   elif path.endswith(".json"):
     config = from_json(path)
@@ -220,11 +223,52 @@ def with_model_options(config) -> ml_collections.ConfigDict:
   return filled
 
 
+# The recipes that ship with jaxnet: jaxnet/configs/NAME.py, run as `--config=NAME[:ARG]`.
+RECIPES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def recipe_names() -> list[str]:
+  """The names of the packaged recipes (jaxnet/configs/NAME.py), sorted."""
+  return sorted(name[:-3] for name in os.listdir(RECIPES_DIR)
+                if name.endswith(".py") and not name.startswith("_"))
+
+
+def is_recipe(spec: str) -> bool:
+  """Whether `spec` names a packaged recipe: `NAME[:ARG]`, a bare name (no folder, no .py)."""
+  return spec.partition(":")[0] in recipe_names()
+
+
+def resolve(spec: str) -> tuple[str, str]:
+  """(config file, ARG) of `spec`: a packaged recipe `NAME[:ARG]`, or a file `PATH.py[:ARG]`.
+
+  A bare name is the recipe, not a file of that name (that is `./digits`; `load` takes a workdir
+  named so that holds a config.json as the workdir).
+  `configs/NAME.py` that does not exist (from any folder) is the packaged recipe NAME: where
+  the recipes lived in a checkout before they moved into the package, so older commands keep
+  working."""
+  path, _, arg = spec.partition(":")
+  if is_recipe(spec):
+    return os.path.join(RECIPES_DIR, f"{path}.py"), arg
+  if os.path.exists(spec):
+    return spec, ""
+  if os.path.exists(path):
+    return path, arg
+  name = os.path.basename(path).removesuffix(".py")
+  if path.endswith(".py") and os.path.basename(os.path.dirname(path)) == "configs" and name in recipe_names():
+    return os.path.join(RECIPES_DIR, f"{name}.py"), arg
+  if path.endswith(".py") or os.sep in path:
+    raise MissingFileError(f"config file {path!r} not found (or a recipe by name: "
+                           f"{', '.join(recipe_names())}; jaxnet recipes)")
+  close = difflib.get_close_matches(name, recipe_names(), n=1)
+  hint = f"did you mean --config={close[0]}? " if close else ""
+  raise MissingFileError(f"no recipe or config file {path!r}: {hint}the recipes are "
+                         f"{', '.join(recipe_names())} (jaxnet recipes), or give a FILE.py")
+
+
 def from_file(spec: str) -> ml_collections.ConfigDict:
-  """Runs `get_config()` of a config file; `path.py:ARG` passes ARG (`get_config(ARG)`)."""
-  path, _, arg = spec.partition(":") if not os.path.exists(spec) else (spec, "", "")
-  if not os.path.exists(path):
-    raise MissingFileError(f"config file {path!r} not found")
+  """Runs `get_config()` of a config file or packaged recipe (`resolve`); `:ARG` passes ARG
+  (`get_config(ARG)`)."""
+  path, arg = resolve(spec)
   module_spec = importlib.util.spec_from_file_location("_jaxnet_config", path)
   module = importlib.util.module_from_spec(module_spec)
   try:
@@ -242,6 +286,14 @@ def config_file_error(path: str, error: BaseException) -> ConfigFileError:
             if os.path.abspath(f.filename) == os.path.abspath(path)]
   where = f"{path}:{frames[-1].lineno}" if frames else path
   return ConfigFileError(f"{where}: {type(error).__name__}: {error}")
+
+
+def data_name(config) -> str:
+  """What a run's data is called: a tfds dataset's name, a folder's name (an image folder's,
+  a COCO-format one's: `shapes`, not `coco`), else the generated source's (digits, synthetic)."""
+  folder = os.path.basename(os.path.normpath(str(config.data.dir or ""))) or config.data.source
+  return {"tfds": config.data.name, "imagefolder": folder, "coco": folder}.get(
+      config.data.source, config.data.source)
 
 
 def get(config, dotted: str):
@@ -422,7 +474,7 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict) -> None:
       close = difflib.get_close_matches(dotted, known, n=3)
       hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
       raise ConfigOverrideError(f"the config has no key {dotted!r}.{hint} "
-                                f"Config keys are listed in jaxnet/core/config.py.")
+                                f"jaxnet config lists the keys (jaxnet/core/config.py).")
     if isinstance(value, str) and not isinstance(node[leaf], str):
       value = _parse(dotted, value, node[leaf])
     try:

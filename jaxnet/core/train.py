@@ -138,7 +138,7 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
   gate.drop_records_after(start_step)
   writer = gate.metric_writer()
   writer.write_config(config_json)
-  _REPORT.info(f"training {config.model.name} on {config.data.source}: {exp.total_steps} steps "
+  _REPORT.info(f"training {config.model.name} on {config_lib.data_name(config)}: {exp.total_steps} steps "
                f"({exp.steps_per_epoch} per epoch), global batch {config.batch_size} on "
                f"{exp.mesh.devices.size} {jax.default_backend()} device(s), precision {config.precision}")
   if exp.fsdp_summary and is_chief:

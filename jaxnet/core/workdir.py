@@ -379,7 +379,7 @@ def check_config(workdir: str, config_dict: dict, accept: tuple[str, ...] = (),
 
 
 # Sources that store whole images already at image_size: their eval crops nothing, so the eval
-# crop keys change none of a run's numbers (configs/digits.py records 1.0 since 2026-11-27, the
+# crop keys change none of a run's numbers (jaxnet/configs/digits.py records 1.0 since 2026-11-27, the
 # resize a predicted file gets; its older workdirs recorded 0.875 and resume all the same).
 ARRAY_SOURCES = ("digits", "synthetic")
 

@@ -16,7 +16,7 @@ Nothing in a bundle is executed when it is loaded: the config comes from config.
 import json
 import os
 import shutil
-import tempfile
+import uuid
 
 from jaxnet.core import checkpoint as ckpt
 from jaxnet.core import config as config_lib
@@ -54,7 +54,10 @@ def write_bundle(workdir: str, out: str, step: int | None = None) -> dict:
   step = ckpt.load_arrays(workdir, step)[1]  # verified: every array's checksum
   parent = os.path.dirname(os.path.abspath(out))
   os.makedirs(parent, exist_ok=True)
-  staging = tempfile.mkdtemp(prefix=".bundle-", dir=parent)
+  # Not mkdtemp's 0700: a bundle is made to be shared, so its folder gets the umask's mode, as
+  # the files in it do.
+  staging = os.path.join(parent, f".bundle-{uuid.uuid4().hex[:12]}")
+  os.mkdir(staging)
   try:
     shutil.copytree(os.path.join(workdir, ckpt.CHECKPOINTS_DIR, str(step)),
                     os.path.join(staging, ckpt.CHECKPOINTS_DIR, str(step)))
@@ -128,10 +131,7 @@ def model_card(folder: str, step: int, records: list[dict], name: str) -> str:
   data = "\n".join(f"- {split}: " + ", ".join(f"{k} {_shown(v)}" for k, v in ident.items())
                    for split, ident in sorted(identity.items())) or "- (not recorded)"
   packages = ", ".join(f"{k} {v}" for k, v in sorted(env.get("packages", {}).items())) or "(not recorded)"
-  folder_name = os.path.basename(os.path.normpath(str(config.data.dir or ""))) or config.data.source
-  data_name = {"tfds": config.data.name, "imagefolder": folder_name, "coco": folder_name}.get(
-      config.data.source, config.data.source)  # the generated sources are named by themselves
-  return f"""# {name}: {config.model.name} on {data_name}
+  return f"""# {name}: {config.model.name} on {config_lib.data_name(config)}
 
 A jaxnet bundle: the checkpoint of step {step} of a training run, with its config and the
 records of what made it. Made by `python -m jaxnet.cli.export --format=bundle`.

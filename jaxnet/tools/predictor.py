@@ -280,7 +280,7 @@ def _check_file(path) -> None:
     raise ImageReadError(f"image file {path} not found")
   if os.path.isdir(path):
     raise ImageReadError(f"{path} is a directory, not an image: pass its image files "
-                         f"(python -m jaxnet.cli.predict takes a directory and predicts the images in it)")
+                         f"(jaxnet predict takes a directory and predicts the images in it)")
 
 
 def _open_file(path) -> Image.Image:

@@ -4,7 +4,9 @@
 Writes DIR/{loss,accuracy,learning_rate,throughput}.png (plus loss_scale.png
 when a run used fp16), each with the metric against step (left) and against
 wall time (right), all workdirs overlaid; and DIR/summary.txt / summary.json:
-best eval top-1, the wall time to reach it, median train images/s. DIR defaults
+the final and the best eval top-1 (a detector's mAP), the wall time to reach the best, median
+train images/s. The learning-rate plot draws the run's schedule (its config.json and length),
+under the logged values, which are means over each log interval. DIR defaults
 to WORKDIR/report for one workdir and ./jaxnet-report for several.
 """
 
@@ -35,8 +37,11 @@ def labels_for(workdirs: list[str]) -> list[str]:
   return [n if names.count(n) == 1 else os.path.normpath(w) for n, w in zip(names, workdirs)]
 
 
-def plot(runs: dict[str, list[dict]], out_dir: str) -> list[str]:
-  """One PNG per metric group, runs overlaid; returns the paths written."""
+def plot(runs: dict[str, list[dict]], out_dir: str, schedules: dict | None = None) -> list[str]:
+  """One PNG per metric group, runs overlaid; returns the paths written. `schedules`: {label:
+  the run's learning rate at each step (a Series without times)}, drawn as a line under the
+  logged values (each the mean over its log interval)."""
+  schedules = schedules or {}
   import matplotlib.figure  # a Figure of its own: no pyplot state, no display needed
   os.makedirs(out_dir, exist_ok=True)
   written = []
@@ -47,10 +52,15 @@ def plot(runs: dict[str, list[dict]], out_dir: str) -> list[str]:
     by_step, by_time = fig.subplots(1, 2)
     for i, (label, records) in enumerate(runs.items()):
       color = f"C{i % 10}"
+      schedule = schedules.get(label) if name == "learning_rate" else None
+      if schedule is not None:
+        by_step.plot(schedule.steps, schedule.values, "-", color=color, label=f"{label} schedule")
       for metric, style, suffix in metrics:
         s = series(records, metric)
         if not len(s.steps):
           continue
+        if schedule is not None:  # the schedule is the line; the logged means are points
+          style, suffix = ".", "logged (mean over each log interval)"
         legend = f"{label} {suffix}".strip()
         by_step.plot(s.steps, s.values, style, color=color, label=legend, markersize=4)
         timed = s.times == s.times  # not nan: records that carry a wall time
@@ -74,9 +84,9 @@ def plot(runs: dict[str, list[dict]], out_dir: str) -> list[str]:
 
 def format_summary(label: str, s: dict) -> str:
   fmt = lambda v, spec: "n/a" if v is None else format(v, spec)
-  best = (f"best eval mAP {fmt(s['best_eval_mAP'], '.4f')}" if "best_eval_mAP" in s else
-          f"best eval top-1 {fmt(s['best_eval_top1'], '.4f')}")
-  return (f"{label}: {best} at step "
+  metric, key = ("mAP", "eval_mAP") if "best_eval_mAP" in s else ("top-1", "eval_top1")
+  return (f"{label}: final eval {metric} {fmt(s['final_' + key], '.4f')} at step "
+          f"{fmt(s['final_eval_step'], 'd')}; best eval {metric} {fmt(s['best_' + key], '.4f')} at step "
           f"{fmt(s['best_eval_step'], 'd')} after {fmt(s['time_to_best_sec'], '.1f')} s; "
           f"median {fmt(s['median_images_per_sec'], ',.0f')} train images/s; "
           f"last step {s['final_step']}")
@@ -92,7 +102,8 @@ def report(workdirs: list[str], out_dir: str | None = None) -> dict:
     if skipped:
       print(f"note: skipped {skipped} unreadable line{'s' if skipped > 1 else ''} of "
             f"{os.path.join(workdir, 'metrics.jsonl')} (a write cut short, e.g. by a kill)")
-  plot(runs, out_dir)
+  plot(runs, out_dir, {label: learning_rate_schedule(workdir)
+                       for label, workdir in zip(labels_for(workdirs), workdirs)})
   summaries = {label: summary(records) for label, records in runs.items()}
   text = "\n".join(format_summary(label, s) for label, s in summaries.items())
   write_atomically(os.path.join(out_dir, "summary.txt"), text + "\n")
@@ -148,8 +159,9 @@ def series(records: list[dict], key: str) -> Series:
 
 
 def summary(records: list[dict]) -> dict:
-  """The best of the run's headline eval metric (its task's: a classifier's eval/top1, a
-  detector's eval/mAP), its step and wall time, median train throughput, last step."""
+  """The last and the best of the run's headline eval metric (its task's: a classifier's
+  eval/top1, a detector's eval/mAP) with their steps, the best's wall time, median train
+  throughput, last step."""
   from jaxnet.core import tasks
   found = [h for h in tasks.headlines() if any(h in r for r in records)]
   metric = found[0] if found else tasks.headlines()[0]
@@ -157,12 +169,39 @@ def summary(records: list[dict]) -> dict:
   evals = series(records, metric)
   rate = series(records, "train/images_per_sec")
   out = {"final_step": max((r["step"] for r in records), default=0),
+         "final_" + metric.replace("/", "_"): None, "final_eval_step": None,
          key: None, "best_eval_step": None, "time_to_best_sec": None,
          "median_images_per_sec": float(np.median(rate.values)) if len(rate.values) else None}
   if len(evals.values):
+    out["final_" + metric.replace("/", "_")] = float(evals.values[-1])
+    out["final_eval_step"] = int(evals.steps[-1])
     best = int(np.argmax(evals.values))  # the first step that reached the best value
     out[key] = float(evals.values[best])
     out["best_eval_step"] = int(evals.steps[best])
     if np.isfinite(evals.times[best]):
       out["time_to_best_sec"] = float(evals.times[best])
   return out
+
+
+def learning_rate_schedule(workdir: str) -> Series | None:
+  """The learning rate the run's optimizer used at each step, from its config.json and the
+  run's length (environment.json: total steps, steps per epoch); None without them."""
+  from jaxnet.core import config as config_lib
+  from jaxnet.core import optim
+  from jaxnet.core.errors import UserError
+  try:
+    with open(os.path.join(workdir, "environment.json")) as f:
+      environment = json.load(f)
+    config = config_lib.load(workdir)
+    total, per_epoch = int(environment["total_steps"]), int(environment["steps_per_epoch"])
+  except (OSError, KeyError, ValueError, UserError):  # no run there, or one this jaxnet cannot
+    return None                                         # rebuild: its logged values only
+  warmup = config_lib.duration_in_steps(config, "warmup", per_epoch)
+  schedule = optim.learning_rate_schedule(config.optim, config.batch_size, total, warmup)
+  # Each step, up to a few thousand points: the warmup's corner and the end included.
+  steps = np.unique(np.concatenate([np.linspace(1, total, min(total, 2000)).astype(np.int64),
+                                    [min(warmup, total), total]]))
+  steps = steps[steps >= 1]
+  # The update of step s (1-based, as metrics.jsonl counts) uses the schedule at s - 1.
+  values = np.asarray(schedule(steps - 1), dtype=np.float64)
+  return Series(steps, values, np.full(len(steps), np.nan))

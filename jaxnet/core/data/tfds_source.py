@@ -42,11 +42,31 @@ def _not_prepared(name: str, data_dir: str, looked_in: str, why: str) -> FileNot
       f"(looked in {looked_in!r}).\n{_prepare_help(name, data_dir)}")
 
 
+def _check_looks_prepared(name: str, split: str, data_dir: str | None) -> None:
+  """A local data_dir without the dataset's dataset_info.json is refused before tfds is asked
+  (whose answer is a logged warning and TensorFlow's build steps), naming the likely mistake
+  where there is one: an image folder given as a TFDS dataset."""
+  import glob
+  import os
+  if not data_dir or "://" in data_dir:  # gs://... and the like: tfds' own file system
+    return
+  base = os.path.join(data_dir, name.split(":")[0])
+  if glob.glob(os.path.join(glob.escape(base), "**", "dataset_info.json"), recursive=True):
+    return
+  split_dir = os.path.join(data_dir, split.split("[")[0])
+  if os.path.isdir(split_dir) and any(e.is_dir() for e in os.scandir(split_dir)):
+    raise MissingFileError(
+        f"data.dir={data_dir!r} holds an image folder ({split_dir}/CLASS/...), not the TFDS "
+        f"dataset {name!r}: add --config.data.source=imagefolder")
+  raise _not_prepared(name, data_dir, base, "no dataset_info.json found")
+
+
 def open_prepared(name: str, split: str, data_dir: str | None, image_key: str = "image"):
   """(tfds.data_source of a dataset prepared as ArrayRecord with its images as raw bytes,
   the dataset's features); MissingFileError with the commands to prepare it otherwise.
   Preparation is checked here: tfds.data_source would otherwise start downloading and
   preparing, or fail with a format error on TFRecord data."""
+  _check_looks_prepared(name, split, data_dir)
   import tensorflow_datasets as tfds  # slow import: only when used
   try:
     builder = tfds.builder(name, data_dir=data_dir)

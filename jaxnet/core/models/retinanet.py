@@ -126,7 +126,7 @@ for _depth, (_stages, _block) in {18: ([2, 2, 2, 2], BasicBlock), 34: ([3, 4, 6,
                                   101: ([3, 4, 23, 3], BottleneckBlock)}.items():
   register(f"retinanet_resnet{_depth}")(functools.partial(RetinaNet, _stages, _block))
 
-# For tests and the shapes recipe (configs/retinanet.py:shapes): one basic block per stage at
+# For tests and the shapes recipe (retinanet:shapes): one basic block per stage at
 # width 16, a 64-channel pyramid and two head convolutions; anchors from 16 pixels on P3
 # (stride 8), for objects of 16-64 pixels in 128-pixel images.
 register("retinanet_tiny")(functools.partial(RetinaNet, [1, 1, 1, 1], BasicBlock, width=16,

@@ -1,19 +1,19 @@
 """ResNets on ImageNet (ILSVRC-2012): one file, two recipes, any depth.
 
-  python -m jaxnet.main --config=configs/resnet.py:ARGS --workdir=$WORKDIR \
+  jaxnet train --config=resnet:ARGS --workdir=$WORKDIR \
       --config.data.dir=$TFDS_DATA_DIR
 ARGS (comma-separated, all optional): depth=18|34|50|101|152 (default 50),
 recipe=standard|fast (default standard), runlocal (shrinks the run for a CPU
 smoke test: resnet_tiny at 32px, batch 16, no worker processes, fp32).
-configs/resnet50.py is this file at depth 50: `--config=configs/resnet50.py` and
-`--config=configs/resnet50.py:fast` run the two ResNet-50 recipes.
+jaxnet/configs/resnet50.py is this file at depth 50: `--config=resnet50` and
+`--config=resnet50:fast` run the two ResNet-50 recipes.
 
 Standard 90-epoch recipe (Goyal et al. 2017 with cosine decay and label smoothing):
-  python -m jaxnet.main --config=configs/resnet.py --workdir=$WORKDIR \
+  jaxnet train --config=resnet --workdir=$WORKDIR \
       --config.data.dir=$TFDS_DATA_DIR
 Fast recipe, in the spirit of MLPerf and fast.ai (LARS, batch 2048, ~40 epochs,
 progressive resizing 160 -> 192 -> 224):
-  python -m jaxnet.main --config=configs/resnet.py:recipe=fast --workdir=$WORKDIR \
+  jaxnet train --config=resnet:recipe=fast --workdir=$WORKDIR \
       --config.data.dir=$TFDS_DATA_DIR
 
 Meant for: one server with 8 GPUs (A100/H100 class), batch 1024 (128 per GPU) for
@@ -32,7 +32,7 @@ from jaxnet.core.config import parse_arg
 
 
 def get_config(arg: str = ""):
-  # A bare "fast" or "standard" is the recipe, as in configs/resnet50.py:fast.
+  # A bare "fast" or "standard" is the recipe, as in resnet50:fast.
   args = parse_arg(arg, positional="recipe", depth=50, recipe="standard", runlocal=False)
   variant = args.recipe
   c = base_config()
@@ -78,7 +78,7 @@ def get_config(arg: str = ""):
     c.eval_every_steps, c.eval_every_epochs = 0, 4
     c.checkpoint_every_steps, c.checkpoint_every_epochs = 0, 1
   else:
-    raise ValueError(f"configs/resnet.py recipe={variant!r}: use 'standard' or 'fast'")
+    raise ValueError(f"resnet recipe={variant!r}: use 'standard' or 'fast'")
 
   if args.runlocal:  # the same recipe, small enough for a CPU (tests/test_imagenet_recipe.py)
     c.model.name, c.image_size, c.batch_size, c.precision = "resnet_tiny", 32, 16, "fp32"

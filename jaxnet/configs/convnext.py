@@ -1,10 +1,10 @@
 """ConvNeXt on ImageNet (ILSVRC-2012): the recipe of Liu et al. 2022 ("A ConvNet for the 2020s",
 arXiv:2201.03545, its Table 5 / appendix A.1), and a CPU recipe on the bundled digits.
 
-  python -m jaxnet.main --config=configs/convnext.py:tiny --workdir=$WORKDIR \
+  jaxnet train --config=convnext:tiny --workdir=$WORKDIR \
       --config.data.dir=$TFDS_DATA_DIR
-  (variants: tiny, small, base, large; tiny is the default)
-  python -m jaxnet.main --config=configs/convnext.py:mini --workdir=/tmp/jaxnet-convnext-mini
+  (variants: tiny, small, base, large, mini; tiny is the default)
+  jaxnet train --config=convnext:mini --workdir=/tmp/jaxnet-convnext-mini
 
 ImageNet: 300 epochs of AdamW (b1 0.9, b2 0.999) at learning rate 4e-3 per 4096 images
 (linear scaling: 1e-3 at this batch of 1024, 128 per GPU), weight decay 0.05 (optax's adamw
@@ -21,8 +21,12 @@ Expect: the paper's 82.1 / 83.1 / 83.8 / 84.3% top-1 for T / S / B / L (torchvis
 retrained weights: 82.5 / 83.6 / 84.1 / 84.4%). jaxnet has not trained ConvNeXt on ImageNet:
 unmeasured here.
 
-mini: convnext_mini on scikit-learn's 8x8 digits upsampled to 16 px, AdamW, a few hundred steps
-on any CPU (nothing downloaded); tests/test_convnext_efficientnet.py trains it for a few steps.
+mini: convnext_mini on scikit-learn's 8x8 digits upsampled to 16 px, AdamW, 330 steps (nothing
+downloaded); tests/test_convnext_efficientnet.py trains it for a few steps.
+  Meant for: any CPU.
+  Expect: ~98% test top-1: 0.9833 in 48.8 s of training (the run's last line prints both), on a
+  2-core x86_64 VM shared with other jobs (load 7-10), warm compile cache, Python 3.11, jax
+  0.10.2, 2026-11-29.
 """
 
 import os
@@ -33,7 +37,7 @@ VARIANTS = ("tiny", "small", "base", "large", "mini")
 
 
 def digits_recipe(model: str):
-  """A CPU run of a mini model on the bundled digits: configs/digits.py's data and schedule,
+  """A CPU run of a mini model on the bundled digits: jaxnet/configs/digits.py's data and schedule,
   AdamW (the family's optimizer) in place of its SGD."""
   c = from_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits.py"))
   c.model = base_config().model
@@ -48,8 +52,8 @@ def digits_recipe(model: str):
 
 def get_config(variant: str = "tiny"):
   if variant not in VARIANTS:
-    raise ValueError(f"configs/convnext.py variant {variant!r}: use one of {', '.join(VARIANTS)} "
-                     "(e.g. --config=configs/convnext.py:tiny)")
+    raise ValueError(f"convnext variant {variant!r}: use one of {', '.join(VARIANTS)} "
+                     "(e.g. --config=convnext:tiny)")
   if variant == "mini":
     return digits_recipe("convnext_mini")
   c = base_config()

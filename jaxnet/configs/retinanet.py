@@ -1,8 +1,8 @@
 """RetinaNet (a ResNet-FPN detector): COCO 2017, and a shapes dataset for a CPU.
 
-  python -m jaxnet.main --config=configs/retinanet.py --workdir=$WORKDIR --config.data.dir=$COCO
-  python -m jaxnet.cli.make_shapes /tmp/shapes
-  python -m jaxnet.main --config=configs/retinanet.py:shapes --workdir=/tmp/jaxnet-shapes \
+  jaxnet train --config=retinanet --workdir=$WORKDIR --config.data.dir=$COCO
+  jaxnet make_shapes /tmp/shapes
+  jaxnet train --config=retinanet:shapes --workdir=/tmp/jaxnet-shapes \
       --config.data.dir=/tmp/shapes
 
 ARGS (comma-separated, all optional): recipe=coco|shapes (default coco; a bare `shapes` is the
@@ -15,16 +15,17 @@ weight decay 1e-4) at 0.01 per 16 images with 1,000 warmup steps, a 1x schedule 
 cosine decay where torchvision steps the rate down at epochs 8 and 11). Start the backbone
 from ImageNet weights (--config.init.weights=...).
   Meant for: one server with 8 GPUs (batch 64, 8 per GPU; 25.9 GiB per H100 by
-  python -m jaxnet.cli.gpu_plan --config=configs/retinanet.py).
+  jaxnet gpu_plan --config=retinanet).
   Expect: torchvision's published result for this model, 36.4 box AP (mAP@[.5:.95]) on
   val2017; not measured by jaxnet (no COCO and no GPU here).
 
-shapes: retinanet_tiny on python -m jaxnet.cli.make_shapes's dataset (1,000 train and 200
+shapes: retinanet_tiny on jaxnet make_shapes's dataset (1,000 train and 200
 val images of 1-4 shapes, 4 classes) at 128 pixels, from scratch.
   Meant for: a CPU (made on 2 cores).
-  Expect: mAP@0.5 0.78 (mAP@[.5:.95] 0.61) after 179 s of training on 2 CPU cores on
-  2026-11-26 (experiments/RESULTS.md; tests/test_detection.py's slow test holds it to >= 0.5
-  within 10 minutes).
+  Expect: mAP@0.5 0.78 (mAP@[.5:.95] 0.61) after 179 s of training on an idle 2-core x86_64
+  VM, 2026-11-26 (experiments/RESULTS.md); on such a VM shared with other jobs (reported
+  2026-11-29) the run's ETA said 15-28 minutes. tests/test_detection.py's slow test holds it to >= 0.5 within 10
+  minutes.
 """
 
 from jaxnet.core.config import base_config
@@ -76,5 +77,5 @@ def get_config(arg: str = ""):
     c.eval_every_steps, c.eval_every_epochs = 0, 10
     c.checkpoint_every_steps, c.checkpoint_every_epochs = 0, 10
   else:
-    raise ValueError(f"configs/retinanet.py recipe={args.recipe!r}: use 'coco' or 'shapes'")
+    raise ValueError(f"retinanet recipe={args.recipe!r}: use 'coco' or 'shapes'")
   return c

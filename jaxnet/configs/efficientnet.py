@@ -1,10 +1,10 @@
 """EfficientNet B0-B7 and EfficientNetV2-S/M/L on ImageNet (ILSVRC-2012): torchvision's SGD
 recipe at each size's resolution, and a CPU recipe on the bundled digits.
 
-  python -m jaxnet.main --config=configs/efficientnet.py:b0 --workdir=$WORKDIR \
+  jaxnet train --config=efficientnet:b0 --workdir=$WORKDIR \
       --config.data.dir=$TFDS_DATA_DIR
-  (variants: b0 ... b7, v2_s, v2_m, v2_l; b0 is the default)
-  python -m jaxnet.main --config=configs/efficientnet.py:mini --workdir=/tmp/jaxnet-efficientnet-mini
+  (variants: b0 ... b7, v2_s, v2_m, v2_l, mini; b0 is the default)
+  jaxnet train --config=efficientnet:mini --workdir=/tmp/jaxnet-efficientnet-mini
 
 The recipe torchvision trained its EfficientNetV2-S/M with (its references/classification
 README): SGD with momentum 0.9 at learning rate 0.5 per 1024 images, weight decay 2e-5 (on
@@ -25,8 +25,12 @@ for B0-B7 and V2-L, the TF-trained weights it ports): B0 77.7, B1 78.6, B2 80.6,
 B4 83.4, B5 83.4, B6 84.0, B7 84.1, V2-S 84.2, V2-M 85.1, V2-L 85.8%. jaxnet has not trained
 EfficientNet on ImageNet: unmeasured here, and the differences above may cost some of it.
 
-mini: efficientnet_mini on scikit-learn's 8x8 digits upsampled to 16 px (configs/convnext.py's
-digits recipe); tests/test_convnext_efficientnet.py trains it for a few steps.
+mini: efficientnet_mini on scikit-learn's 8x8 digits upsampled to 16 px (convnext:mini's digits
+recipe, 330 steps); tests/test_convnext_efficientnet.py trains it for a few steps.
+  Meant for: any CPU.
+  Expect: ~97% test top-1: 0.9694 in 54.8 s of training (the run's last line prints both), on a
+  2-core x86_64 VM shared with other jobs (load 7-10), warm compile cache, Python 3.11, jax
+  0.10.2, 2026-11-29.
 """
 
 import os
@@ -42,8 +46,8 @@ VARIANTS = tuple(SIZES) + ("mini",)
 
 def get_config(variant: str = "b0"):
   if variant not in VARIANTS:
-    raise ValueError(f"configs/efficientnet.py variant {variant!r}: use one of {', '.join(VARIANTS)} "
-                     "(e.g. --config=configs/efficientnet.py:b0)")
+    raise ValueError(f"efficientnet variant {variant!r}: use one of {', '.join(VARIANTS)} "
+                     "(e.g. --config=efficientnet:b0)")
   if variant == "mini":
     c = from_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "convnext.py:mini"))
     c.model.name = "efficientnet_mini"

@@ -1,7 +1,7 @@
 """Fine-tune an ImageNet-pretrained ResNet-50 on an ImageFolder dataset (DIR/{train,val}/CLASS/*.jpg).
 
   pip install -e '.[hub]'   # huggingface_hub, for hf-hub: weights
-  python -m jaxnet.main --config=configs/finetune.py --workdir=$WORKDIR --config.data.dir=$DATA
+  jaxnet train --config=finetune --workdir=$WORKDIR --config.data.dir=$DATA
 
 Starts from torchvision's ImageNet weights for resnet50 (76.13% ImageNet top-1),
 fetched from timm's copy on the Hugging Face Hub, hf-hub:timm/resnet50.tv_in1k.

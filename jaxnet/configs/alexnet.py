@@ -1,6 +1,6 @@
 """AlexNet on ImageNet (ILSVRC-2012), the 2012-style recipe.
 
-  python -m jaxnet.main --config=configs/alexnet.py --workdir=$WORKDIR \
+  jaxnet train --config=alexnet --workdir=$WORKDIR \
       --config.data.dir=$TFDS_DATA_DIR
 
 The model is torchvision's single-tower AlexNet (61.1M parameters; see

@@ -1,6 +1,6 @@
 """Vision Transformers on ImageNet (ILSVRC-2012): big_vision's "better plain ViT baselines".
 
-  python -m jaxnet.main --config=configs/vit.py:s16 --workdir=$WORKDIR \
+  jaxnet train --config=vit:s16 --workdir=$WORKDIR \
       --config.data.dir=$TFDS_DATA_DIR
   (variants: ti16, s16, b16, l16, h14; s16 is the default)
 
@@ -31,8 +31,8 @@ VARIANTS = ("ti16", "s16", "b16", "l16", "h14")
 
 def get_config(variant: str = "s16"):
   if variant not in VARIANTS:
-    raise ValueError(f"configs/vit.py variant {variant!r}: use one of {', '.join(VARIANTS)} "
-                     "(e.g. --config=configs/vit.py:s16)")
+    raise ValueError(f"vit variant {variant!r}: use one of {', '.join(VARIANTS)} "
+                     "(e.g. --config=vit:s16)")
   c = base_config()
   c.model.name = f"vit_{variant}"
   c.model.flavour = "plain"
