@@ -95,7 +95,7 @@ class IteratorPosition:
 
 
 def _handlers():
-  return {STATE: ocp.StandardCheckpointHandler(), DATA_ITER: grain.PyGrainCheckpointHandler(),
+  return {STATE: orbax_adapter.state_handler(), DATA_ITER: grain.PyGrainCheckpointHandler(),
           CONFIG: ocp.JsonCheckpointHandler(), CHECKSUMS: ocp.JsonCheckpointHandler()}
 
 
