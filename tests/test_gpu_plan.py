@@ -319,8 +319,11 @@ def test_the_search_says_what_it_compiles_before_each_compile(monkeypatch):
   assert events[compiles[-1] - 1] == "  per-GPU batch 10 fits: compiling its eval step too ..."
 
 
-def test_fp16_max_pool_gradient_stays_sharded_over_8_h100s():
-  """models.max_pool in fp16: its gradient is not partitioned by all-gathering the batch."""
+@pytest.mark.parametrize("scatter_free", [False, True])
+def test_fp16_max_pool_gradient_stays_sharded_over_8_h100s(scatter_free):
+  """models.max_pool in fp16: its gradient is not partitioned by all-gathering the batch
+  (jax's, through fp32; the scatter-free one in fp16 itself), and the scatter-free one has
+  no scatter."""
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
@@ -332,9 +335,11 @@ def test_fp16_max_pool_gradient_stays_sharded_over_8_h100s():
   _, text = gpu_compile.target_text("h100")
   mesh = jax.sharding.Mesh(gpu_compile.topology_devices(text, 8), ("data",))
   x = jax.ShapeDtypeStruct((64, 32, 32, 16), jnp.float16, sharding=NamedSharding(mesh, P("data")))
-  loss = lambda x: jnp.sum(models.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1))).astype(jnp.float32) ** 2)
+  pool = lambda x: models.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)), scatter_free=scatter_free)
+  loss = lambda x: jnp.sum(pool(x).astype(jnp.float32) ** 2)
   hlo = jax.jit(jax.grad(loss)).lower(x).compile().as_text()
   assert ha.summary(ha.analyse(hlo))["collectives"] == {}
+  assert bool(re.search(r"\b(select-and-)?scatter\(", hlo)) != scatter_free
 
 
 def test_a_run_s_xla_flags_are_compile_options_unless_xla_flags_sets_them(monkeypatch):

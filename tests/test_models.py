@@ -436,3 +436,25 @@ def test_summary_command_refuses_bad_input_in_one_line(argv, expected, capsys, m
   assert exit_.value.code == 1
   err = capsys.readouterr().err.splitlines()
   assert err[0].startswith(expected) and err[1:] == ["(set JAXNET_DEBUG=1 to see the traceback)"]
+
+
+def test_scatter_free_max_pool_gradient_is_jax_s_own_bit_for_bit():
+  """models.max_pool(scatter_free=True): the pooled values and the gradient are those of
+  jax's select-and-scatter, bit for bit, in fp32, bf16 and fp16, with ties (small integers:
+  many equal maxima in a window) and overlapping windows (stride 1: up to 9 gradients summed
+  into one input, in XLA's order), and its gradient has no scatter."""
+  rng = np.random.default_rng(0)
+  cases = [((3, 3), (2, 2), ((1, 1), (1, 1)), (9, 10)), ((3, 3), (1, 1), "SAME", (6, 5))]
+  for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+    for window, strides, padding, hw in cases:
+      x = jnp.asarray(rng.integers(-3, 4, (2, *hw, 3)) * rng.choice([1.0, 0.37], (2, *hw, 3)), dtype)
+      w = jnp.asarray(rng.normal(size=nn.max_pool(x, window, strides, padding).shape), dtype)
+      pools = (lambda x: nn.max_pool(x, window, strides=strides, padding=padding),
+               lambda x: models.max_pool(x, window, strides, padding, scatter_free=True))
+      both = jax.jit(lambda x: [(p(x), jax.grad(lambda x: jnp.sum((p(x) * w).astype(jnp.float32)))(x))
+                                for p in pools])
+      (y, theirs), (ours_y, ours) = both(x)
+      assert np.asarray(ours_y).tobytes() == np.asarray(y).tobytes()
+      assert np.asarray(ours).tobytes() == np.asarray(theirs).tobytes(), (dtype, window, strides, padding)
+  lowered = lambda pool: jax.jit(jax.grad(lambda x: jnp.sum(pool(x)))).lower(x).as_text()
+  assert "select_and_scatter" in lowered(pools[0]) and "scatter" not in lowered(pools[1])
