@@ -42,12 +42,13 @@ def max_pool(x, window_shape, strides, padding, scatter_free: bool = False):
   In fp32 (and bf16) it stays sharded; the scatter-free gradient has no scatter to partition.
   """
   import jax.numpy as jnp
-  if scatter_free:
-    return scatter_free_max_pool(x, tuple(window_shape), tuple(strides),
-                                 padding if isinstance(padding, str) else tuple(map(tuple, padding)))
-  if x.dtype == jnp.float16:
-    return nn.max_pool(x.astype(jnp.float32), window_shape, strides=strides, padding=padding).astype(x.dtype)
-  return nn.max_pool(x, window_shape, strides=strides, padding=padding)
+  with jax.named_scope("max_pool"):  # names its kernels, forward and backward (jaxnet.tools.hlo)
+    if scatter_free:
+      return scatter_free_max_pool(x, tuple(window_shape), tuple(strides),
+                                   padding if isinstance(padding, str) else tuple(map(tuple, padding)))
+    if x.dtype == jnp.float16:
+      return nn.max_pool(x.astype(jnp.float32), window_shape, strides=strides, padding=padding).astype(x.dtype)
+    return nn.max_pool(x, window_shape, strides=strides, padding=padding)
 
 
 def _pool_pads(shape, window, strides, padding):
@@ -91,6 +92,12 @@ def _scatter_free_forward(x, window, strides, padding):
 
 
 def _scatter_free_backward(window, strides, padding, residuals, dy):
+  import jax.numpy as jnp
+  with jax.named_scope("max_pool"):  # the backward is traced outside the forward's scope
+    return _scatter_free_gradient(window, strides, padding, residuals, dy)
+
+
+def _scatter_free_gradient(window, strides, padding, residuals, dy):
   import jax.numpy as jnp
   x, y = residuals
   pads = _pool_pads(x.shape, window, strides, padding)
