@@ -475,6 +475,39 @@ def name_kernels(computations: dict, kernels: list) -> None:
     k.op_name = name_of(k.name)
 
 
+def summary(analysis: Analysis) -> dict:
+  """The numbers of an Analysis as a flat dict (for tables, JSON and tests)."""
+  collectives = collections.defaultdict(lambda: {"count": 0, "bytes": 0, "elements": 0, "combined": 0,
+                                                 "exposed": 0})
+  for c in analysis.collectives:
+    entry = collectives[c["op"]]
+    entry["count"] += c["count"]
+    entry["exposed"] += 0 if c.get("overlapped") else c["count"]
+    entry["bytes"] += c["bytes"] * c["count"]
+    entry["elements"] += c["elements"] * c["count"]
+    entry["combined"] += c["count"] if c["combined"] else 0
+  layouts = collections.Counter()
+  for c in analysis.convolutions:
+    if c["layout"]:
+      layouts[c["layout"]] += c["count"]
+  return {
+      "kernels": analysis.kernel_count,
+      "fusions": sum(k.count for k in analysis.kernels if k.kind == "fusion"),
+      "convolutions": analysis.counts("convolutions", "kind"),
+      "conv_layouts": dict(layouts),
+      "gemms": analysis.counts("gemms", "kind"),
+      "attention": analysis.counts("attention", "target"),
+      "transposes": {size: sum(t["count"] for t in analysis.transposes_of(size))
+                     for size in ("activation", "weight", "small")},
+      # Whole weight-sized copies (same shape and layout): a buffer duplicated, not re-laid-out.
+      "weight_copies": sum(t["count"] for t in analysis.transposes_of("weight") if t["op"] == "copy"),
+      "collectives": {k: dict(v) for k, v in collectives.items()},
+      "exposed_collectives": sum(v["exposed"] for v in collectives.values()),
+      "flops": analysis.flops,
+      "hbm_bytes": analysis.hbm_bytes,
+  }
+
+
 # --- where each kernel comes from: the per-layer table -------------------------------------
 
 # jaxnet's train step names its own parts (jaxnet/core/steps.py); the rest of a name stack
