@@ -205,6 +205,28 @@ def test_each_kernel_is_named_by_its_layer_part_and_pass_from_the_hlo():
   assert mapped["unmatched"] == {"memset": 0.5}
 
 
+def test_fused_attention_counts_its_two_matmuls_forward_and_twice_them_backward():
+  """cuDNN's fused attention: softmax(q k^T) v, in jax's (batch, tokens, heads, head dim) layout,
+  counted as 2 matmuls of 2*B*N*T*T*H FLOPs forward and twice that backward (was 0)."""
+  q = "bf16[2,197,12,64]{3,2,1,0}"
+  text = f"""HloModule jit_f, is_scheduled=true
+
+ENTRY %main (q: {q.split('{')[0]}, k: {q.split('{')[0]}, v: {q.split('{')[0]}) -> {q.split('{')[0]} {{
+  %q = {q} parameter(0)
+  %k = {q} parameter(1)
+  %v = {q} parameter(2)
+  %fwd = ({q}, u8[0]{{0}}) custom-call(%q, %k, %v), custom_call_target="__cudnn$fmhaSoftmax"
+  %o = {q} get-tuple-element(%fwd), index=0
+  %bwd = ({q}, {q}, {q}, u8[0]{{0}}) custom-call(%q, %k, %v, %o), custom_call_target="__cudnn$fmhaSoftmaxBackward"
+  ROOT %dq = {q} get-tuple-element(%bwd), index=0
+}}
+"""
+  a = ha.analyse(text)
+  forward = 2 * 2 * 2 * 12 * 197 * 197 * 64
+  assert [(k.kind, k.flops) for k in a.kernels] == [("attention", forward), ("attention", 2 * forward)]
+  assert a.flops == 3 * forward
+
+
 def test_no_entry_is_an_error():
   with pytest.raises(ValueError, match="no ENTRY"):
     ha.analyse("HloModule empty\n")

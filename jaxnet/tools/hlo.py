@@ -195,6 +195,17 @@ def conv_flops(forward_output_dims, filter_dims, filter_labels: str) -> int:
   return 2 * elements(forward_output_dims) * elements(filter_dims) // max(out_features, 1)
 
 
+def attention_flops(q_dims, k_dims, backward: bool) -> int:
+  """A fused attention call's FLOPs from its q and k operands in jax's (batch, tokens, heads,
+  head dim) layout: softmax(q k^T) v is two matmuls of 2 * B * N * Tq * Tk * H each; the
+  backward pass counts twice the forward's (the model-FLOPs convention, no recomputation)."""
+  if len(q_dims) != 4 or len(k_dims) != 4:
+    return 0
+  b, tq, n, h = q_dims
+  forward = 2 * 2 * b * n * tq * k_dims[1] * h
+  return 2 * forward if backward else forward
+
+
 def dot_flops(output_dims, lhs_dims, contracting) -> int:
   return 2 * elements(output_dims) * elements(lhs_dims[d] for d in contracting)
 
@@ -430,8 +441,10 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
           result.kernels.append(Kernel(instr.name, "gemm", flops, size, lhs_dtype, count))
         elif "fmha" in target.lower() or "attention" in target.lower():
           result.attention.append({"target": target, "shape": out_shape.strip("()"), "count": count})
-          result.kernels.append(Kernel(instr.name, "attention", 0, size,
-                                       first_array(shape_of(comp, instr.operands[0]))[0], count))
+          q_dtype, q = first_array(shape_of(comp, instr.operands[0]))
+          k = first_array(shape_of(comp, instr.operands[1]))[1] if len(instr.operands) > 1 else ()
+          result.kernels.append(Kernel(instr.name, "attention", attention_flops(q, k, "backward" in target.lower()),
+                                       size, q_dtype, count))
         else:
           result.kernels.append(Kernel(instr.name, "library", 0, size, "", count))
         continue
