@@ -458,3 +458,19 @@ def test_scatter_free_max_pool_gradient_is_jax_s_own_bit_for_bit():
       assert np.asarray(ours).tobytes() == np.asarray(theirs).tobytes(), (dtype, window, strides, padding)
   lowered = lambda pool: jax.jit(jax.grad(lambda x: jnp.sum(pool(x)))).lower(x).as_text()
   assert "select_and_scatter" in lowered(pools[0]) and "scatter" not in lowered(pools[1])
+
+
+def test_scatter_free_max_pool_gradient_on_eight_devices_is_one_device_s():
+  """Batch-sharded over 8 devices, the scatter-free pool's gradient is the 1-device one, bit for
+  bit (per example: nothing is reduced across the batch), and the step moves nothing between
+  the devices."""
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+  assert jax.device_count() >= 8, "tests/conftest.py must force 8 host devices"
+  x = jnp.asarray(np.random.default_rng(1).integers(-3, 4, (8, 9, 9, 4)), jnp.bfloat16)
+  loss = lambda x: jnp.sum(models.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)), scatter_free=True)
+                           .astype(jnp.float32) ** 2)
+  grad = jax.jit(jax.grad(loss))
+  sharded = jax.device_put(x, NamedSharding(Mesh(np.array(jax.devices()[:8]), ("data",)), P("data")))
+  assert np.asarray(grad(sharded)).tobytes() == np.asarray(grad(x)).tobytes()
+  hlo = grad.lower(sharded).compile().as_text()
+  assert not re.search(r"all-gather|all-reduce|collective-permute|all-to-all", hlo)
