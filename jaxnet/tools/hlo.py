@@ -544,12 +544,15 @@ def layer_of(kernel: Kernel) -> tuple[str, str, str]:
   average pool) are "model"; the step's own scopes are theirs; the rest is "input"
   (normalisation), "loss", or "step" (not named)."""
   name = kernel.op_name
-  m = re.search(r"(transpose\()?jvp\((\w+)\)\)?/(.*)", name)
+  m = re.search(r"(transpose\()?jvp\((\w*)\)\)?/(.*)", name)
   if m and m.group(2):  # inside the model
     stage = "backward" if m.group(1) else "forward"
     path = m.group(3).split("/")
-    top = path[0] if len(path) > 1 else "model"
-    layer = "stem" if top.startswith("stem") else re.sub(r"_?block\d+$|_\d+$", "", top)
+    # The layer: the first module named as a stage or block (a ViT's encoder blocks sit in a
+    # Transformer module), its block number dropped; a stem's modules are the stem.
+    modules = path[:-1] or ["model"]
+    top = next((p for p in modules if re.search(r"stage|block|stem", p)), modules[0])
+    layer = "stem" if top.startswith("stem") else re.sub(r"_?block_?\d+$", "", top)
     module = next((p for p in reversed(path[:-1]) if re.sub(r"_\d+$", "", p).lower() in PART_NAMES), "")
     part = PART_NAMES.get(re.sub(r"_\d+$", "", module).lower(), path[-1] if len(path) > 1 else path[0])
     if kernel.kind == "conv":
