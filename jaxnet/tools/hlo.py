@@ -550,7 +550,7 @@ def layer_of(kernel: Kernel) -> tuple[str, str, str]:
     path = m.group(3).split("/")
     # The layer: the first module named as a stage or block (a ViT's encoder blocks sit in a
     # Transformer module), its block number dropped; a stem's modules are the stem.
-    modules = path[:-1] or ["model"]
+    modules = [p for p in path[:-1] if not p.startswith("jit(")] or ["model"]  # jit(relu): a function
     top = next((p for p in modules if re.search(r"stage|block|stem", p)), modules[0])
     layer = "stem" if top.startswith("stem") else re.sub(r"_?block_?\d+$", "", top)
     module = next((p for p in reversed(path[:-1]) if re.sub(r"_\d+$", "", p).lower() in PART_NAMES), "")
