@@ -155,7 +155,7 @@ if [[ $SUITE == levers ]]; then
     family_args=(--precisions bf16 --one-process --max-seconds 80 --timeout 110 --no-keras --steps 10 --repeats 3)
     families=(convnext_tiny efficientnet_b0)
     levers=(model.scatter_free_pool=false model.stem_conv=pad4 model.stem_conv=space_to_depth)
-    limits=(200 95 90 45 110)
+    limits=(180 95 90 55 110)
   fi
   stage torch_best "${limits[0]}" "$TORCH_PYTHON" experiments/peers/torch_resnet.py --precisions bf16 \
     --optimizer auto "${torch_args[@]}"
