@@ -525,7 +525,7 @@ def summary(analysis: Analysis) -> dict:
 
 # jaxnet's train step names its own parts (jaxnet/core/steps.py); the rest of a name stack
 # outside the model is the input's normalisation and the task's loss.
-STEP_SCOPES = ("optimizer", "metrics", "loss_scale", "ema")
+STEP_SCOPES = ("optimizer", "metrics", "ema")
 # A model module's name -> the part of a layer it is (digits and a block's number dropped).
 PART_NAMES = {"conv": "conv", "proj_conv": "conv", "stem_conv": "conv", "batchnorm": "bn",
               "proj_bn": "bn", "stem_bn": "bn", "jit(relu)": "relu", "max_pool": "pool",

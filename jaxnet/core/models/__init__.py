@@ -81,7 +81,7 @@ def scatter_free_max_pool(x, window, strides, padding):
   of its window (row-major) that holds the maximum, as select-and-scatter's `ge` selection
   picks, and an input's gradients from the windows that overlap on it are summed in the
   order select-and-scatter adds them (output positions in row-major order), from zero, in
-  the input's dtype (tests/test_layers.py). NaNs are not handled as XLA does.
+  the input's dtype (tests/test_models.py). NaNs are not handled as XLA does.
   """
   return nn.max_pool(x, window, strides=strides, padding=padding)
 
@@ -92,7 +92,6 @@ def _scatter_free_forward(x, window, strides, padding):
 
 
 def _scatter_free_backward(window, strides, padding, residuals, dy):
-  import jax.numpy as jnp
   with jax.named_scope("max_pool"):  # the backward is traced outside the forward's scope
     return _scatter_free_gradient(window, strides, padding, residuals, dy)
 
