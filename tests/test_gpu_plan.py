@@ -296,6 +296,8 @@ def _check_resnet50(exp, train, analysis, device_memory, gpus):
   assert s["conv_layouts"] == {"NHWC": 158}
   # No activation-sized transpose or copy anywhere in the step.
   assert analysis.transposes_of("activation") == []
+  # The recipe's max pool is scatter-free: no select-and-scatter (nor any scatter) in the step.
+  assert not re.search(r"\b(select-and-)?scatter\(", train.hlo)
   assert train.total < 0.75 * device_memory
   if gpus == 1:
     assert s["collectives"] == {}
