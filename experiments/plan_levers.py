@@ -4,7 +4,7 @@ bound per setting, and the per-layer rows each lever changes.
 
     PYTHONPATH=.:PLUGIN_DIR python experiments/plan_levers.py [--targets h100,h200] [--batch 256]
 
-The settings: the recipe as it is (configs/resnet50.py), then one lever changed at a time
+The settings: the recipe as it is (`--config=resnet50`), then one lever changed at a time
 (`--config.model.scatter_free_pool=false`, `--config.model.stem_conv=pad4|pad8|space_to_depth`).
 A row of the per-layer table (jaxnet.tools.hlo.layer_table) is shown where its kernels or bytes
 differ from the recipe's. The roofline is a bound, not a prediction: without a device XLA does
@@ -31,7 +31,7 @@ def compile_setting(target: str, batch: int, overrides: dict):
   from jaxnet.tools import gpu_plan, hlo
   _, text = gpu_plan.target_text(target)
   devices = gpu_plan.topology_devices(text, 1)
-  config = gpu_plan.plan_config(config_io.load("configs/resnet50.py", overrides), batch, 1)
+  config = gpu_plan.plan_config(config_io.load("resnet50", overrides), batch, 1)
   exp, train, _ = gpu_plan.build(config, devices, eval_step=False)
   analysis = gpu_plan.analyse_step(train, exp.abstract_state, batch)
   peaks, bandwidth = gpu_plan.PEAK_FLOPS[target], gpu_plan.bandwidth(text)

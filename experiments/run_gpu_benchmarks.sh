@@ -48,7 +48,7 @@
 #   1. torch_best    the fair peer: torch.compile modes default and max-autotune-no-cudagraphs,
 #                    fused SGD, channels_last, bf16 autocast (resnet50, batch 256); the
 #                    headline ratio is against the best of them.
-#   2. bench_train   jaxnet (configs/resnet50.py's levers on) vs the hand-written flax step.
+#   2. bench_train   jaxnet (the resnet50 recipe's levers on) vs the hand-written flax step.
 #   3. levers_on     the device check of that step with its profile: each kernel through its
 #                    HLO instruction to its layer (the per-layer table, measured), the trace kept.
 #   4. scatter_free_pool_false, stem_conv_pad4, stem_conv_space_to_depth: the same step with
@@ -151,7 +151,7 @@ if [[ $SUITE == levers ]]; then
     torch_args=(--model resnet50 --image-size 224 --batches 256 --compile on
                 --compile-modes default,max-autotune-no-cudagraphs)
     train_args=(--precisions bf16 --batches 256 --one-process --max-seconds 80 --timeout 105 --no-torch --no-keras)
-    check_args=(--config configs/resnet50.py --batch 256)
+    check_args=(--config resnet50 --batch 256)
     family_args=(--precisions bf16 --one-process --max-seconds 80 --timeout 110 --no-keras --steps 10 --repeats 3)
     families=(convnext_tiny efficientnet_b0)
     levers=(model.scatter_free_pool=false model.stem_conv=pad4 model.stem_conv=space_to_depth)
