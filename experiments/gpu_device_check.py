@@ -204,7 +204,25 @@ def summarize_profile(events: list[dict], kinds: dict, steps: int, step_seconds:
   return out
 
 
-def profile(step, state, steps: int, kinds: dict, step_seconds: float, flops, peak: float, trace_out: str):
+def layer_rows(events: list[dict], analysis, steps: int) -> dict:
+  """The profile by layer, part and pass (jaxnet.tools.hlo.layer_of): each event through its
+  HLO instruction to the row the compiled program's table gives it (kernels and bytes per
+  step), with the measured ms per step and the bandwidth that implies; the unmatched events'
+  time by kernel name."""
+  from jaxnet.tools import hlo
+  mapped = hlo.map_trace(events, analysis)
+  rows = []
+  for row in hlo.layer_table(analysis):
+    us = mapped["rows"].get((row["layer"], row["part"], row["pass"]), 0.0) / max(steps, 1)
+    rows.append({**row, "measured_ms": us / 1e3,
+                 "gb_per_s": row["bytes"] / (us * 1e-6) / 1e9 if us else None})
+  unmatched = sorted(mapped["unmatched"].items(), key=lambda kv: -kv[1])[:10]
+  return {"rows": rows, "matched": mapped["matched"], "events": mapped["events"],
+          "unmatched_ms_per_step": {n: us / 1e3 / max(steps, 1) for n, us in unmatched}}
+
+
+def profile(step, state, steps: int, kinds: dict, step_seconds: float, flops, peak: float, trace_out: str,
+            analysis=None):
   import jax
   log_dir = tempfile.mkdtemp(prefix="jaxnet-profile-")
   try:
@@ -215,7 +233,10 @@ def profile(step, state, steps: int, kinds: dict, step_seconds: float, flops, pe
     perfetto, xplane = trace_files(log_dir)
     if perfetto is None:
       return state, {"error": f"no perfetto trace under {log_dir} (xplane: {xplane})"}
-    summary = summarize_profile(device_events(perfetto), kinds, steps, step_seconds, flops, peak)
+    events = device_events(perfetto)
+    summary = summarize_profile(events, kinds, steps, step_seconds, flops, peak)
+    if analysis is not None:
+      summary["layers"] = layer_rows(events, analysis, steps)
     size = os.path.getsize(perfetto)
     summary["trace_bytes"] = size
     if trace_out and size <= TRACE_LIMIT:
@@ -339,8 +360,10 @@ def main(argv=None):
     print(f"allocator peak in use: {device['peak_bytes'] / GIB:.2f} GiB of {device['bytes_limit'] / GIB:.1f} GiB")
 
   try:
+    if not args.profile_steps:
+      raise RuntimeError("not profiled (--profile-steps 0)")
     state, device["profile"] = profile(step, state, args.profile_steps, kernel_kinds(analysis), seconds,
-                                       flops, args.peak_tflops, trace_out)
+                                       flops, args.peak_tflops, trace_out, analysis)
   except Exception as e:  # the plan comparison below still prints
     device["profile"] = {"error": f"{type(e).__name__}: {e}"[:500]}
   p = device["profile"]
@@ -359,6 +382,18 @@ def main(argv=None):
     print(format_table(["kernel", "kind", "ms/step", "calls/step"],
                        [(k["name"], k["kind"], f"{k['ms_per_step']:.3f}", f"{k['calls_per_step']:.0f}")
                         for k in p["top_kernels"]]))
+    if "layers" in p:
+      lay = p["layers"]
+      rows = sorted(lay["rows"], key=lambda r: -r["measured_ms"])
+      print(f"by layer (the step's HLO: {lay['matched']} of {lay['events']} events matched; rows by measured "
+            f"time; GB/s = the row's bytes in the compiled program / its measured time):")
+      print(format_table(["layer", "part", "pass", "kernels", "GiB", "ms/step", "GB/s"],
+                         [(r["layer"], r["part"], r["pass"], str(r["kernels"]), f"{r['bytes'] / GIB:.2f}",
+                           f"{r['measured_ms']:.3f}", f"{r['gb_per_s']:.0f}" if r["gb_per_s"] else "-")
+                          for r in rows[:40]]))
+      if lay["unmatched_ms_per_step"]:
+        print("unmatched events (no HLO instruction named): " + "; ".join(
+            f"{n} {ms:.3f} ms" for n, ms in lay["unmatched_ms_per_step"].items()))
 
   plans = {}
   for spec in args.plan:

@@ -43,6 +43,22 @@
 #
 # QUICK=1: a CPU dry run of the same stages with tiny models (PYTHON and TORCH_PYTHON
 # choose the interpreters; the device's python3 has both jax and torch).
+#
+# SUITE=levers (issue 52) runs other stages instead, in this order, each cut to the time left:
+#   1. torch_best    the fair peer: torch.compile modes default and max-autotune-no-cudagraphs,
+#                    fused SGD, channels_last, bf16 autocast (resnet50, batch 256); the
+#                    headline ratio is against the best of them.
+#   2. bench_train   jaxnet (the resnet50 recipe's levers on) vs the hand-written flax step.
+#   3. levers_on     the device check of that step with its profile: each kernel through its
+#                    HLO instruction to its layer (the per-layer table, measured), the trace kept.
+#   4. scatter_free_pool_false, stem_conv_pad4, stem_conv_space_to_depth: the same step with
+#                    one lever changed, timed, no profile.
+#   5. convnext_tiny, efficientnet_b0: bench_train with the torch peer (torchvision's models,
+#                    torch.compile default mode), bf16, batch 256 (128 for EfficientNet-B0),
+#                    on the time left.
+# One device call:  run(command="SUITE=levers bash experiments/run_gpu_benchmarks.sh",
+# carry=[".whl"], timeout_s=600); $OUT gets summary.txt, log.txt, bench_train.json,
+# device_check*.json and step_trace.json.gz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-results}
@@ -51,6 +67,7 @@ PYTHON=${PYTHON:-python3}
 TORCH_PYTHON=${TORCH_PYTHON:-$PYTHON}
 BUDGET_S=${BUDGET_S:-540}
 mkdir -p "$OUT"
+SUITE=${SUITE:-all}
 SUMMARY=$OUT/summary.txt LOG=$OUT/log.txt
 : > "$SUMMARY"; : > "$LOG"
 TMP=$(mktemp -d)
@@ -120,6 +137,65 @@ stage() {  # stage NAME SECONDS COMMAND...: runs with a time limit cut to what i
     tail -n 8 "$TMP/$name.txt" | sed 's/^/    /' >> "$SUMMARY"
   fi
 }
+
+if [[ $SUITE == levers ]]; then
+  if [[ $QUICK == 1 ]]; then
+    torch_args=(--model resnet_tiny --image-size 16 --batches 2 --steps 3 --warmup 1 --repeats 2 --compile off)
+    train_args=(--tiny --precisions bf16 --max-seconds 60 --timeout 150 --no-torch --no-keras)
+    check_args=(--quick)
+    family_args=(--tiny --precisions bf16 --max-seconds 60 --timeout 150 --no-keras)
+    families=(convnext_mini efficientnet_mini)
+    levers=(model.scatter_free_pool=false)  # resnet_tiny has no ImageNet stem to change
+    limits=(120 120 150 100 150)
+  else
+    torch_args=(--model resnet50 --image-size 224 --batches 256 --compile on
+                --compile-modes default,max-autotune-no-cudagraphs)
+    train_args=(--precisions bf16 --batches 256 --one-process --max-seconds 80 --timeout 105 --no-torch --no-keras)
+    check_args=(--config resnet50 --batch 256)
+    family_args=(--precisions bf16 --one-process --max-seconds 80 --timeout 110 --no-keras --steps 10 --repeats 3)
+    families=(convnext_tiny efficientnet_b0)
+    levers=(model.scatter_free_pool=false model.stem_conv=pad4 model.stem_conv=space_to_depth)
+    limits=(180 95 90 55 110)
+  fi
+  stage torch_best "${limits[0]}" "$TORCH_PYTHON" experiments/peers/torch_resnet.py --precisions bf16 \
+    --optimizer auto "${torch_args[@]}"
+  stage bench_train "${limits[1]}" "$PYTHON" experiments/bench_train.py "${train_args[@]}" \
+    --json "$OUT/bench_train.json"
+  stage levers_on "${limits[2]}" "$PYTHON" experiments/gpu_device_check.py "${check_args[@]}" --out "$OUT"
+  for lever in "${levers[@]}"; do
+    tag=${lever#model.}; tag=${tag//=/_}
+    stage "$tag" "${limits[3]}" "$PYTHON" experiments/gpu_device_check.py "${check_args[@]}" --set "$lever" \
+      --profile-steps 0 --no-trace-file --tag "$tag" --out "$OUT"
+  done
+  for family in "${families[@]}"; do
+    fbatch=256; [[ $family == efficientnet_b0 ]] && fbatch=128; [[ $QUICK == 1 ]] && fbatch=2
+    stage "$family" "${limits[4]}" "$PYTHON" experiments/bench_train.py "${family_args[@]}" --model "$family" \
+      --batches "$fbatch" --torch-compile-modes default
+  done
+  "$PYTHON" - "$OUT" "$TMP/torch_best.txt" <<'EOF' 2>&1 | tee -a "$SUMMARY"
+import glob, json, os, sys
+out, torch_log = sys.argv[1], sys.argv[2]
+try:
+  torch = [json.loads(l[7:]) for l in open(torch_log) if l.startswith("RESULT ")]
+except OSError:
+  torch = []
+best = max((t for t in torch if "img_s" in t), key=lambda t: t["img_s"], default=None)
+for t in torch:
+  print(f"torch {t.get('compile_mode')} {t.get('optimizer')}: "
+        + (f"{t['img_s']:.1f} img/s" if "img_s" in t else t.get("error", "")))
+for path in sorted(glob.glob(os.path.join(out, "device_check*.json"))):
+  d = json.load(open(path))
+  line = f"{os.path.basename(path)}: {d['img_s']:.1f} img/s, {d['ms_step']:.2f} ms/step"
+  if best:
+    line += f", jaxnet/torch-best ({best['compile_mode']}) {d['img_s'] / best['img_s']:.3f}"
+  print("headline: " + line)
+if not best:
+  print("headline: no torch result")
+EOF
+  note "done in $((SECONDS - start))s; exit $failed; outputs in $OUT"
+  rm -rf "$TMP"
+  exit $failed
+fi
 
 # Started now, in the background, on the CPU (they never touch the GPU): the GPU plan of the
 # measured config compiled for the committed target files (stage 4 sets it against the

@@ -122,6 +122,23 @@ def test_a_failed_peer_cell_fails_the_run_but_a_cell_not_run_does_not():
   assert bench_train.failed_cells(measured, {"keras": {("fp32", 8): peers["keras"][("fp32", 8)]}}, []) == []
 
 
+def test_the_torch_peer_is_taken_at_its_best_and_each_of_its_failures_counts():
+  """A peer measuring a cell several ways (torch.compile modes): the ratio is against its
+  fastest, all are kept under "variants", and a variant that failed fails the run."""
+  bench_train = _load_bench_train()
+  results = [{"precision": "bf16", "batch": 8, "compile_mode": "default", "img_s": 2.0},
+             {"precision": "bf16", "batch": 8, "compile_mode": "max-autotune-no-cudagraphs", "img_s": 3.0},
+             {"precision": "fp16", "batch": 8, "compile_mode": "default", "img_s": 1.0},
+             {"precision": "fp16", "batch": 8, "compile_mode": "max-autotune-no-cudagraphs",
+              "error": "OutOfMemoryError: ..."}]
+  best = bench_train.best_by_cell(results)
+  assert best[("bf16", 8)]["img_s"] == 3.0 and len(best[("bf16", 8)]["variants"]) == 2
+  assert best[("fp16", 8)]["img_s"] == 1.0
+  measured = [{"precision": "bf16", "batch_per_device": 8, "img_s": 1.0}]
+  assert bench_train.failed_cells(measured, {"torch": best}, []) == [
+      "torch fp16 batch 8 max-autotune-no-cudagraphs: OutOfMemoryError: ..."]
+
+
 def test_peak_table_picks_the_device_and_precision():
   bench_train = _load_bench_train()
 

@@ -136,6 +136,97 @@ def test_while_body_counts_once_per_trip_and_gemm_flops():
   assert s["kernels"] == 12  # per trip: two GEMMs and the loop condition's compare
 
 
+LAYER_MODULE = """HloModule jit_train_step, is_scheduled=true
+
+%fused_bn (p0: bf16[8,4,4,16]) -> f32[16] {
+  %p0 = bf16[8,4,4,16]{3,2,1,0} parameter(0)
+  %c = f32[8,4,4,16]{3,2,1,0} convert(%p0), metadata={op_name="jit(train_step)/transpose(jvp(ResNet))/stage2_block3/BatchNorm_1/convert_element_type"}
+  %z = f32[] constant(0)
+  ROOT %r = f32[16]{0} reduce(%c, %z), dimensions={0,1,2}, to_apply=%add, metadata={op_name="jit(train_step)/transpose(jvp(ResNet))/stage2_block3/BatchNorm_1/reduce_sum"}
+}
+
+%fused_update (p0: f32[16], p1: f32[16]) -> (f32[16], f32[16]) {
+  %p0 = f32[16]{0} parameter(0)
+  %p1 = f32[16]{0} parameter(1)
+  %a = f32[16]{0} add(%p0, %p1), metadata={op_name="jit(train_step)/optimizer/add"}
+  ROOT %t = (f32[16]{0}, f32[16]{0}) tuple(%a, %a)
+}
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %add.1 = f32[] add(%x, %y)
+}
+
+ENTRY %main (x: bf16[8,4,4,16], w: bf16[16,3,3,16], p: f32[16]) -> (bf16[8,4,4,16], f32[16]) {
+  %x = bf16[8,4,4,16]{3,2,1,0} parameter(0)
+  %w = bf16[16,3,3,16]{3,2,1,0} parameter(1)
+  %p = f32[16]{0} parameter(2)
+  %conv = (bf16[8,4,4,16]{3,2,1,0}, u8[0]{0}) custom-call(%x, %w), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convForward", metadata={op_name="jit(train_step)/jvp(ResNet)/stage2_block3/Conv_1/conv_general_dilated"}
+  %y = bf16[8,4,4,16]{3,2,1,0} get-tuple-element(%conv), index=0
+  %dgrad = (bf16[8,4,4,16]{3,2,1,0}, u8[0]{0}) custom-call(%y, %w), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convForward", metadata={op_name="jit(train_step)/transpose(jvp(ResNet))/stage2_block3/Conv_1/conv_general_dilated"}
+  %dx = bf16[8,4,4,16]{3,2,1,0} get-tuple-element(%dgrad), index=0
+  %wgrad = (bf16[16,3,3,16]{3,2,1,0}, u8[0]{0}) custom-call(%x, %dx), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convBackwardFilter", metadata={op_name="jit(train_step)/transpose(jvp(ResNet))/stage2_block3/Conv_1/conv_general_dilated"}
+  %bn = f32[16]{0} fusion(%dx), kind=kInput, calls=%fused_bn
+  %update = (f32[16]{0}, f32[16]{0}) fusion(%p, %bn), kind=kLoop, calls=%fused_update, metadata={op_name="jit(train_step)/optimizer/add"}
+  %new = f32[16]{0} get-tuple-element(%update), index=0
+  %copy = f32[16]{0} copy(%new)
+  ROOT %out = (bf16[8,4,4,16]{3,2,1,0}, f32[16]{0}) tuple(%dx, %copy)
+}
+"""
+
+
+def test_each_kernel_is_named_by_its_layer_part_and_pass_from_the_hlo():
+  """The per-layer table: a kernel's layer and pass from its op_name (the model's modules and
+  jvp/transpose, the step's named scopes), its part from the HLO (a convolution's kind: a
+  forward convolution in the backward pass is an input gradient), never from a kernel name."""
+  a = ha.analyse(LAYER_MODULE)
+  layers = {k.name: ha.layer_of(k) for k in a.kernels}
+  assert layers == {"conv": ("stage2", "conv fwd", "forward"), "dgrad": ("stage2", "conv dgrad", "backward"),
+                    "wgrad": ("stage2", "conv wgrad", "backward"),
+                    "bn": ("stage2", "bn", "backward"),  # named by the instructions inside it
+                    "update": ("optimizer", "fusion", "step"),
+                    "copy": ("optimizer", "transpose", "step")}  # a copy XLA added: named by its operand
+  rows = ha.layer_table(a, {"bf16": 1e12, "f32": 1e12}, 1e9)
+  assert [(r["layer"], r["part"], r["pass"], r["kernels"]) for r in rows] == [
+      ("stage2", "conv fwd", "forward", 1), ("stage2", "conv dgrad", "backward", 1),
+      ("stage2", "conv wgrad", "backward", 1), ("stage2", "bn", "backward", 1),
+      ("optimizer", "fusion", "step", 1), ("optimizer", "transpose", "step", 1)]
+  bn = rows[3]  # memory-bound: its bytes at 1 GB/s
+  assert bn["bytes"] == 8 * 4 * 4 * 16 * 2 + 16 * 4 and bn["ms"] == pytest.approx(bn["bytes"] / 1e9 * 1e3)
+  # A device trace's events through their HLO instruction to the layer; the rest unmatched.
+  events = [{"name": "sm90_xmma_wgrad", "dur": 7.0, "args": {"hlo_op": "wgrad"}},
+            {"name": "cudnn_kernel_2", "dur": 1.0, "args": {"hlo_op": "wgrad"}},
+            {"name": "loop_add_fusion", "dur": 2.0, "args": {"long_name": "%update = (f32[16]) fusion(...)"}},
+            {"name": "memset", "dur": 0.5, "args": {}}]
+  mapped = ha.map_trace(events, a)
+  assert mapped["matched"] == 3 and mapped["events"] == 4
+  assert mapped["rows"] == {("stage2", "conv wgrad", "backward"): 8.0, ("optimizer", "fusion", "step"): 2.0}
+  assert mapped["unmatched"] == {"memset": 0.5}
+
+
+def test_fused_attention_counts_its_two_matmuls_forward_and_twice_them_backward():
+  """cuDNN's fused attention: softmax(q k^T) v, in jax's (batch, tokens, heads, head dim) layout,
+  counted as 2 matmuls of 2*B*N*T*T*H FLOPs forward and twice that backward (was 0)."""
+  q = "bf16[2,197,12,64]{3,2,1,0}"
+  text = f"""HloModule jit_f, is_scheduled=true
+
+ENTRY %main (q: {q.split('{')[0]}, k: {q.split('{')[0]}, v: {q.split('{')[0]}) -> {q.split('{')[0]} {{
+  %q = {q} parameter(0)
+  %k = {q} parameter(1)
+  %v = {q} parameter(2)
+  %fwd = ({q}, u8[0]{{0}}) custom-call(%q, %k, %v), custom_call_target="__cudnn$fmhaSoftmax"
+  %o = {q} get-tuple-element(%fwd), index=0
+  %bwd = ({q}, {q}, {q}, u8[0]{{0}}) custom-call(%q, %k, %v, %o), custom_call_target="__cudnn$fmhaSoftmaxBackward"
+  ROOT %dq = {q} get-tuple-element(%bwd), index=0
+}}
+"""
+  a = ha.analyse(text)
+  forward = 2 * 2 * 2 * 12 * 197 * 197 * 64
+  assert [(k.kind, k.flops) for k in a.kernels] == [("attention", forward), ("attention", 2 * forward)]
+  assert a.flops == 3 * forward
+
+
 def test_no_entry_is_an_error():
   with pytest.raises(ValueError, match="no ENTRY"):
     ha.analyse("HloModule empty\n")
@@ -205,6 +296,8 @@ def _check_resnet50(exp, train, analysis, device_memory, gpus):
   assert s["conv_layouts"] == {"NHWC": 158}
   # No activation-sized transpose or copy anywhere in the step.
   assert analysis.transposes_of("activation") == []
+  # The recipe's max pool is scatter-free: no select-and-scatter (nor any scatter) in the step.
+  assert not re.search(r"\b(select-and-)?scatter\(", train.hlo)
   assert train.total < 0.75 * device_memory
   if gpus == 1:
     assert s["collectives"] == {}
@@ -319,8 +412,11 @@ def test_the_search_says_what_it_compiles_before_each_compile(monkeypatch):
   assert events[compiles[-1] - 1] == "  per-GPU batch 10 fits: compiling its eval step too ..."
 
 
-def test_fp16_max_pool_gradient_stays_sharded_over_8_h100s():
-  """models.max_pool in fp16: its gradient is not partitioned by all-gathering the batch."""
+@pytest.mark.parametrize("scatter_free", [False, True])
+def test_fp16_max_pool_gradient_stays_sharded_over_8_h100s(scatter_free):
+  """models.max_pool in fp16: its gradient is not partitioned by all-gathering the batch
+  (jax's, through fp32; the scatter-free one in fp16 itself), and the scatter-free one has
+  no scatter."""
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
@@ -332,9 +428,11 @@ def test_fp16_max_pool_gradient_stays_sharded_over_8_h100s():
   _, text = gpu_compile.target_text("h100")
   mesh = jax.sharding.Mesh(gpu_compile.topology_devices(text, 8), ("data",))
   x = jax.ShapeDtypeStruct((64, 32, 32, 16), jnp.float16, sharding=NamedSharding(mesh, P("data")))
-  loss = lambda x: jnp.sum(models.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1))).astype(jnp.float32) ** 2)
+  pool = lambda x: models.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)), scatter_free=scatter_free)
+  loss = lambda x: jnp.sum(pool(x).astype(jnp.float32) ** 2)
   hlo = jax.jit(jax.grad(loss)).lower(x).compile().as_text()
   assert ha.summary(ha.analyse(hlo))["collectives"] == {}
+  assert bool(re.search(r"\b(select-and-)?scatter\(", hlo)) != scatter_free
 
 
 def test_a_run_s_xla_flags_are_compile_options_unless_xla_flags_sets_them(monkeypatch):

@@ -436,3 +436,54 @@ def test_summary_command_refuses_bad_input_in_one_line(argv, expected, capsys, m
   assert exit_.value.code == 1
   err = capsys.readouterr().err.splitlines()
   assert err[0].startswith(expected) and err[1:] == ["(set JAXNET_DEBUG=1 to see the traceback)"]
+
+
+def test_scatter_free_max_pool_gradient_is_jax_s_own_bit_for_bit():
+  """models.max_pool(scatter_free=True): the pooled values and the gradient are those of
+  jax's select-and-scatter, bit for bit, in fp32, bf16 and fp16, with ties (small integers:
+  many equal maxima in a window) and overlapping windows (stride 1: up to 9 gradients summed
+  into one input, in XLA's order), and its gradient has no scatter."""
+  rng = np.random.default_rng(0)
+  cases = [((3, 3), (2, 2), ((1, 1), (1, 1)), (9, 10)), ((3, 3), (1, 1), "SAME", (6, 5))]
+  inputs, weights = {}, {}
+  for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+    for i, (window, strides, padding, hw) in enumerate(cases):
+      x = jnp.asarray(rng.integers(-3, 4, (2, *hw, 3)) * rng.choice([1.0, 0.37], (2, *hw, 3)), dtype)
+      inputs[(dtype.__name__, i)] = x
+      weights[(dtype.__name__, i)] = jnp.asarray(rng.normal(size=nn.max_pool(x, window, strides, padding).shape), dtype)
+
+  def pools(i):
+    window, strides, padding, _ = cases[i]
+    return (lambda x: nn.max_pool(x, window, strides=strides, padding=padding),
+            lambda x: models.max_pool(x, window, strides, padding, scatter_free=True))
+
+  @jax.jit  # one compile for every case
+  def both(inputs):
+    out = {}
+    for key, x in inputs.items():
+      w = weights[key]
+      out[key] = [(p(x), jax.grad(lambda x: jnp.sum((p(x) * w).astype(jnp.float32)))(x)) for p in pools(key[1])]
+    return out
+
+  for key, ((y, theirs), (ours_y, ours)) in both(inputs).items():
+    assert np.asarray(ours_y).tobytes() == np.asarray(y).tobytes(), key
+    assert np.asarray(ours).tobytes() == np.asarray(theirs).tobytes(), key
+  x = inputs[("float32", 0)]
+  lowered = lambda pool: jax.jit(jax.grad(lambda x: jnp.sum(pool(x)))).lower(x).as_text()
+  assert "select_and_scatter" in lowered(pools(0)[0]) and "scatter" not in lowered(pools(0)[1])
+
+
+def test_scatter_free_max_pool_gradient_on_eight_devices_is_one_device_s():
+  """Batch-sharded over 8 devices, the scatter-free pool's gradient is the 1-device one, bit for
+  bit (per example: nothing is reduced across the batch), and the step moves nothing between
+  the devices."""
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+  assert jax.device_count() >= 8, "tests/conftest.py must force 8 host devices"
+  x = jnp.asarray(np.random.default_rng(1).integers(-3, 4, (8, 9, 9, 4)), jnp.bfloat16)
+  loss = lambda x: jnp.sum(models.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)), scatter_free=True)
+                           .astype(jnp.float32) ** 2)
+  grad = jax.jit(jax.grad(loss))
+  sharded = jax.device_put(x, NamedSharding(Mesh(np.array(jax.devices()[:8]), ("data",)), P("data")))
+  assert np.asarray(grad(sharded)).tobytes() == np.asarray(grad(x)).tobytes()
+  hlo = grad.lower(sharded).compile().as_text()
+  assert not re.search(r"all-gather|all-reduce|collective-permute|all-to-all", hlo)

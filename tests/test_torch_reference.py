@@ -39,8 +39,9 @@ def torchvision_shapes(shapes: dict) -> dict:
           for p, s in shapes.items()}
 
 
-def jaxnet_logits(name, tmp_path):
-  """jaxnet's fp32 eval-mode logits for the reference weights and images of `name`."""
+def jaxnet_logits(name, tmp_path, options=({},)):
+  """jaxnet's fp32 eval-mode logits for the reference weights and images of `name`; with
+  several `options`, a list: the logits of the model built with each."""
   model = models.create(name, num_classes=1000)
   shapes = model_shapes(model)
   images, tensors = reference_weights.draw(torchvision_shapes(shapes))
@@ -50,7 +51,9 @@ def jaxnet_logits(name, tmp_path):
   values, head_reason = pretrained.fill(shapes, pretrained.load(path, shapes), keep_head=True)
   assert head_reason is None and set(values) == set(shapes)  # every variable, head included
   # Eager (un-jitted) apply: no compile, fast enough at 64 px on the CPU.
-  return np.asarray(model.apply(unflatten_dict(values), images.transpose(0, 2, 3, 1), train=False))
+  logits = [np.asarray(models.create(name, num_classes=1000, **o).apply(
+      unflatten_dict(values), images.transpose(0, 2, 3, 1), train=False)) for o in options]
+  return logits if len(options) > 1 else logits[0]
 
 
 @pytest.mark.parametrize("name", ["resnet18", "resnet50"])
@@ -60,6 +63,18 @@ def test_logits_equal_torchvision_for_the_same_weights(name, tmp_path):
   assert logits.shape == reference.shape == (2, 1000)
   assert np.abs(reference).max() > 0.5  # the reference is not degenerate
   assert np.abs(logits - reference).max() <= 1e-4
+
+
+def test_the_stem_conv_levers_import_torchvision_weights_and_compute_its_logits(tmp_path):
+  """model.stem_conv (channels padded to 4 or 8, space-to-depth): the same parameters, so
+  torchvision's weights import as they are, and the same function: logits within fp32
+  rounding of the plain stem's, and as close to torchvision's."""
+  stem_convs = ("pad4", "space_to_depth")  # pad8 is pad4's code with another number
+  plain, *levers = jaxnet_logits("resnet18", tmp_path, [{}] + [{"stem_conv": s} for s in stem_convs])
+  reference = np.load(LOGITS)["resnet18"]
+  for stem_conv, logits in zip(stem_convs, levers):
+    np.testing.assert_allclose(logits, plain, rtol=1e-5, atol=1e-5 * np.abs(plain).max())
+    assert np.abs(logits - reference).max() <= 1e-4, stem_conv
 
 
 @pytest.mark.parametrize("name, measured", [("resnet18", 0.099), ("resnet50", 0.178)])

@@ -1,11 +1,13 @@
 """Peer 2: PyTorch training-step throughput, same model, batch and precision as jaxnet.
 
     python experiments/peers/torch_resnet.py --model resnet50 --precisions fp32,bf16,fp16 \
-        --batches 64,128,256 --image-size 224 [--compile on|off|auto]
+        --batches 64,128,256 --image-size 224 [--compile on|off|auto] \
+        [--compile-modes default,max-autotune-no-cudagraphs] [--optimizer fused|foreach|compiled]
 
 The model is torchvision's (`torchvision.models.<name>(weights=None)`) when
 torchvision is importable and has it, else our own ResNet v1.5 below (stride on
-the 3x3 conv of bottlenecks, as torchvision and jaxnet). jaxnet's `resnet_tiny`
+the 3x3 conv of bottlenecks, as torchvision and jaxnet). `convnext_tiny`..`convnext_large`
+and `efficientnet_b0`..`efficientnet_b7` are torchvision's (jaxnet's names are the same). jaxnet's `resnet_tiny`
 and `*_small` (3x3 stem) models exist only in our definition. `alexnet` is
 torchvision's; the ViTs (`vit_ti16`, `vit_s16`, `vit_b16`, `vit_l16`, jaxnet's
 default timm flavour) are timm's `vit_*_patch16_224` at the given image size,
@@ -15,7 +17,14 @@ timm; there is no fallback definition for them here.
 The step: uint8 NCHW batch (channels_last) already on the device -> normalise
 -> forward under autocast (bf16/fp16; none for fp32) -> fp32 cross-entropy ->
 backward -> SGD (Nesterov momentum 0.9, weight decay 5e-5 on conv/linear weights
-only, like jaxnet). fp16 uses a GradScaler. fp32 allows TF32 for matmuls
+only, like jaxnet). fp16 uses a GradScaler.
+The peer at its best (issue 52): each of `--compile-modes` is its own cell (torch.compile's
+`mode`: "default", "max-autotune-no-cudagraphs" (Triton autotuning of convolutions and
+GEMMs, no CUDA graphs), "max-autotune" (with them), "reduce-overhead"), and the optimizer
+step is `--optimizer`: "fused" (torch.optim.SGD(fused=True): one CUDA kernel for all the
+parameters, the default on CUDA), "foreach" (torch's multi-tensor default), or "compiled"
+(the foreach step inside torch.compile). bench_train.py compares jaxnet with the best of
+the cells it gets. fp32 allows TF32 for matmuls
 (`set_float32_matmul_precision("high")`), as XLA and cuDNN do for convolutions.
 torch.compile: on by default on CUDA, off on CPU (where it needs a C++
 toolchain and minutes of compile), `--compile on|off` to force.
@@ -128,6 +137,10 @@ def create(name: str, num_classes: int, image_size: int = 224) -> tuple[nn.Modul
   """(model, where its definition came from)."""
   if name == "alexnet" or name in TIMM_VITS:
     return create_other(name, num_classes, image_size)
+  if name.startswith(("convnext_", "efficientnet_b")):  # torchvision's, under jaxnet's names
+    import torchvision
+    return getattr(torchvision.models, name)(weights=None, num_classes=num_classes), \
+        f"torchvision {torchvision.__version__}"
   if name == "resnet_tiny":
     return ResNet([1, 1, 1], "basic", num_classes, width=16, stem="small"), "ours (jaxnet's resnet_tiny)"
   small = name.endswith("_small")
@@ -146,15 +159,33 @@ def create(name: str, num_classes: int, image_size: int = 224) -> tuple[nn.Modul
   return ResNet(stages, kind, num_classes, stem="small" if small else "imagenet"), "ours (v1.5)"
 
 
+def make_optimizer(model, kind: str, device):
+  """SGD as jaxnet's recipe (Nesterov, weight decay on conv/linear weights only), stepped by
+  one fused kernel ("fused"), torch's multi-tensor loop ("foreach"), or that loop compiled
+  ("compiled"); returns (optimizer, step function)."""
+  decay = [p for p in model.parameters() if p.ndim > 1]
+  no_decay = [p for p in model.parameters() if p.ndim <= 1]
+  groups = [{"params": decay, "weight_decay": 5e-5}, {"params": no_decay, "weight_decay": 0.0}]
+  options = {"fused": True} if kind == "fused" else {"foreach": device.type == "cuda"}
+  opt = torch.optim.SGD(groups, lr=0.1, momentum=0.9, nesterov=True, **options)
+  return opt, (torch.compile(opt.step) if kind == "compiled" else opt.step)
+
+
+def fused_sgd_supported(device) -> bool:
+  """Whether this torch has a fused SGD for `device` (CUDA, torch >= 2.4 or so)."""
+  try:
+    torch.optim.SGD([torch.zeros(1, device=device, requires_grad=True)], lr=0.1, momentum=0.9, fused=True)
+    return True
+  except (RuntimeError, TypeError, ValueError):
+    return False
+
+
 def bench_one(name, precision, batch, image_size, num_classes, steps, warmup, repeats, use_compile,
-              device):
+              device, compile_mode="default", optimizer="foreach"):
   torch.manual_seed(0)
   model, source = create(name, num_classes, image_size)
   model = model.to(device).to(memory_format=torch.channels_last).train()
-  decay = [p for p in model.parameters() if p.ndim > 1]
-  no_decay = [p for p in model.parameters() if p.ndim <= 1]
-  opt = torch.optim.SGD([{"params": decay, "weight_decay": 5e-5}, {"params": no_decay, "weight_decay": 0.0}],
-                        lr=0.1, momentum=0.9, nesterov=True)
+  opt, opt_step = make_optimizer(model, optimizer, device)
   amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
   scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
   mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
@@ -171,14 +202,18 @@ def bench_one(name, precision, batch, image_size, num_classes, steps, warmup, re
     return F.cross_entropy(logits.float(), y)
 
   if use_compile:
-    forward_loss = torch.compile(forward_loss)
+    forward_loss = torch.compile(forward_loss, mode=None if compile_mode == "default" else compile_mode)
 
   def step():
     opt.zero_grad(set_to_none=True)
     loss = forward_loss(images, labels)
-    scaler.scale(loss).backward()
-    scaler.step(opt)
-    scaler.update()
+    if scaler.is_enabled():
+      scaler.scale(loss).backward()
+      scaler.step(opt)  # unscales, skips the step on inf/nan (its own opt.step, uncompiled)
+      scaler.update()
+    else:
+      loss.backward()
+      opt_step()
     return loss
 
   sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -202,7 +237,8 @@ def bench_one(name, precision, batch, image_size, num_classes, steps, warmup, re
   peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
   return {"precision": precision, "batch": batch, "img_s": batch / seconds, "ms_step": 1000 * seconds,
           "first_step_s": first, "peak_bytes": peak, "loss": float(loss.detach()), "model_source": source,
-          "compiled": bool(use_compile), "repeat_ms": [1000 * t for t in times]}
+          "compiled": bool(use_compile), "compile_mode": compile_mode if use_compile else "eager",
+          "optimizer": optimizer, "repeat_ms": [1000 * t for t in times]}
 
 
 def main(argv=None):
@@ -216,6 +252,11 @@ def main(argv=None):
   parser.add_argument("--warmup", type=int, default=5)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--compile", default="auto", choices=["auto", "on", "off"])
+  parser.add_argument("--compile-modes", default="default",
+                      help="comma list of torch.compile modes, one cell each: default, "
+                           "max-autotune-no-cudagraphs, max-autotune, reduce-overhead")
+  parser.add_argument("--optimizer", default="auto", choices=["auto", "fused", "foreach", "compiled"],
+                      help="how SGD steps (auto: fused on CUDA, foreach on the CPU)")
   parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
   parser.add_argument("--deadline", type=float, default=0, help="time.time() after which no cell starts")
   args = parser.parse_args(argv)
@@ -224,28 +265,36 @@ def main(argv=None):
 
   device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
   use_compile = args.compile == "on" or (args.compile == "auto" and device.type == "cuda")
+  optimizer = args.optimizer
+  if optimizer == "auto":
+    optimizer = "fused" if device.type == "cuda" and fused_sgd_supported(device) else "foreach"
+  modes = args.compile_modes.split(",") if use_compile else ["eager"]
   if device.type == "cuda":
     torch.backends.cudnn.benchmark = True  # pick the fastest conv algorithms for these shapes
   torch.set_float32_matmul_precision("high")
   name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
   print("INFO " + json.dumps({"torch": torch.__version__, "device": name, "threads": torch.get_num_threads(),
-                              "compile": use_compile}), flush=True)
+                              "compile": use_compile, "compile_modes": modes, "optimizer": optimizer}),
+        flush=True)
   failed = 0
   for precision in args.precisions.split(","):
     for batch in [int(b) for b in args.batches.split(",")]:
-      if args.deadline and time.time() > args.deadline:
-        print("RESULT " + json.dumps({"precision": precision, "batch": batch,
-                                      "error": "not run: time budget spent"}), flush=True)
-        continue
-      try:
-        result = bench_one(args.model, precision, batch, args.image_size, args.num_classes, args.steps,
-                           args.warmup, args.repeats, use_compile, device)
-      except Exception as e:  # e.g. out of memory at the largest batch: report it, go on
-        result = {"precision": precision, "batch": batch, "error": f"{type(e).__name__}: {e}"[:300]}
-        failed += 1
-        if device.type == "cuda":
-          torch.cuda.empty_cache()
-      print("RESULT " + json.dumps(result), flush=True)
+      for mode in modes:
+        cell = {"precision": precision, "batch": batch, "compile_mode": mode, "optimizer": optimizer}
+        if args.deadline and time.time() > args.deadline:
+          print("RESULT " + json.dumps({**cell, "error": "not run: time budget spent"}), flush=True)
+          continue
+        try:
+          result = bench_one(args.model, precision, batch, args.image_size, args.num_classes, args.steps,
+                             args.warmup, args.repeats, use_compile, device, mode, optimizer)
+        except Exception as e:  # e.g. out of memory at the largest batch: report it, go on
+          result = {**cell, "error": f"{type(e).__name__}: {e}"[:300]}
+          failed += 1
+          if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if use_compile:
+          torch._dynamo.reset()  # the next mode compiles afresh
+        print("RESULT " + json.dumps(result), flush=True)
   return 1 if failed else 0  # a failed cell must fail the command that ran it
 
 

@@ -2,7 +2,7 @@
 (jaxnet/tools/gpu_plan.py; docs/gpu_plan.md):
 
   python -m jaxnet.cli.gpu_plan --config=resnet50 --target=h100 --gpus=8 \
-      [--config.KEY=VALUE ...] [--hosts=N] [--find-max-batch] [--dump=DIR] [--json]
+      [--config.KEY=VALUE ...] [--hosts=N] [--find-max-batch] [--dump=DIR] [--json] [--layers]
 """
 
 import json
@@ -28,6 +28,9 @@ def main(argv=None):
                            "minutes; each try is named on stderr as it starts)")
   parser.add_argument("--dump", default="", help="write the optimized HLO of both steps here")
   parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
+  parser.add_argument("--layers", action="store_true",
+                      help="also print the train step's kernels by layer, part and pass (bytes, FLOPs, "
+                           "roofline ms)")
   parser.add_argument("--install-plugin", action="store_true",
                       help="first install the CUDA plugin wheels of this jaxlib into jaxnet's cache "
                            "folder (not into the Python environment), if they are not there")
@@ -46,7 +49,12 @@ def main(argv=None):
     log = lambda line: print(line, file=sys.stderr, flush=True)
     result = gpu_plan.plan(config, target=args.target, gpus=args.gpus, hosts=args.hosts,
                            dump=args.dump, find_max_batch=args.find_max_batch, log=log)
-  print(json.dumps(result, indent=1, default=str) if args.json else gpu_plan.table(result))
+  if args.json:
+    print(json.dumps(result, indent=1, default=str))
+  else:
+    print(gpu_plan.table(result))
+    if args.layers:
+      print("\n".join(gpu_plan.layer_lines(result)))
 
 
 def prepare_plugin(install: bool) -> None:

@@ -37,6 +37,7 @@ def get_config(arg: str = ""):
   variant = args.recipe
   c = base_config()
   c.model.name = f"resnet{args.depth}"
+  c.model.scatter_free_pool = True  # exact; fewer HBM bytes on a GPU (jaxnet/configs/resnet50.py says how many)
   c.data.source = "tfds"
   c.data.name = "imagenet2012"
   c.data.train_split = "train"

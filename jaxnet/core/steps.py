@@ -121,25 +121,28 @@ def make_train_step(model, tx, schedule, policy: Policy, loss, options: StepOpti
   def train_step(state: TrainState, batch):
     count = jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0)  # real examples
     grads, value, task_metrics, new_batch_stats = gradients(state, batch, count)
-    new_state, grads, finite = apply_gradients(state, scatter(grads), new_batch_stats, tx, policy)
+    with jax.named_scope("optimizer"):  # the scopes name the step's kernels (jaxnet.tools.hlo.layer_of)
+      new_state, grads, finite = apply_gradients(state, scatter(grads), new_batch_stats, tx, policy)
     loss_scale = new_state.loss_scale
 
     if o.ema_decay:
-      ema = jax.tree.map(lambda e, p: o.ema_decay * e + (1 - o.ema_decay) * p, state.ema_params,
-                         new_state.params)
-      if policy.uses_loss_scale:
-        # A skipped step must not pull the EMA towards the (unchanged) params either.
-        ema = select_tree(finite, ema, state.ema_params)
+      with jax.named_scope("ema"):
+        ema = jax.tree.map(lambda e, p: o.ema_decay * e + (1 - o.ema_decay) * p, state.ema_params,
+                           new_state.params)
+        if policy.uses_loss_scale:
+          # A skipped step must not pull the EMA towards the (unchanged) params either.
+          ema = select_tree(finite, ema, state.ema_params)
     else:
       ema = None  # no EMA: no second copy of the params
     new_state = new_state.replace(ema_params=ema)
-    metrics = {
-        "train/loss": value,
-        **task_metrics,
-        "train/learning_rate": schedule(state.step),
-        "train/grad_norm": global_norm(grads, one_reduction=o.fsdp is None),
-        "data/corrupt_images": jnp.sum(batch["corrupt"]),
-    }
+    with jax.named_scope("metrics"):
+      metrics = {
+          "train/loss": value,
+          **task_metrics,
+          "train/learning_rate": schedule(state.step),
+          "train/grad_norm": global_norm(grads, one_reduction=o.fsdp is None),
+          "data/corrupt_images": jnp.sum(batch["corrupt"]),
+      }
     if policy.uses_loss_scale:
       metrics["train/loss_scale"] = loss_scale.scale
       metrics["train/skipped_steps"] = loss_scale.skipped_steps

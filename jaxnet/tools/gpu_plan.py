@@ -435,6 +435,7 @@ def plan(config, *, target: str = "h100", gpus: int = 8, hosts: int = 1, dump: s
   if peaks:
     hbm_bandwidth = bandwidth(text)
     seconds = analysis.roofline_seconds(peaks, hbm_bandwidth)
+    result["layers"] = hlo.layer_table(analysis, peaks, hbm_bandwidth)
     result["roofline"] = {"step_seconds": seconds, "images_per_second": config.batch_size / seconds,
                           "compute_seconds": sum(k.count * k.flops / (peaks.get(k.dtype) or max(peaks.values()))
                                                  for k in analysis.kernels),
@@ -507,6 +508,21 @@ def table(r: dict) -> str:
                  f"traffic per GPU per step -> at least {rf['step_seconds'] * 1e3:.2f} ms/step, at most "
                  f"{rf['images_per_second']:,.0f} img/s (an upper bound, not a prediction)")
   return "\n".join(lines)
+
+
+def layer_lines(r: dict) -> list[str]:
+  """The train step's kernels by layer, part and pass (jaxnet.tools.hlo.layer_table): kernels,
+  HBM bytes (operands + results of each kernel) and the roofline ms of each row, in the order
+  the step first runs them; the rows add up to the plan's roofline."""
+  rows = r.get("layers") or []
+  total = sum(row["ms"] for row in rows) or 1.0
+  lines = [f"per layer (train step, {r['target']}: each kernel at max(FLOPs / peak, bytes / HBM bandwidth), "
+           f"a bound, not a measurement):",
+           f"  {'layer':<12} {'part':<18} {'pass':<9} {'kernels':>7} {'GiB':>7} {'GFLOP':>8} {'ms':>7} {'share':>6}"]
+  for row in rows:
+    lines.append(f"  {row['layer'][:12]:<12} {row['part'][:18]:<18} {row['pass']:<9} {row['kernels']:>7} "
+                 f"{row['bytes'] / GIB:>7.2f} {row['flops'] / 1e9:>8.1f} {row['ms']:>7.3f} {row['ms'] / total:>6.1%}")
+  return lines
 
 
 def profile_lines(p: dict) -> list[str]:

@@ -166,6 +166,13 @@ def backend_config(attrs: str) -> str:
   return m.group(1).encode().decode("unicode_escape") if m else ""
 
 
+def op_name(attrs: str) -> str:
+  """The instruction's metadata op_name: jax's name stack (jit, jvp/transpose, the model's
+  named scopes: flax modules, jaxnet's step scopes) and the primitive, "" when it has none."""
+  m = re.search(r'\bop_name="([^"]*)"', attrs)
+  return m.group(1) if m else ""
+
+
 # --- what it does ---------------------------------------------------------------------
 
 # cuDNN / cuBLAS custom-call targets, by what they compute.
@@ -188,6 +195,17 @@ def conv_flops(forward_output_dims, filter_dims, filter_labels: str) -> int:
   return 2 * elements(forward_output_dims) * elements(filter_dims) // max(out_features, 1)
 
 
+def attention_flops(q_dims, k_dims, backward: bool) -> int:
+  """A fused attention call's FLOPs from its q and k operands in jax's (batch, tokens, heads,
+  head dim) layout: softmax(q k^T) v is two matmuls of 2 * B * N * Tq * Tk * H each; the
+  backward pass counts twice the forward's (the model-FLOPs convention, no recomputation)."""
+  if len(q_dims) != 4 or len(k_dims) != 4:
+    return 0
+  b, tq, n, h = q_dims
+  forward = 2 * 2 * b * n * tq * k_dims[1] * h
+  return 2 * forward if backward else forward
+
+
 def dot_flops(output_dims, lhs_dims, contracting) -> int:
   return 2 * elements(output_dims) * elements(lhs_dims[d] for d in contracting)
 
@@ -200,6 +218,8 @@ class Kernel:
   bytes: float
   dtype: str       # the dtype its FLOPs run in ("" when none)
   count: int = 1   # launches per step (a while body's trip count)
+  op_name: str = ""  # the jax name stack that made it (HLO metadata): which layer, which pass
+  part: str = ""     # what it does there, from the HLO: a convolution's kind, else ""
 
 
 @dataclasses.dataclass
@@ -409,7 +429,7 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
           result.convolutions.append({"kind": kind, "layout": layout_name(labels[0]),
                                       "dim_labels": "_".join(labels[:2]) + "->" + labels[-1],
                                       "dtype": dtype, "count": count})
-          result.kernels.append(Kernel(instr.name, "conv", flops, size, dtype, count))
+          result.kernels.append(Kernel(instr.name, "conv", flops, size, dtype, count, part=kind))
         elif target.startswith(GEMM_TARGETS):
           config = backend_config(instr.attrs)
           contracting = re.search(r'"lhs_contracting_dimensions"\s*:\s*\[([^\]]*)\]', config)
@@ -421,8 +441,10 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
           result.kernels.append(Kernel(instr.name, "gemm", flops, size, lhs_dtype, count))
         elif "fmha" in target.lower() or "attention" in target.lower():
           result.attention.append({"target": target, "shape": out_shape.strip("()"), "count": count})
-          result.kernels.append(Kernel(instr.name, "attention", 0, size,
-                                       first_array(shape_of(comp, instr.operands[0]))[0], count))
+          q_dtype, q = first_array(shape_of(comp, instr.operands[0]))
+          k = first_array(shape_of(comp, instr.operands[1]))[1] if len(instr.operands) > 1 else ()
+          result.kernels.append(Kernel(instr.name, "attention", attention_flops(q, k, "backward" in target.lower()),
+                                       size, q_dtype, count))
         else:
           result.kernels.append(Kernel(instr.name, "library", 0, size, "", count))
         continue
@@ -436,7 +458,34 @@ def analyse(text: str, *, weight_elements=(), min_activation_elements: int = 0) 
       result.kernels.append(Kernel(instr.name, "other", 0, io_bytes(comp, instr), "", count))
 
   walk(entry, 1)
+  name_kernels(computations, result.kernels)
   return result
+
+
+def name_kernels(computations: dict, kernels: list) -> None:
+  """Sets each kernel's op_name: its instruction's, or, for a fusion, that of an instruction
+  inside it: one in a step scope (STEP_SCOPES: the optimizer's update fused with a weight
+  gradient's transpose is the optimizer's kernel), else the root's, else any; a copy or
+  transpose XLA added, with none, takes its operand's."""
+  instructions = {i.name: (c, i) for c in computations.values() for i in c.instructions}
+  in_step_scope = lambda name: any(f"/{scope}/" in name for scope in STEP_SCOPES)
+
+  def name_of(name, depth=0):
+    if name not in instructions or depth > 8:
+      return ""
+    comp, instr = instructions[name]
+    own = op_name(instr.attrs)
+    inside = [computations[c] for c in called(instr.attrs, "calls") if c in computations]
+    names = [op_name(i.attrs) for c in inside for i in c.instructions if op_name(i.attrs)]
+    found = (next((n for n in names if in_step_scope(n)), "") or own
+             or next((op_name(c.root.attrs) for c in inside if op_name(c.root.attrs)), "")
+             or next(iter(names), ""))
+    if found:
+      return found
+    return next((n for n in (name_of(o, depth + 1) for o in instr.operands) if n), "")
+
+  for k in kernels:
+    k.op_name = name_of(k.name)
 
 
 def summary(analysis: Analysis) -> dict:
@@ -470,6 +519,106 @@ def summary(analysis: Analysis) -> dict:
       "flops": analysis.flops,
       "hbm_bytes": analysis.hbm_bytes,
   }
+
+
+# --- where each kernel comes from: the per-layer table -------------------------------------
+
+# jaxnet's train step names its own parts (jaxnet/core/steps.py); the rest of a name stack
+# outside the model is the input's normalisation and the task's loss.
+STEP_SCOPES = ("optimizer", "metrics", "ema")
+# A model module's name -> the part of a layer it is (digits and a block's number dropped).
+PART_NAMES = {"conv": "conv", "proj_conv": "conv", "stem_conv": "conv", "batchnorm": "bn",
+              "proj_bn": "bn", "stem_bn": "bn", "jit(relu)": "relu", "max_pool": "pool",
+              "layernorm": "norm", "dense": "dense", "head": "head"}
+CONV_PARTS = {"forward": "conv fwd", "fused": "conv fwd", "backward-input": "conv dgrad",
+              "backward-filter": "conv wgrad"}
+
+
+def layer_of(kernel: Kernel) -> tuple[str, str, str]:
+  """(layer, part, pass) of a kernel, from its op_name and its HLO kind, never from a GPU
+  kernel's name: e.g. ("stage2", "conv wgrad", "backward") for the filter gradient of a
+  convolution in any block of stage 2, ("optimizer", "update", "step") for the update.
+
+  The layer is the model's top-level module with a block's number dropped ("stage2_block3" ->
+  "stage2", "stem_conv" -> "stem"); ops of the model outside any module (a ResNet's global
+  average pool) are "model"; the step's own scopes are theirs; the rest is "input"
+  (normalisation), "loss", or "step" (not named)."""
+  name = kernel.op_name
+  m = re.search(r"(transpose\()?jvp\((\w*)\)\)?/(.*)", name)
+  if m and m.group(2):  # inside the model
+    stage = "backward" if m.group(1) else "forward"
+    path = m.group(3).split("/")
+    # The layer: the first module named as a stage or block (a ViT's encoder blocks sit in a
+    # Transformer module), its block number dropped; a stem's modules are the stem.
+    modules = [p for p in path[:-1] if not p.startswith("jit(")] or ["model"]  # jit(relu): a function
+    top = next((p for p in modules if re.search(r"stage|block|stem", p)), modules[0])
+    layer = "stem" if top.startswith("stem") else re.sub(r"_?block_?\d+$", "", top)
+    module = next((p for p in reversed(path[:-1]) if re.sub(r"_\d+$", "", p).lower() in PART_NAMES), "")
+    part = PART_NAMES.get(re.sub(r"_\d+$", "", module).lower(), path[-1] if len(path) > 1 else path[0])
+    if kernel.kind == "conv":
+      # In the backward pass every convolution but the filter's gradient is an input gradient.
+      part = CONV_PARTS.get(kernel.part, "conv")
+      if stage == "backward" and part != "conv wgrad":
+        part = "conv dgrad"
+    elif kernel.kind == "gemm":
+      part = f"{part} gemm"
+    elif part == "conv":  # a fusion in a conv's scope: its weights cast or re-laid out
+      part = "conv weights"
+    elif stage == "backward" and part == "select_n":  # ReLU's gradient (with the residual add's)
+      part = "relu"
+    return layer, part, stage
+  scopes = name.split("/")
+  for scope in STEP_SCOPES:
+    if scope in scopes:
+      return scope, kernel.kind, "step"
+  if "log_softmax" in name or "loss" in scopes:
+    return "loss", kernel.kind, "step"
+  if m:  # inside jvp(...) but no model: the input's normalisation
+    return "input", kernel.kind, "forward"
+  return "step", kernel.kind, "step"
+
+
+def layer_table(analysis: Analysis, peak_flops: dict | None = None, bandwidth: float | None = None) -> list:
+  """Rows {layer, part, pass, kernels, flops, bytes, ms} summing the step's kernels by
+  layer_of, in the order the step first runs them. With a target's peaks and HBM bandwidth,
+  ms is the rows' roofline (each kernel at max(FLOPs / peak, bytes / bandwidth)): a lower
+  bound per layer, not a measurement."""
+  rows = {}
+  for k in analysis.kernels:
+    if k.kind == "collective":
+      continue
+    layer, part, stage = layer_of(k)
+    row = rows.setdefault((layer, part, stage), {"layer": layer, "part": part, "pass": stage,
+                                                 "kernels": 0, "flops": 0, "bytes": 0.0, "ms": 0.0})
+    row["kernels"] += k.count
+    row["flops"] += k.flops * k.count
+    row["bytes"] += k.bytes * k.count
+    if peak_flops and bandwidth:
+      peak = peak_flops.get(k.dtype) or max(peak_flops.values())
+      row["ms"] += 1e3 * k.count * max(k.flops / peak, k.bytes / bandwidth)
+  return list(rows.values())
+
+
+def map_trace(events: list, analysis: Analysis) -> dict:
+  """A device trace's kernel events mapped to the step's HLO instructions, and through them
+  to layers: {"matched": n, "events": n, "rows": {(layer, part, pass): us}, "unmatched": {name: us}}.
+
+  An event names its HLO instruction in args["hlo_op"] (XLA's GPU profiler; "long_name"
+  holds it in older traces, as "%name = ..."); a library call (cuDNN, cuBLAS) that launches
+  several kernels has each of them carry the call's instruction."""
+  by_name = {k.name: k for k in analysis.kernels}
+  rows, unmatched, matched = collections.Counter(), collections.Counter(), 0
+  for e in events:
+    args = e.get("args", {})
+    op = str(args.get("hlo_op") or args.get("long_name") or "")
+    op = op.split(" ")[0].lstrip("%").split("=")[0].strip()
+    kernel = by_name.get(op)
+    if kernel is None:
+      unmatched[str(e.get("name", ""))[:90]] += float(e.get("dur", 0))
+      continue
+    matched += 1
+    rows[layer_of(kernel)] += float(e.get("dur", 0))
+  return {"events": len(events), "matched": matched, "rows": dict(rows), "unmatched": dict(unmatched)}
 
 
 def as_json(analysis: Analysis) -> str:

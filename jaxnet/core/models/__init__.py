@@ -30,18 +30,102 @@ _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 _TARGET_PLATFORM = contextvars.ContextVar("jaxnet_target_platform", default=None)
 
 
-def max_pool(x, window_shape, strides, padding):
-  """nn.max_pool, in fp32 for fp16 inputs (the result and its gradient are the same values).
+def max_pool(x, window_shape, strides, padding, scatter_free: bool = False):
+  """nn.max_pool over NHWC `x`; `padding` a pair per spatial dimension, "SAME" or "VALID".
 
-  Why: compiled for several GPUs, the fp16 gradient of a batch-sharded max pool (XLA's
-  select-and-scatter) is partitioned by all-gathering the whole global batch onto every GPU
-  (ResNet-50 fp16 on 8 H100s: two all-gathers of up to 3.4 GB, 19.1 GiB per GPU against bf16's
-  10.1; `python -m jaxnet.cli.gpu_plan`, experiments/RESULTS.md). In fp32 (and bf16) it stays sharded.
+  scatter_free: the gradient goes through `scatter_free_max_pool` (no select-and-scatter; the
+  same values, bit for bit). Otherwise it is jax's own, in fp32 for fp16 inputs (the result
+  and its gradient are the same values). Why fp32: compiled for several GPUs, the fp16 gradient
+  of a batch-sharded max pool (XLA's select-and-scatter) is partitioned by all-gathering the
+  whole global batch onto every GPU (ResNet-50 fp16 on 8 H100s: two all-gathers of up to 3.4 GB,
+  19.1 GiB per GPU against bf16's 10.1; `python -m jaxnet.cli.gpu_plan`, experiments/RESULTS.md).
+  In fp32 (and bf16) it stays sharded; the scatter-free gradient has no scatter to partition.
   """
   import jax.numpy as jnp
-  if x.dtype == jnp.float16:
-    return nn.max_pool(x.astype(jnp.float32), window_shape, strides=strides, padding=padding).astype(x.dtype)
-  return nn.max_pool(x, window_shape, strides=strides, padding=padding)
+  with jax.named_scope("max_pool"):  # names its kernels, forward and backward (jaxnet.tools.hlo)
+    if scatter_free:
+      return scatter_free_max_pool(x, tuple(window_shape), tuple(strides),
+                                   padding if isinstance(padding, str) else tuple(map(tuple, padding)))
+    if x.dtype == jnp.float16:
+      return nn.max_pool(x.astype(jnp.float32), window_shape, strides=strides, padding=padding).astype(x.dtype)
+    return nn.max_pool(x, window_shape, strides=strides, padding=padding)
+
+
+def _pool_pads(shape, window, strides, padding):
+  """((low, high), ...) for the spatial dimensions of NHWC `shape`."""
+  if isinstance(padding, str):
+    return tuple(jax.lax.padtype_to_pads(shape[1:-1], window, strides, padding))
+  return tuple(padding)
+
+
+def _window_offsets(window):
+  """The window's offsets in row-major order: the order XLA scans a window in."""
+  import itertools
+  return list(itertools.product(*(range(w) for w in window)))
+
+
+def _window_view(xp, offset, strides, out_spatial):
+  """xp[:, o0 + s0 * i, o1 + s1 * j, :] for every output position (i, j): one window offset."""
+  start = (0, *offset, 0)
+  limit = (xp.shape[0], *(o + s * (n - 1) + 1 for o, s, n in zip(offset, strides, out_spatial)), xp.shape[-1])
+  return jax.lax.slice(xp, start, limit, (1, *strides, 1))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def scatter_free_max_pool(x, window, strides, padding):
+  """Max pool whose gradient is a compare-and-select over the window's offsets, not XLA's
+  select-and-scatter (a scatter with atomics on a GPU, and an all-gather of the batch when
+  XLA partitions it in fp16).
+
+  The gradient is jax's own, bit for bit: each output's gradient goes to the first position
+  of its window (row-major) that holds the maximum, as select-and-scatter's `ge` selection
+  picks, and an input's gradients from the windows that overlap on it are summed in the
+  order select-and-scatter adds them (output positions in row-major order), from zero, in
+  the input's dtype (tests/test_models.py). NaNs are not handled as XLA does.
+  """
+  return nn.max_pool(x, window, strides=strides, padding=padding)
+
+
+def _scatter_free_forward(x, window, strides, padding):
+  y = scatter_free_max_pool(x, window, strides, padding)
+  return y, (x, y)
+
+
+def _scatter_free_backward(window, strides, padding, residuals, dy):
+  with jax.named_scope("max_pool"):  # the backward is traced outside the forward's scope
+    return _scatter_free_gradient(window, strides, padding, residuals, dy)
+
+
+def _scatter_free_gradient(window, strides, padding, residuals, dy):
+  import jax.numpy as jnp
+  x, y = residuals
+  pads = _pool_pads(x.shape, window, strides, padding)
+  lowest = jnp.array(-jnp.inf, x.dtype)
+  xp = jax.lax.pad(x, lowest, [(0, 0, 0), *((lo, hi, 0) for lo, hi in pads), (0, 0, 0)])
+  out_spatial = y.shape[1:-1]
+  zero = jnp.zeros((), dy.dtype)
+  offsets = _window_offsets(window)
+  # Which offset of each window is the first to hold its maximum: one small integer per
+  # output, so the gradient below reads it (and dy) instead of the window's values.
+  first = jnp.full(y.shape, len(offsets) - 1, jnp.int8 if len(offsets) < 128 else jnp.int32)
+  for k in reversed(range(len(offsets) - 1)):
+    first = jnp.where(_window_view(xp, offsets[k], strides, out_spatial) == y, k, first).astype(first.dtype)
+  placed = []
+  for k, offset in enumerate(offsets):
+    g = jnp.where(first == k, dy, zero)
+    # Put each output's share back at its input position: o * stride + offset - pad_low.
+    config = [(0, 0, 0)]
+    for o, s, n, (lo, _), size in zip(offset, strides, out_spatial, pads, x.shape[1:-1]):
+      start = o - lo
+      config.append((start, size - (start + s * (n - 1) + 1), s - 1))
+    placed.append(jax.lax.pad(g, zero, config + [(0, 0, 0)]))
+  dx = jnp.zeros(x.shape, dy.dtype)
+  for p in reversed(placed):  # later offsets come from earlier windows: add those first
+    dx = dx + p
+  return (dx,)
+
+
+scatter_free_max_pool.defvjp(_scatter_free_forward, _scatter_free_backward)
 
 
 def drop_path(x, rate: float, train: bool):

@@ -15,6 +15,7 @@ import functools
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from jaxnet.core.models import max_pool, register
@@ -35,6 +36,49 @@ def _last_bn_init(zero_init_last: bool):
   # Zero-init of each block's last BN scale makes every residual block start as
   # the identity, which lets large-batch runs use high learning rates early.
   return nn.initializers.zeros if zero_init_last else nn.initializers.ones
+
+
+def _channels_padded_conv(channels: int):
+  """lax.conv_general_dilated with the input's channels padded with zeros to `channels`, and
+  the kernel's input channels likewise: the same sums, plus products of zeros. Tensor-core
+  convolution kernels want a channel count that is a multiple of 4 or 8, not an image's 3."""
+  def conv(lhs, rhs, window_strides, padding, **kwargs):
+    extra = channels - lhs.shape[-1]
+    if extra < 0:
+      raise InvalidValueError(f"model.stem_conv=pad{channels}: the images have {lhs.shape[-1]} channels, "
+                              f"more than {channels}")
+    lhs = jnp.pad(lhs, [(0, 0)] * (lhs.ndim - 1) + [(0, extra)])
+    rhs = jnp.pad(rhs, [(0, 0)] * (rhs.ndim - 2) + [(0, extra), (0, 0)])
+    return jax.lax.conv_general_dilated(lhs, rhs, window_strides, padding, **kwargs)
+  return conv
+
+
+def _space_to_depth_conv(lhs, rhs, window_strides, padding, **kwargs):
+  """A stride-2 k x k convolution of NHWC `lhs` as a stride-1 ceil(k/2)-wide one over 2x2 blocks
+  of pixels stacked as channels (MLPerf's TPU ResNet stem): 3 channels become 12, and the kernel
+  is the same kernel, zero-padded to an even size and rearranged the same way. The same sums,
+  plus products of zeros, in another order (fp32 rounding)."""
+  if tuple(window_strides) != (2, 2) or isinstance(padding, str):
+    raise InvalidValueError("model.stem_conv=space_to_depth needs the stem's stride-2 convolution "
+                            "with explicit padding (stem='imagenet')")
+  n, c = lhs.shape[0], lhs.shape[-1]
+  pads, blocks, taps = [], [], []
+  for size, k, (lo, hi) in zip(lhs.shape[1:3], rhs.shape[:2], padding):
+    hi += (size + lo + hi) % 2  # an even padded length: whole 2x2 blocks
+    pads.append((lo, hi))
+    blocks.append((size + lo + hi) // 2)
+    taps.append(-(-k // 2))
+  lhs = jnp.pad(lhs, [(0, 0), *pads, (0, 0)])
+  lhs = lhs.reshape(n, blocks[0], 2, blocks[1], 2, c).transpose(0, 1, 3, 2, 4, 5)
+  lhs = lhs.reshape(n, blocks[0], blocks[1], 4 * c)
+  rhs = jnp.pad(rhs, [(0, 2 * taps[0] - rhs.shape[0]), (0, 2 * taps[1] - rhs.shape[1]), (0, 0), (0, 0)])
+  rhs = rhs.reshape(taps[0], 2, taps[1], 2, c, rhs.shape[-1]).transpose(0, 2, 1, 3, 4, 5)
+  rhs = rhs.reshape(taps[0], taps[1], 4 * c, rhs.shape[-1])
+  return jax.lax.conv_general_dilated(lhs, rhs, (1, 1), "VALID", **kwargs)
+
+
+STEM_CONVS = {"plain": None, "pad4": _channels_padded_conv(4), "pad8": _channels_padded_conv(8),
+              "space_to_depth": _space_to_depth_conv}
 
 
 class BasicBlock(nn.Module):
@@ -88,6 +132,13 @@ class ResNet(nn.Module):
   freeze_bn_stats: bool = False       # BN normalises with its running statistics in training too
   features_only: bool = False         # no classifier: the last 3 stages' outputs (C3, C4, C5), for
                                       # a detector's feature pyramid (models/retinanet.py)
+  stem_conv: str = "plain"            # how the stem's convolution is computed, the same function
+                                      # and parameters: "plain", "pad4"/"pad8" (the image's channels
+                                      # padded with zeros to 4/8), "space_to_depth" (2x2 blocks as
+                                      # channels, a 4x4 stride-1 conv: MLPerf's TPU stem)
+  scatter_free_pool: bool = False     # the stem's max pool differentiated without XLA's
+                                      # select-and-scatter (models.scatter_free_max_pool): the
+                                      # same gradient, bit for bit, in fewer bytes on a GPU
 
   @nn.compact
   def __call__(self, x, train: bool):
@@ -96,10 +147,13 @@ class ResNet(nn.Module):
     norm = functools.partial(BatchNorm, momentum=self.bn_momentum, epsilon=self.bn_epsilon,
                              dtype=self.dtype, num_groups=self.bn_num_groups, frozen=self.freeze_bn_stats)
     x = x.astype(self.dtype)
+    if self.stem_conv not in STEM_CONVS:
+      raise InvalidValueError(f"unknown model.stem_conv {self.stem_conv!r}; use one of {', '.join(STEM_CONVS)}")
     if self.stem == "imagenet":
-      x = conv(self.width, (7, 7), (2, 2), name="stem_conv")(x)
+      x = conv(self.width, (7, 7), (2, 2), name="stem_conv", conv_general_dilated=STEM_CONVS[self.stem_conv])(x)
       x = nn.relu(norm(name="stem_bn")(x, train))
-      x = max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))  # pads with -inf
+      x = max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)),  # pads with -inf
+                   scatter_free=self.scatter_free_pool)
     elif self.stem == "small":
       x = conv(self.width, (3, 3), name="stem_conv")(x)
       x = nn.relu(norm(name="stem_bn")(x, train))
