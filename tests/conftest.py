@@ -92,3 +92,16 @@ def shared_runs(tmp_path_factory):
   runs = SharedRuns(root)
   yield runs
   runs.check_unchanged()
+
+
+@pytest.fixture(scope="session")
+def digits_run(shared_runs):
+  """The quick start cut to 120 steps in a one-device process (as a notebook runs it), with an
+  EMA of the params (which eval, restore and export then use), evals and checkpoints at steps
+  60 and 120, logs every 5: the trained classifier that tests/test_tools.py and
+  tests/test_onnx_export.py read, evaluate, predict with and export."""
+  from tests.helpers import run_main
+  from tests.notebooks import kernel_env
+  return shared_runs.made("digits", lambda workdir: run_main(
+      workdir, "total_steps=120", "log_every_steps=5", "eval_every_steps=60", "checkpoint_every_steps=60",
+      "ema_decay=0.9", env=kernel_env()))

@@ -1,7 +1,7 @@
 """Shared helpers for tests that run the command line."""
 
 import fcntl
-import hashlib
+import json
 import os
 import pathlib
 import shutil
@@ -49,23 +49,21 @@ def max_abs_diff(a, b) -> float:
 # seconds). At the end of the session each run is checked unchanged, so a test that wrote into
 # a shared run instead of its copy fails the session rather than changing what other tests see.
 
-def _tree_digest(root: pathlib.Path) -> str:
-  """Names, sizes and modification times of every file under `root`."""
-  h = hashlib.sha256()
-  for dirpath, dirnames, filenames in sorted(os.walk(root)):
-    dirnames.sort()
-    for name in sorted(filenames):
-      path = os.path.join(dirpath, name)
-      st = os.lstat(path)
-      h.update(f"{os.path.relpath(path, root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-  return h.hexdigest()
+def _tree_listing(root: pathlib.Path) -> dict:
+  """{relative path: [size, modification time]} of every file under `root`."""
+  listing = {}
+  for dirpath, _, filenames in os.walk(root):
+    for name in filenames:
+      st = os.lstat(os.path.join(dirpath, name))
+      listing[os.path.relpath(os.path.join(dirpath, name), root)] = [st.st_size, st.st_mtime_ns]
+  return listing
 
 
 class SharedRuns:
   """Makes each named run once per session (see above); `made(name, make)` returns its path."""
 
   def __init__(self, root: pathlib.Path):
-    self.root, self.digests = root, {}
+    self.root, self.listings = root, {}
 
   def made(self, name: str, make) -> pathlib.Path:
     out = self.root / name
@@ -76,14 +74,16 @@ class SharedRuns:
         if out.exists():
           shutil.rmtree(out)
         make(out)
-        done.write_text(_tree_digest(out))
-    self.digests[name] = done.read_text()
+        done.write_text(json.dumps(_tree_listing(out)))
+    self.listings[name] = json.loads(done.read_text())
     return out
 
   def check_unchanged(self):
-    changed = [n for n, d in self.digests.items() if _tree_digest(self.root / n) != d]
-    assert not changed, (f"a test wrote into the shared run(s) {changed}: a test that writes takes "
-                         "copy_run(run, tmp_path)")
+    for name, before in self.listings.items():
+      now = _tree_listing(self.root / name)
+      changed = sorted(p for p in before.keys() | now.keys() if before.get(p) != now.get(p))
+      assert not changed, (f"a test wrote into the shared run {name!r} ({', '.join(changed[:5])}): a test "
+                           "that writes takes copy_run(run, tmp_path)")
 
 
 def copy_run(run: pathlib.Path, tmp_path: pathlib.Path, name: str = "w") -> pathlib.Path:

@@ -335,14 +335,10 @@ def test_int8_quantizes_grouped_convolutions_and_keeps_the_logits(name):
 # --- the command line on a trained digits workdir: fp32, int8, bad input ----------------------
 
 @pytest.fixture(scope="module")
-def digits_workdir(tmp_path_factory):
-  """The quick start cut to 120 steps, with an EMA (export must use the EMA params)."""
-  from tests.helpers import run_main
-  from tests.notebooks import kernel_env
-  workdir = tmp_path_factory.mktemp("digits")
-  run_main(workdir, "total_steps=120", "log_every_steps=60", "eval_every_steps=120",
-           "checkpoint_every_steps=120", "ema_decay=0.9", env=kernel_env())
-  return workdir
+def digits_workdir(digits_run):
+  """The session's digits classifier (tests/conftest.py): 120 steps, with an EMA (export must use
+  the EMA params)."""
+  return digits_run
 
 
 @pytest.fixture(scope="module")

@@ -25,18 +25,14 @@ from jaxnet.tools import report as runlog
 from jaxnet.core import checkpoint as ckpt
 from jaxnet.core.data import sources
 from jaxnet.core.metrics import read_jsonl
-from tests.helpers import REPO, max_abs_diff, run_main
+from tests.helpers import REPO, copy_run, max_abs_diff, run_main
 from tests.notebooks import kernel_env
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("short")
-  # The quick start shortened to 40 steps in a one-device process, with an EMA of the
-  # params (which eval, restore and export then use) and checkpoints at 20 and 40.
-  run_main(workdir, "total_steps=40", "log_every_steps=5", "eval_every_steps=20",
-           "checkpoint_every_steps=20", "ema_decay=0.9", env=kernel_env())
-  return workdir
+def workdir(digits_run):
+  """The session's trained digits classifier (tests/conftest.py); tests that write take a copy."""
+  return digits_run
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +50,7 @@ def test_training_records_wall_time_and_classes(workdir):
   assert all("time" in r for r in records)
   times = [r["time"] for r in records]
   assert times == sorted(times) and times[0] > 0
-  assert [r["step"] for r in records if "eval/top1" in r] == [20, 40]
+  assert [r["step"] for r in records if "eval/top1" in r] == [60, 120]
   assert json.load(open(workdir / "classes.json")) == {"num_classes": 10,
                                                       "class_names": [str(d) for d in range(10)]}
 
@@ -85,12 +81,12 @@ def test_report_writes_plots_and_summary(workdir, tmp_path, capsys):
   assert mine["best_eval_step"] == best["step"]
   assert mine["time_to_best_sec"] == best["time"]
   assert mine["median_images_per_sec"] == pytest.approx(float(np.median(rates)), rel=1e-12)
-  assert mine["final_step"] == 40
+  assert mine["final_step"] == 120
   assert summary["other"]["best_eval_top1"] == pytest.approx(0.5 * best["eval/top1"])
   final = evals[-1]
-  assert (mine["final_eval_top1"], mine["final_eval_step"]) == (final["eval/top1"], 40)
+  assert (mine["final_eval_top1"], mine["final_eval_step"]) == (final["eval/top1"], 120)
   text = (out / "summary.txt").read_text()
-  assert f"final eval top-1 {final['eval/top1']:.4f} at step 40; " in text
+  assert f"final eval top-1 {final['eval/top1']:.4f} at step 120; " in text
   assert f"best eval top-1 {best['eval/top1']:.4f} at step {best['step']}" in text
   assert text in capsys.readouterr().out
 
@@ -99,10 +95,10 @@ def test_report_draws_the_run_s_own_learning_rate_schedule(workdir, tmp_path):
   """The schedule from the run's config.json and length: each logged learning rate (the mean
   over its log interval) is the mean of the schedule's values over those steps."""
   schedule = report.learning_rate_schedule(str(workdir))
-  assert list(schedule.steps) == list(range(1, 41))
+  assert list(schedule.steps) == list(range(1, 121))
   by_step = dict(zip(schedule.steps, schedule.values))
   logged = [r for r in read_jsonl(workdir) if "train/learning_rate" in r]
-  assert len(logged) == 8
+  assert len(logged) == 24
   for r in logged:
     window = [by_step[s] for s in range(r["step"] - 4, r["step"] + 1)]
     assert float(np.mean(window)) == pytest.approx(r["train/learning_rate"], rel=1e-5), r["step"]
@@ -134,13 +130,13 @@ def test_environment_json_records_versions_devices_and_revision(workdir):
   assert env["git_revision"] == revision and len(revision) in (0, 40)
 
 
-def test_evaluate_and_restore_agree_with_training_eval(workdir, test_set):
+def test_evaluate_and_restore_agree_with_training_eval(workdir, test_set, tmp_path):
   final = _final_eval(workdir)
-  again = api.evaluate(str(workdir))                     # the config comes from config.json
+  again = api.evaluate(str(copy_run(workdir, tmp_path)))  # the config comes from config.json
   assert again["eval/top1"] == pytest.approx(final["eval/top1"], abs=1e-9)
   images, labels = test_set
   model = api.restore(str(workdir))
-  assert model.step == 40 and model.image_shape == (16, 16, 1)
+  assert model.step == 120 and model.image_shape == (16, 16, 1)
   logits = model.logits(images)
   accuracy = float(np.mean(logits.argmax(-1) == labels))
   assert accuracy == pytest.approx(final["eval/top1"], abs=1e-9)
@@ -150,11 +146,12 @@ def test_evaluate_and_restore_agree_with_training_eval(workdir, test_set):
   assert final["eval/top5"] > final["eval/top1"]
 
 
-def test_an_eval_goes_through_the_workdirs_gate(workdir):
+def test_an_eval_goes_through_the_workdirs_gate(workdir, tmp_path):
   """The gate (jaxnet.core.workdir.Workdir) holds an eval to what the run measured: another
   data.dir is refused, naming it, and writes nothing; an eval of a workdir a training run holds
   (its lock taken) gives its numbers but records nothing."""
   from jaxnet.core import workdir as workdir_lib
+  workdir = copy_run(workdir, tmp_path)
   record = open(workdir / "metrics.jsonl").read()
   other = api.with_overrides(api.load_config(str(workdir)), **{"data.dir": str(workdir / "elsewhere")})
   with pytest.raises(workdir_lib.ConfigChangedError, match="data.dir"):
@@ -194,12 +191,12 @@ def test_prediction_resizes_array_source_images_to_image_size(workdir, test_set)
 
 
 def test_predict_command_on_a_png(workdir, test_set, tmp_path):
-  """`predict --step=20 --top=3`: the earlier checkpoint's top 3, as restore(step=20) predicts them."""
+  """`predict --step=60 --top=3`: the earlier checkpoint's top 3, as restore(step=60) predicts them."""
   images, labels = test_set
-  early = api.restore(str(workdir), step=20)
-  assert early.step == 20
+  early = api.restore(str(workdir), step=60)
+  assert early.step == 60
   right = np.flatnonzero(early.logits(images).argmax(-1) == labels)
-  # Two images the step-20 model gets right in eval, of different classes.
+  # Two images the step-60 model gets right in eval, of different classes.
   first = right[0]
   second = next(i for i in right if labels[i] != labels[first])
   paths = []
@@ -207,7 +204,7 @@ def test_predict_command_on_a_png(workdir, test_set, tmp_path):
     paths.append(str(tmp_path / f"digit{i}.png"))
     Image.fromarray(images[i][..., 0]).save(paths[-1])
 
-  proc = subprocess.run([sys.executable, "-m", "jaxnet.cli.predict", f"--workdir={workdir}", "--step=20",
+  proc = subprocess.run([sys.executable, "-m", "jaxnet.cli.predict", f"--workdir={workdir}", "--step=60",
                          "--top=3", *paths], cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.splitlines()
@@ -226,27 +223,27 @@ def test_predict_command_on_a_png(workdir, test_set, tmp_path):
 
 
 def test_export_round_trips_logits(workdir, test_set, tmp_path):
-  """`export --step=20 --platforms=cpu,cuda`: the step-20 model (its EMA params), lowered for both."""
+  """`export --step=60 --platforms=cpu,cuda`: the step-60 model (its EMA params), lowered for both."""
   images, _ = test_set
   out = tmp_path / "digits.jaxexport"
-  assert export_command.main([f"--workdir={workdir}", f"--out={out}", "--step=20", "--platforms=cpu,cuda"]) == 0
+  assert export_command.main([f"--workdir={workdir}", f"--out={out}", "--step=60", "--platforms=cpu,cuda"]) == 0
   loaded = export.load(str(out))
   assert loaded.image_shape == (16, 16, 1)
   assert str(loaded.exported.in_avals[0].shape[0]) == "b"   # batch-polymorphic
   assert tuple(loaded.exported.platforms) == ("cpu", "cuda")
   assert loaded.class_names == [str(d) for d in range(10)]
-  assert loaded.metadata["step"] == 20 and loaded.metadata["platforms"] == ["cpu", "cuda"]
-  model = api.restore(str(workdir), step=20)
+  assert loaded.metadata["step"] == 60 and loaded.metadata["platforms"] == ["cpu", "cuda"]
+  model = api.restore(str(workdir), step=60)
   for batch in (3, 17):
     want = model.logits(images[:batch])
     got = np.asarray(loaded(images[:batch]))
     assert got.shape == (batch, 10) and got.dtype == np.float32
     assert np.max(np.abs(got - want)) <= 1e-5
-  # It is step 20's EMA model: neither step 20's live params nor step 40's model.
-  tree20, tree40 = ckpt.load_arrays(workdir, 20)[0], ckpt.load_arrays(workdir, 40)[0]
+  # It is step 60's EMA model: neither step 60's live params nor step 120's model.
+  tree60, tree120 = ckpt.load_arrays(workdir, 60)[0], ckpt.load_arrays(workdir, 120)[0]
   exported = np.asarray(loaded(images[:16]))
-  for params, stats in ((tree20["params"], tree20["batch_stats"]),
-                        (tree40["ema_params"], tree40["batch_stats"])):
+  for params, stats in ((tree60["params"], tree60["batch_stats"]),
+                        (tree120["ema_params"], tree120["batch_stats"])):
     other = np.asarray(model.logits_fn({"params": params, "batch_stats": stats}, images[:16]))
     assert np.max(np.abs(exported - other)) > 1e-3
   with pytest.raises(TypeError, match="uint8"):
@@ -374,25 +371,25 @@ def test_verify_holds_and_each_check_fails_when_what_it_guards_changes(workdir, 
   # The code as the run had it: this checkout may have been edited since the fixture ran.
   recorded_code = _recorded_code(workdir)
   monkeypatch.setattr(provenance, "code_state", lambda: recorded_code)
-  checks = verify.verify(str(copy), step=40)
+  checks = verify.verify(str(copy), step=120)
   assert verify.all_hold(checks), verify.table(checks)
   rows = {c.what: c for c in checks}
   # The run had one CPU device, this process has eight: evaluated on one, compared to a tolerance.
   assert rows["numbers compared"].now.startswith("to a tolerance")
-  assert rows["eval/top1 at step 40"].holds and rows["data train"].holds
+  assert rows["eval/top1 at step 120"].holds and rows["data train"].holds
   # A tampered metric, a recorded package version that is not the one installed, other data,
   # a tree with uncommitted changes: each is its row's DIFFERS, and only those rows fail.
   records = [json.loads(line) for line in open(copy / "metrics.jsonl")]
   for r in records:
-    if r["step"] == 40 and "eval/top1" in r:
+    if r["step"] == 120 and "eval/top1" in r:
       r["eval/top1"] -= 5 / 359  # beyond the tolerance
   (copy / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
   _edit_json(copy / "environment.json", lambda d: d["packages"].update(numpy="1.0.0"))
   _edit_json(copy / "data_identity.json", lambda d: d["train"].update(examples=1439))
   monkeypatch.setattr(provenance, "code_state",
                       lambda: {**recorded_code, "diff": recorded_code["diff"] + "+ one more line\n"})
-  failed = {c.what for c in verify.verify(str(copy), step=40) if c.holds is False}
-  assert failed == {"eval/top1 at step 40", "package numpy", "data train", "uncommitted changes"}, failed
+  failed = {c.what for c in verify.verify(str(copy), step=120) if c.holds is False}
+  assert failed == {"eval/top1 at step 120", "package numpy", "data train", "uncommitted changes"}, failed
 
 
 def test_retrain_names_the_first_logged_step_whose_loss_differs():
@@ -439,10 +436,10 @@ def test_a_bundle_restores_evaluates_and_verifies_as_its_workdir_and_refuses_a_c
   recorded_code = _recorded_code(workdir)  # this checkout may have been edited since the fixture ran
   monkeypatch.setattr(provenance, "code_state", lambda: recorded_code)
   out = tmp_path / "digits-bundle"
-  assert export_command.main([f"--workdir={workdir}", "--format=bundle", f"--out={out}", "--step=40"]) == 0
-  assert "bundled step 40" in capsys.readouterr().out
+  assert export_command.main([f"--workdir={workdir}", "--format=bundle", f"--out={out}", "--step=120"]) == 0
+  assert "bundled step 120" in capsys.readouterr().out
   manifest = json.loads((out / "bundle.json").read_text())
-  assert manifest["step"] == 40 and os.listdir(out / "checkpoints") == ["40"]
+  assert manifest["step"] == 120 and os.listdir(out / "checkpoints") == ["120"]
   umask = os.umask(0o022)
   os.umask(umask)
   assert (out.stat().st_mode & 0o777) == 0o777 & ~umask  # shared as the umask says (not 0700)
@@ -454,7 +451,7 @@ def test_a_bundle_restores_evaluates_and_verifies_as_its_workdir_and_refuses_a_c
   card = (out / "MODEL_CARD.md").read_text()
   final = _final_eval(workdir)
   assert "resnet_tiny on digits" in card and f"| `eval/top1` | {final['eval/top1']:.6g} |" in card
-  assert api.restore(str(out)).step == 40
+  assert api.restore(str(out)).step == 120
   checks = verify.verify(str(out))  # it evaluates to its recorded numbers, bit for bit
   assert verify.all_hold(checks) and "bundle files" in {c.what for c in checks}, verify.table(checks)
   assert bundle.check_bundle(str(out)) == manifest  # the eval in verify wrote nothing the bundle holds
@@ -563,19 +560,19 @@ def test_a_resume_keeps_the_previous_start_s_records(workdir, tmp_path):
   assert json.loads(first["environment.json"])["started_at_step"] == 0 and "config_file.py" in first
   config_file = tmp_path / "digits_again.py"  # the same config, from another file
   config_file.write_text(open(os.path.join(REPO, "jaxnet/configs/digits.py")).read() + "# resumed\n")
-  run_main(copy, "total_steps=45", "ema_decay=0.9", config=str(config_file), env=kernel_env())
+  run_main(copy, "total_steps=125", "ema_decay=0.9", config=str(config_file), env=kernel_env())
   kept = copy / "starts" / "0"
   assert sorted(os.listdir(copy / "starts")) == ["0"]
   assert {name: (kept / name).read_text() for name in os.listdir(kept)} == first
   now = json.loads((copy / "environment.json").read_text())
-  assert (now["started_at_step"], now["total_steps"]) == (40, 45)
+  assert (now["started_at_step"], now["total_steps"]) == (120, 125)
   assert (copy / "config_file.py").read_text().endswith("# resumed\n")
   assert not (kept / "config_file.py").read_text().endswith("# resumed\n")
   from jaxnet.tools import verify
-  assert verify.open_workdir(str(copy))["environment"]["started_at_step"] == 40  # the current start's
+  assert verify.open_workdir(str(copy))["environment"]["started_at_step"] == 120  # the current start's
   # A third start at the same step keeps the second's records beside the first's.
-  assert workdir_lib.keep_start_records(str(copy)) == str(copy / "starts" / "40")
-  assert workdir_lib.keep_start_records(str(copy)) == str(copy / "starts" / "40")  # not twice
+  assert workdir_lib.keep_start_records(str(copy)) == str(copy / "starts" / "120")
+  assert workdir_lib.keep_start_records(str(copy)) == str(copy / "starts" / "120")  # not twice
   (copy / "environment.json").write_text(first["environment.json"].replace('"python"', '"python" ', 1))
   assert workdir_lib.keep_start_records(str(copy)) == str(copy / "starts" / "0-2")
 
