@@ -73,7 +73,8 @@ def base_config() -> ml_collections.ConfigDict:
                                    # become what the weights expect | config: keep the config's
 
   c.data = ml_collections.ConfigDict()
-  c.data.source = "synthetic"      # digits | synthetic | imagefolder | tfds | coco (a detector's:
+  c.data.source = "synthetic"      # digits | synthetic | imagefolder | tfds | prepared (`jaxnet
+                                   # prepare`'s shards, in data.dir) | coco (a detector's:
                                    # DIR/annotations/instances_SPLIT.json and DIR/SPLIT/; a
                                    # detector reads tfds datasets laid out as coco/2017)
   c.data.dir = ""                  # ImageFolder or COCO-format root, or tfds data_dir
