@@ -148,3 +148,47 @@ def test_flip_is_the_mirror_image():
   image = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3)
   flipped = flip_left_right(image)
   assert flipped.flags.c_contiguous and (flipped == image[:, ::-1]).all()
+
+
+class _Clock:
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self):
+    return self.now
+
+
+def test_input_watch_warns_when_the_step_waits_on_data_and_not_when_the_device_is_slower(monkeypatch):
+  clock = _Clock()
+  monkeypatch.setattr(pipeline.time, "perf_counter", clock)
+  monkeypatch.setattr(pipeline, "cores_available", lambda: 8)
+  watch = pipeline.InputWatch(batch_size=100, workers=7)
+
+  def window(wait_s, sync_s, other_s, steps=10):
+    with watch.waiting():
+      clock.now += wait_s
+    with watch.synced():
+      clock.now += sync_s
+    clock.now += other_s
+    return watch.window(steps)
+
+  # Device-bound: the host waited a little for data but a lot for the device at the log step.
+  metrics, lines = window(wait_s=0.5, sync_s=3.0, other_s=1.5)
+  assert metrics["train/data_wait_fraction"] == pytest.approx(0.1)
+  assert len(lines) == 1 and lines[0].startswith("input: 200 img/s delivered over the first 10 steps")
+  assert "222 img/s without waiting" in lines[0] and "the input keeps up" in lines[0]
+  assert "7 data workers, 8 cores" in lines[0]
+  # Input-bound: 80% of the window waiting on data, the device idle at the log step: one warning.
+  metrics, lines = window(wait_s=4.0, sync_s=0.01, other_s=0.99)
+  assert metrics["train/data_wait_fraction"] == pytest.approx(0.8)
+  assert len(lines) == 1 and lines[0].startswith("warning: the step waited on data 80% of the last 10 steps")
+  assert "raise data.workers (now 7, 8 cores)" in lines[0]
+  assert window(wait_s=4.0, sync_s=0.01, other_s=0.99)[1] == []  # said once while it lasts
+  assert window(wait_s=0.0, sync_s=4.0, other_s=1.0)[1] == []
+
+
+def test_data_workers_minus_one_is_a_worker_per_core_less_one(monkeypatch):
+  monkeypatch.setattr(pipeline, "cores_available", lambda: 16)
+  assert pipeline.worker_count(-1) == 15 and pipeline.worker_count(3) == 3 and pipeline.worker_count(0) == 0
+  monkeypatch.setattr(pipeline, "cores_available", lambda: 1)
+  assert pipeline.worker_count(-1) == 1

@@ -83,7 +83,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.eval_split = "validation"  # the split evaluated (ImageFolder: its folder, e.g. val)
   c.data.loader = "grain"          # grain | dali: NVIDIA DALI decodes and augments (on the GPU where
                                    # jax computes on one; image folders; pip install -e '.[dali]')
-  c.data.workers = 0               # Grain worker processes (0: decode in the main process);
+  c.data.workers = 0               # Grain worker processes (0: decode in the main process; -1: one
+                                   # per core this process may use, less one);
                                    # with loader=dali, DALI's CPU threads
   c.data.read_threads = 0          # threads per worker reading records ahead; 0 reads inline,
                                    # cheapest from local disk; raise to ~16 for GCS/NFS
@@ -322,7 +323,7 @@ _RULES = (
     ("keep_checkpoints", lambda v: v >= 1, ">= 1"),
     ("label_smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("ema_decay", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("data.workers", lambda v: v >= 0, ">= 0"),
+    ("data.workers", lambda v: v >= -1, ">= 0, or -1 (a worker per core, less one)"),
     ("data.read_threads", lambda v: v >= 0, ">= 0"),
     ("data.prefetch", lambda v: v >= 0, ">= 0"),
     ("data.eval_batch_size", lambda v: v >= 0, ">= 0 (0 means batch_size)"),

@@ -29,6 +29,7 @@ from jaxnet.core import config as config_lib
 from jaxnet.core import sharding, steps
 from jaxnet.core import workdir as workdir_lib
 from jaxnet.core.adapters import xla
+from jaxnet.core.data.pipeline import InputWatch
 from jaxnet.core.errors import DIVERGED_HINT, NonFiniteError
 from jaxnet.core.experiment import Experiment
 from jaxnet.core.metrics import Progress, RunWriteError
@@ -146,6 +147,7 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
   return _Run(config=config, config_dict=config_dict, exp=exp, checkpoints=checkpoints, batches=batches,
               writer=writer, control=control, state=state, start_step=start_step, step=start_step,
               progress=Progress(exp.total_steps, config.batch_size, start_step, enabled=is_chief),
+              input_watch=InputWatch(config.batch_size, exp.data_workers),
               profiler=StepProfiler(config.profile_steps, os.path.join(gate.path, "tensorboard"),
                                     enabled=is_chief))
 
@@ -162,6 +164,7 @@ class _Run:
   control: RunControl
   progress: Progress
   profiler: "StepProfiler"
+  input_watch: InputWatch
   state: TrainState
   start_step: int
   step: int
@@ -177,6 +180,7 @@ class _Run:
     exp, total, record = self.exp, self.exp.total_steps, {}
     if self.step < total:
       sharding.compile_then_sync(exp.train_step, (self.state, self.batches.peek()), "train_step compiled")
+      self.input_watch.restart()  # the first window is the steps', not the compile's
     while self.step < total:
       self.train_step()
       step = self.step
@@ -203,7 +207,8 @@ class _Run:
     image_size = self.exp.train_image_size(self.step)
     if image_size != self.batches.image_size and self.is_chief:  # progressive resizing (recompiles once)
       _REPORT.info(f"step {self.step}: training resolution is now {image_size}px")
-    batch = self.batches.next(image_size)
+    with self.input_watch.waiting():
+      batch = self.batches.next(image_size)
     try:
       with self.profiler.step(self.step + 1) as traced, jax.transfer_guard(_TRANSFER_GUARD):
         self.state, metrics = self.exp.train_step(self.state, batch)
@@ -218,9 +223,16 @@ class _Run:
     self.control.step = self.step
 
   def log_window(self) -> dict:
-    """The log step's record: the window's train metrics (checked finite), throughput, time."""
-    self.check_finite()
+    """The log step's record: the window's train metrics (checked finite), throughput, time,
+    and how long the step waited on data."""
+    with self.input_watch.synced():  # fetching the metrics waits for the device
+      self.check_finite()
+    input_metrics, lines = self.input_watch.window(len(self.history))
+    if self.is_chief:
+      for line in lines:
+        (_REPORT.warning if line.startswith("warning:") else _REPORT.info)(line)
     record = _summarize_window(self.history)
+    record.update(input_metrics)
     record["train/window_steps"] = len(self.history)  # fewer than log_every_steps after a resume
     self.history, self.checked = [], 0
     record["train/images_per_sec"] = self.progress.rate(self.step)
