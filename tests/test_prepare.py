@@ -172,10 +172,11 @@ def test_input_watch_warns_when_the_step_waits_on_data_and_not_when_the_device_i
     clock.now += other_s
     return watch.window(steps)
 
+  assert window(wait_s=0.0, sync_s=0.0, other_s=30.0)[1] == []  # the compile's window: no verdict
   # Device-bound: the host waited a little for data but a lot for the device at the log step.
   metrics, lines = window(wait_s=0.5, sync_s=3.0, other_s=1.5)
   assert metrics["train/data_wait_fraction"] == pytest.approx(0.1)
-  assert len(lines) == 1 and lines[0].startswith("input: 200 img/s delivered over the first 10 steps")
+  assert len(lines) == 1 and lines[0].startswith("input: 200 img/s delivered over 10 steps")
   assert "222 img/s without waiting" in lines[0] and "the input keeps up" in lines[0]
   assert "7 data workers, 8 cores" in lines[0]
   # Input-bound: 80% of the window waiting on data, the device idle at the log step: one warning.

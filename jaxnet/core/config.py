@@ -42,6 +42,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.progressive_resizing = ()
   c.precision = "fp32"             # fp32 | bf16 | fp16
   c.label_smoothing = 0.0          # cross-entropy's target smoothing, in [0, 1)
+  c.target_accuracy = 0.0          # eval/top1 that makes the MLPerf log's run_stop "success"
+                                   # (WORKDIR/mlperf.log); 0: completing the run does
   c.ema_decay = 0.0                # 0: no EMA of params (and no copy of them in the state); eval uses EMA params when on
 
   c.log_every_steps = 100          # a progress line and a metrics.jsonl record every this many steps

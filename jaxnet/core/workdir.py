@@ -298,7 +298,7 @@ RESUMABLE = (
     "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "eval_every_epochs",
     "checkpoint_every_epochs", "total_steps", "num_epochs",
     "keep_checkpoints", "async_checkpointing", "data.read_threads", "data.prefetch",
-    "data.eval_batch_size", "profile_steps", "distributed.*", "mesh.*",
+    "data.eval_batch_size", "profile_steps", "distributed.*", "mesh.*", "target_accuracy",
 )
 
 

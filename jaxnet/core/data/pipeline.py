@@ -130,9 +130,10 @@ class InputWatch:
       self.sync += time.perf_counter() - start
 
   def window(self, steps: int) -> tuple[dict, list[str]]:
-    """The window's metrics (`train/data_wait_fraction`) and the lines to show: on the first
-    window, the input's rate against the step's; whenever the input becomes the bottleneck,
-    a warning naming the levers. Starts the next window."""
+    """The window's metrics (`train/data_wait_fraction`) and the lines to show: on the second
+    window (the first holds the step's compile), the input's rate against the step's; whenever
+    the input becomes the bottleneck after that, a warning naming the levers. Starts the next
+    window."""
     now = time.perf_counter()
     total = max(now - self.start, 1e-9)
     images = steps * self.batch_size
@@ -140,13 +141,15 @@ class InputWatch:
     bound = wait_fraction > self.WAIT_WARN and self.sync < self.wait / 4
     step_rate = images / max(total - self.wait, 1e-9)  # had no batch ever been waited for
     lines = []
-    if self.windows == 0:
+    if self.windows == 0:  # a single-process run compiles its step in the first window: no verdict
+      pass
+    elif self.windows == 1:
       verdict = (f"the input is the bottleneck" if bound else
                  f"the input keeps up (it delivers at least the step's rate)")
-      lines.append(f"input: {images / total:,.0f} img/s delivered over the first {steps} steps, the step's "
+      lines.append(f"input: {images / total:,.0f} img/s delivered over {steps} steps, the step's "
                    f"{step_rate:,.0f} img/s without waiting; waited on data {wait_fraction:.0%} of the "
                    f"time: {verdict} ({self.workers} data workers, {cores_available()} cores)")
-    if bound and not self.bound and self.windows:
+    if bound and not self.bound and self.windows > 1:
       lines.append(f"warning: the step waited on data {wait_fraction:.0%} of the last {steps} steps "
                    f"(the input delivered {images / total:,.0f} img/s, the step could take "
                    f"{step_rate:,.0f}): raise data.workers (now {self.workers}, {cores_available()} "
