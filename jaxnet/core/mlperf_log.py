@@ -51,8 +51,8 @@ class MlperfLog:
   def start(self, key: str, value=None, metadata: dict | None = None, time_ms: int | None = None):
     self.event(key, value, metadata, "INTERVAL_START", time_ms)
 
-  def end(self, key: str, value=None, metadata: dict | None = None):
-    self.event(key, value, metadata, "INTERVAL_END")
+  def end(self, key: str, value=None, metadata: dict | None = None, time_ms: int | None = None):
+    self.event(key, value, metadata, "INTERVAL_END", time_ms)
 
   def settings(self, config, *, devices: str, train_samples: int, eval_samples: int) -> None:
     """The submission_* and hyperparameter events, MLPerf's names for the config's values."""
