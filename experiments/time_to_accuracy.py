@@ -1,7 +1,8 @@
 """Wall time for jaxnet to reach a target top-1, through its real command line.
 
     python experiments/time_to_accuracy.py --quick       # digits -> 97%, generated ImageFolder; < 3 min
-    python experiments/time_to_accuracy.py --imagenet-dir $TFDS_DATA_DIR   # + ResNet-50 `fast` -> 75.9%
+    python experiments/time_to_accuracy.py --imagenet-dir $PREPARED   # + ResNet-50 `fast` -> 75.9%
+        ($PREPARED: `jaxnet prepare`'s shards; --imagenet-source=tfds|imagefolder for others)
 
 Each run is `python -m jaxnet.main --config=...` in a subprocess, evaluating
 every `--eval-every-epochs`. This script watches WORKDIR/metrics.jsonl; at the
@@ -264,7 +265,8 @@ def main(argv=None) -> int:
   parser.add_argument("--folder-epochs", type=float, default=30)
   parser.add_argument("--precision", default="fp32", help="digits and folder runs (bf16 on GPUs)")
   parser.add_argument("--workers", type=int, default=0, help="data.workers for the folder run")
-  parser.add_argument("--imagenet-dir", help="tfds data_dir (or ImageFolder root with --imagenet-source)")
+  parser.add_argument("--imagenet-dir", help="prepared shards (or a tfds data_dir / ImageFolder root with "
+                      "--imagenet-source)")
   parser.add_argument("--imagenet-source", default="prepared", choices=["prepared", "tfds", "imagefolder"],
                       help="what --imagenet-dir holds (default: `jaxnet prepare`'s shards, as the recipe reads)")
   parser.add_argument("--imagenet-target", type=float, default=0.759, help="MLPerf ResNet-50 target")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import struct
@@ -204,7 +205,7 @@ def _start_split(split_dir: str, split: str, plan_content: dict) -> None:
 
 
 def prepare_split(source, out: str, split: str, options: Options, *, workers: int = 0,
-                  max_unreadable: float = 0.001, report=print) -> dict:
+                  max_unreadable: float = 0.001, report=None) -> dict:
   """Writes (or finishes) OUT/SPLIT's shards from `source`; returns the split's manifest entry.
 
   `workers` processes encode shards side by side (0: this process). `report` gets progress
@@ -212,6 +213,7 @@ def prepare_split(source, out: str, split: str, options: Options, *, workers: in
   the images cannot be read, or when the disk fills (finished shards stay; rerun to resume).
   """
   options.check()
+  report = report or logging.getLogger("jaxnet.report").info
   split_dir = os.path.join(out, split)
   ranges = plan_split(len(source), options.shard_images)
   identity = source.identity()
