@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from jaxnet.core.data import prepared
+from jaxnet.core.data import pipeline, prepared
 from jaxnet.core.errors import UserError
 
 
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
                            "before prepare stops (default %(default)s)")
   args = parser.parse_args(argv)
   splits = (args.splits or ("train,val" if args.source == "imagefolder" else "train,validation")).split(",")
-  workers = args.workers if args.workers is not None else len(os.sched_getaffinity(0))
+  workers = args.workers if args.workers is not None else pipeline.cores_available()
   try:
     os.makedirs(args.out, exist_ok=True)
     finished, class_names = {}, None

@@ -193,7 +193,7 @@ def _check_loader(config, sources_: list, channels: int, encoded: bool) -> None:
     for source in sources_:
       dali.check_source(source, config.data.source, config.data.randaug_num_ops)
   if config.progressive_resizing and not encoded:
-    raise InvalidValueError("config.progressive_resizing needs a JPEG source (imagefolder or tfds): "
+    raise InvalidValueError("config.progressive_resizing needs a JPEG source (imagefolder, tfds or prepared): "
                             f"{config.data.source} images have one fixed size")
 
 
