@@ -201,3 +201,38 @@ def test_the_fast_recipe_reads_prepared_shards_with_per_gpu_batch_norm_on_every_
   assert (fast.data.source, fast.bn_group_size, fast.data.workers, fast.target_accuracy) == \
          ("prepared", 1, -1, 0.759)
   assert fast.progressive_resizing == ((0.0, 160), (0.4, 192), (0.85, 224))
+
+
+class _RecordsSource:
+  """A source of records without file paths, as tfds's is: images named by their index."""
+
+  def __init__(self, images):
+    self.images = images
+
+  def __len__(self):
+    return len(self.images)
+
+  def __getitem__(self, index):
+    return {"image": self.images[index], "label": index % 2}
+
+  def identity(self):
+    return {"source": "records", "examples": len(self.images)}
+
+
+def test_parallel_workers_write_the_same_shards_as_one_process(folder, tmp_path):
+  source = ImageFolderSource(folder, "train")
+  options = prepared.Options(short_side=32, shard_images=5)
+  one = prepared.prepare_split(source, str(tmp_path / "one"), "train", options, report=lambda _: None)
+  two = prepared.prepare_split(source, str(tmp_path / "two"), "train", options, workers=2,
+                               report=lambda _: None)
+  assert one["shards_sha256"] == two["shards_sha256"] and one["examples"] == CLASSES * PER_CLASS
+
+
+def test_records_without_paths_are_named_by_index_when_unreadable(tmp_path):
+  good = simplejpeg.encode_jpeg(np.zeros((40, 48, 3), np.uint8))
+  lines = []
+  entry = prepared.prepare_split(_RecordsSource([good, b"junk", good]), str(tmp_path), "train",
+                                 prepared.Options(short_side=32), max_unreadable=0.5, report=lines.append)
+  assert entry["examples"] == 2 and [u["image"] for u in entry["unreadable"]] == ["record 1"]
+  assert entry["prepared_from"] == {"source": "records", "examples": 3}
+  assert lines and "3/3 images" in lines[-1] and "ETA" in lines[-1]
