@@ -186,6 +186,10 @@ def test_input_watch_warns_when_the_step_waits_on_data_and_not_when_the_device_i
   assert "raise data.workers (now 7, 8 cores)" in lines[0]
   assert window(wait_s=4.0, sync_s=0.01, other_s=0.99)[1] == []  # said once while it lasts
   assert window(wait_s=0.0, sync_s=4.0, other_s=1.0)[1] == []
+  # The host ran ahead of a slower device and then waited on data, but the device still had
+  # 9 steps' work at the sync (0.9 s of 5 s over 50 steps): not the input's fault.
+  metrics, lines = window(wait_s=4.0, sync_s=0.9, other_s=0.1, steps=50)
+  assert metrics["train/data_wait_fraction"] == pytest.approx(0.8) and lines == []
 
 
 def test_data_workers_minus_one_is_a_worker_per_core_less_one(monkeypatch):

@@ -97,9 +97,10 @@ class InputWatch:
   (`waiting`) against the whole log window, and its one-line verdicts.
 
   The loop dispatches steps asynchronously and syncs with the device at log steps, so a
-  device slower than the input shows as the sync at the log step (`synced`), not as data
-  wait; a window whose time went mostly to waiting on data, and hardly any to the sync, had
-  its devices idle for lack of input.
+  device slower than the input shows as a backlog at the log step's sync (`synced`), even
+  when the host, running ahead, also waited for batches; a window that waited on data and
+  found the device with at most ~2 steps' work left at its sync had its devices idle for
+  lack of input.
   """
 
   WAIT_WARN = 0.10   # waiting on data this fraction of a window (and the device idle): warn
@@ -138,7 +139,10 @@ class InputWatch:
     total = max(now - self.start, 1e-9)
     images = steps * self.batch_size
     wait_fraction = min(self.wait / total, 1.0)
-    bound = wait_fraction > self.WAIT_WARN and self.sync < self.wait / 4
+    # The device idled if, at the log step, it had no more than ~2 steps' work left: a device
+    # slower than the input has a backlog there (the host runs ahead), however long the host
+    # waited for batches on the way.
+    bound = wait_fraction > self.WAIT_WARN and self.sync < 2 * total / max(steps, 1)
     step_rate = images / max(total - self.wait, 1e-9)  # had no batch ever been waited for
     lines = []
     if self.windows == 0:  # a single-process run compiles its step in the first window: no verdict
