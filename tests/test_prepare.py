@@ -190,6 +190,11 @@ def test_input_watch_warns_when_the_step_waits_on_data_and_not_when_the_device_i
   # 9 steps' work at the sync (0.9 s of 5 s over 50 steps): not the input's fault.
   metrics, lines = window(wait_s=4.0, sync_s=0.9, other_s=0.1, steps=50)
   assert metrics["train/data_wait_fraction"] == pytest.approx(0.8) and lines == []
+  # Too few steps to say, or a CPU backend (the step and the input share the cores): no warning.
+  assert window(wait_s=4.0, sync_s=0.01, other_s=0.99, steps=9)[1] == []
+  watch.warn = False
+  assert window(wait_s=0.0, sync_s=4.0, other_s=1.0)[1] == []
+  assert window(wait_s=4.0, sync_s=0.01, other_s=0.99)[1] == []
 
 
 def test_data_workers_minus_one_is_a_worker_per_core_less_one(monkeypatch):

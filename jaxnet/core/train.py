@@ -154,7 +154,8 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
   return _Run(config=config, config_dict=config_dict, exp=exp, checkpoints=checkpoints, batches=batches,
               writer=writer, control=control, state=state, start_step=start_step, step=start_step,
               progress=Progress(exp.total_steps, config.batch_size, start_step, enabled=is_chief),
-              input_watch=InputWatch(config.batch_size, exp.data_workers), mllog=mllog,
+              input_watch=InputWatch(config.batch_size, exp.data_workers,
+                                     warn=jax.default_backend() != "cpu"), mllog=mllog,
               profiler=StepProfiler(config.profile_steps, os.path.join(gate.path, "tensorboard"),
                                     enabled=is_chief))
 

@@ -104,9 +104,12 @@ class InputWatch:
   """
 
   WAIT_WARN = 0.10   # waiting on data this fraction of a window (and the device idle): warn
+  MIN_STEPS = 10     # fewer steps in a window say too little to warn on
 
-  def __init__(self, batch_size: int, workers: int):
-    self.batch_size, self.workers = batch_size, workers
+  def __init__(self, batch_size: int, workers: int, warn: bool = True):
+    """`warn=False`: the line but no warnings (a CPU backend, where the step and the input
+    share the cores, so the step's wait on data is no idle accelerator)."""
+    self.batch_size, self.workers, self.warn = batch_size, workers, warn
     self.wait = self.sync = 0.0
     self.start, self.windows, self.bound = time.perf_counter(), 0, False
 
@@ -153,7 +156,7 @@ class InputWatch:
       lines.append(f"input: {images / total:,.0f} img/s delivered over {steps} steps, the step's "
                    f"{step_rate:,.0f} img/s without waiting; waited on data {wait_fraction:.0%} of the "
                    f"time: {verdict} ({self.workers} data workers, {cores_available()} cores)")
-    if bound and not self.bound and self.windows > 1:
+    if bound and not self.bound and self.windows > 1 and self.warn and steps >= self.MIN_STEPS:
       lines.append(f"warning: the step waited on data {wait_fraction:.0%} of the last {steps} steps "
                    f"(the input delivered {images / total:,.0f} img/s, the step could take "
                    f"{step_rate:,.0f}): raise data.workers (now {self.workers}, {cores_available()} "
