@@ -26,14 +26,13 @@ import numpy as np
 
 from jaxnet.core import checkpoint as ckpt
 from jaxnet.core import config as config_lib
-from jaxnet.core import sharding, steps
+from jaxnet.core import mlperf_log, sharding, steps
 from jaxnet.core import workdir as workdir_lib
 from jaxnet.core.adapters import xla
 from jaxnet.core.data.pipeline import InputWatch
 from jaxnet.core.errors import DIVERGED_HINT, NonFiniteError
 from jaxnet.core.experiment import Experiment
 from jaxnet.core.metrics import Progress, RunWriteError
-from jaxnet.core import mlperf_log
 from jaxnet.core.state import TrainState
 
 # What the person running this is told (progress, notes, warnings): shown by the shell
@@ -146,7 +145,7 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
                f"{exp.mesh.devices.size} {jax.default_backend()} device(s), precision {config.precision}")
   if exp.fsdp_summary and is_chief:
     _REPORT.info(exp.fsdp_summary.line())
-  mllog = mlperf_log.MlperfLog(gate.path, enabled=is_chief, fresh=start_step == 0)
+  mllog = gate.mlperf_log(fresh=start_step == 0)
   cleanup.callback(mllog.close)
   mllog.start("init_start", time_ms=init_start_ms)
   mllog.settings(config, devices=f"{exp.mesh.devices.size}x{exp.mesh.devices.flat[0].device_kind}",

@@ -25,6 +25,7 @@ import jax
 from jaxnet.core import checkpoint as ckpt
 from jaxnet.core import config as config_lib
 from jaxnet.core import metrics as metrics_lib
+from jaxnet.core import mlperf_log as mlperf_log_lib
 from jaxnet.core import provenance
 from jaxnet.core.checkpoint import newest_saved_config
 from jaxnet.core.errors import UserError
@@ -246,6 +247,11 @@ class Workdir:
   def metric_writer(self) -> metrics_lib.MetricWriter:
     self._writable()
     return metrics_lib.MetricWriter(self.path, enabled=self.chief)
+
+  def mlperf_log(self, fresh: bool) -> mlperf_log_lib.MlperfLog:
+    """WORKDIR/mlperf.log (MLPerf's log format), new for a run from step 0, appended on resume."""
+    self._writable()
+    return mlperf_log_lib.MlperfLog(self.path, enabled=self.chief, fresh=fresh)
 
   def checkpoints(self, keep: int | None = None, async_save: bool = True) -> ckpt.Checkpoints:
     self._writable()
