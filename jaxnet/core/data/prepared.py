@@ -250,8 +250,12 @@ def prepare_split(source, out: str, split: str, options: Options, *, workers: in
                                        initializer=_keep_source, initargs=(source,)) as pool:
         jobs = {pool.submit(_write_kept_shard, *ranges[i], os.path.join(split_dir, names[i]), options): i
                 for i in todo}
-        for job in futures.as_completed(jobs):
-          finished(jobs[job], job.result())
+        try:
+          for job in futures.as_completed(jobs):
+            finished(jobs[job], job.result())
+        except BaseException:  # too many unreadable, a full disk, Ctrl-C: start no more shards
+          pool.shutdown(wait=True, cancel_futures=True)
+          raise
     else:
       for i in todo:
         finished(i, write_shard(source, *ranges[i], os.path.join(split_dir, names[i]), options))
