@@ -23,7 +23,7 @@ limit that stops this script keeps the rows of the runs before; all rows again a
 The plan for 8 GPUs, on paper (nothing is run):
     python experiments/time_to_accuracy.py --plan [--gpu-plan-json h100.json ...]
         [--input-json bench_input.json] [--cores 112]
-  prints the predicted time to 75.9% of configs/resnet50.py:fast on 8 H100s and 8 H200s,
+  prints the predicted time to 75.9% of the resnet50:fast recipe on 8 H100s and 8 H200s,
   each phase's step-bound and input-bound times, evals and compiles, and names the
   bottleneck (`plan` below says where every figure comes from).
 Runs:
@@ -150,9 +150,9 @@ ROOFLINE = {"h100": 62_540, "h200": 84_314}  # jaxnet gpu_plan, resnet50:fast, 8
 
 
 def plan(args) -> int:
-  """Predicted time to 75.9% for configs/resnet50.py:fast on 8 GPUs, term by term."""
+  """Predicted time to 75.9% for the resnet50:fast recipe on 8 GPUs, term by term."""
   from jaxnet.core import config as config_lib
-  config = config_lib.from_file(os.path.join(str(REPO), "configs", "resnet50.py:fast"))
+  config = config_lib.from_file("resnet50:fast")
   rooflines = dict(ROOFLINE)
   for path in args.gpu_plan_json or []:
     with open(path) as f:
@@ -164,7 +164,7 @@ def plan(args) -> int:
   workers = max(args.cores - 1, 1) * args.hosts
   evals = int(epochs // config.eval_every_epochs)
   compiles = len(phases) + 1
-  print("plan: configs/resnet50.py:fast to 75.9% top-1 on 8 GPUs (MLPerf's target), on paper")
+  print("plan: the resnet50:fast recipe to 75.9% top-1 on 8 GPUs (MLPerf's target), on paper")
   print(f"  recipe: {epochs} epochs of {IMAGENET_TRAIN:,} images, batch {config.batch_size}, sizes "
         + ", ".join(f"{s}px for {f:.0%}" for s, f in phases) + f", an eval of {IMAGENET_EVAL:,} every "
         f"{config.eval_every_epochs:g} epochs ({evals}); epochs as the recipe states them (published "
@@ -277,7 +277,7 @@ def main(argv=None) -> int:
   parser.add_argument("--json", help="also write the results to this file")
   parser.add_argument("--plan", action="store_true", help="print the 8-GPU plan on paper; run nothing")
   parser.add_argument("--gpu-plan-json", action="append",
-                      help="--plan: `jaxnet gpu_plan --config=configs/resnet50.py:fast --gpus=8 --json` "
+                      help="--plan: `jaxnet gpu_plan --config=resnet50:fast --gpus=8 --json` "
                            "output for a target (default: the H100 and H200 rooflines in RESULTS.md)")
   parser.add_argument("--step-img-s", type=float, default=MEASURED_STEP_IMG_S,
                       help="--plan: the train step's img/s per GPU at 224px (default: measured, one H200)")

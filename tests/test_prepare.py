@@ -206,7 +206,7 @@ def test_data_workers_minus_one_is_a_worker_per_core_less_one(monkeypatch):
 
 def test_the_fast_recipe_reads_prepared_shards_with_per_gpu_batch_norm_on_every_core():
   from jaxnet.core.config import from_file
-  fast = from_file(os.path.join(os.path.dirname(__file__), "..", "configs", "resnet50.py:fast"))
+  fast = from_file("resnet50:fast")
   assert (fast.data.source, fast.bn_group_size, fast.data.workers, fast.target_accuracy) == \
          ("prepared", 1, -1, 0.759)
   assert fast.progressive_resizing == ((0.0, 160), (0.4, 192), (0.85, 224))

@@ -3,8 +3,7 @@ shards that data.source=prepared reads (jaxnet/core/data/prepared.py):
 
     python -m jaxnet.cli.prepare --dir /data/imagenet --out /data/imagenet-256
     python -m jaxnet.cli.prepare --source tfds --dir $TFDS_DATA_DIR --out /data/imagenet-256
-    python -m jaxnet.main --config=configs/resnet50.py:fast --workdir=W \\
-        --config.data.source=prepared --config.data.dir=/data/imagenet-256
+    jaxnet train --config=resnet50:fast --workdir=W --config.data.dir=/data/imagenet-256
 
 Train splits get their shorter side bounded (--short-side, default 256); the eval split keeps
 its images' sizes by default (--eval-short-side 0), so eval's resize to 256 and center crop
