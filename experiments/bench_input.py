@@ -7,6 +7,11 @@
    224 + flip with PIL, OpenCV (if installed) and simplejpeg, same crops.
 2. jaxnet.core.data.pipeline.train_loader (Grain DataLoader: shuffled IndexSampler,
    TrainDecodeCrop(224), Batch) for each worker count; 0 runs in-process.
+4. Prepared shards (`jaxnet prepare`, --short-sides) against the full-size JPEGs, per core:
+   jaxnet's train transform at 224, 192 and 160 px (the fast recipe's progressive sizes),
+   then the Grain loader in-process at 224 and 160, both paths in the same run.
+   `--only-prepared` runs this table alone; `--json FILE` writes its rates, which
+   `experiments/time_to_accuracy.py --plan --input-json FILE` reads.
 
 Files are read into memory for (1) and from disk (page cache) for (2). Without
 --dir a synthetic ImageNet-sized JPEG folder is generated in a temp dir. In (2)
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import platform
 import sys
@@ -43,7 +49,7 @@ import simplejpeg  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import benchlib  # noqa: E402  (experiments/benchlib.py, beside this script)
-from jaxnet.core.data import decode, pipeline  # noqa: E402
+from jaxnet.core.data import decode, pipeline, prepared  # noqa: E402
 from jaxnet.core.data.imagefolder import ImageFolderSource  # noqa: E402
 from jaxnet.tools.make_imagefolder import make_imagefolder  # noqa: E402
 from jaxnet.core.data.transforms import TrainDecodeCrop, random_resized_crop_box  # noqa: E402
@@ -305,6 +311,83 @@ def dali_table(root: str, threads_list: list[int], batch_size: int, seconds: flo
           flush=True)
 
 
+def transform_rate(blobs: list[bytes], size: int, seconds: float) -> float:
+  """Images per CPU-second of TrainDecodeCrop(size) over in-memory JPEGs."""
+  op, rng = TrainDecodeCrop(size), np.random.default_rng(0)
+  op.random_map({"image": blobs[0], "label": 0}, rng)
+  count, start = 0, time.process_time()
+  while time.process_time() - start < seconds:
+    for data in blobs:
+      out = op.random_map({"image": data, "label": 0}, rng)["image"]
+      count += 1
+  assert out.shape == (size, size, 3)
+  return count / (time.process_time() - start)
+
+
+def loader_rate(source, size: int, batch_size: int, seconds: float, epoch_size: int) -> float:
+  """Images per CPU-second of jaxnet's Grain train loader, in-process (workers=0)."""
+  loader = pipeline.train_loader(RepeatedSource(source, epoch_size), global_batch_size=batch_size,
+                                 image_size=size, seed=0, workers=0)
+  iterator = iter(loader)
+  next(iterator)
+  batches, start = 0, time.process_time()
+  while time.process_time() - start < seconds:
+    next(iterator)
+    batches += 1
+  return batches * batch_size / (time.process_time() - start)
+
+
+def prepared_table(root: str, tmp: str, short_sides: list[int], seconds: float, batch_size: int,
+                   epoch_size: int, count: int) -> dict:
+  """Prints the prepared-against-full table; returns its rates (images per CPU-second)."""
+  source = ImageFolderSource(root, "train")
+  picks = np.random.default_rng(0).choice(len(source), min(count, len(source)), replace=False)
+  sizes = (224, 192, 160)
+  paths = {"full-size JPEGs": (source, [source[int(i)]["image"] for i in picks])}
+  for side in short_sides:
+    out = os.path.join(tmp, f"prepared-{side}")
+    start = time.perf_counter()
+    options = prepared.Options(short_side=side)
+    entry = prepared.prepare_split(source, out, "train", options, report=lambda _: None)
+    prepared.write_manifest(out, {"train": entry}, source.class_names, options)
+    shards = prepared.PreparedSource(out, "train")
+    print(f"(prepared {len(source)} images at shorter side <= {side} in "
+          f"{time.perf_counter() - start:.1f} s, mean "
+          f"{np.mean([len(shards[int(i)]['image']) for i in picks]) / 1024:.0f} KiB/JPEG)", flush=True)
+    paths[f"prepared, shorter side {side}"] = (shards, [shards[int(i)]["image"] for i in picks])
+  print(f"\n4) train transform per core (TrainDecodeCrop: decode at reduced scale where the crop "
+        f"allows, random-resized crop, resize, flip), {len(picks)} images in memory, best of 3 "
+        f"interleaved rounds; then the Grain loader in-process, batch {batch_size}, read from the "
+        f"files/shards; {benchlib.load_line()}")
+  rates = {name: {} for name in paths}
+  for _ in range(3):  # interleaved: a shared VM's noise hits every path alike
+    for name, (_, blobs) in paths.items():
+      for size in sizes:
+        rates[name][size] = max(rates[name].get(size, 0.0), transform_rate(blobs, size, seconds / 3))
+  loader = {name: {size: loader_rate(src, size, batch_size, seconds, epoch_size) for size in (224, 160)}
+            for name, (src, _) in paths.items()}
+  full = rates["full-size JPEGs"]
+  print(f"{'path':34s} " + " ".join(f"{f'{s}px':>8s} {'x':>5s}" for s in sizes)
+        + f" {'160 vs full 224':>15s} | {'loader 224':>10s} {'x':>5s} {'loader 160':>10s} {'x':>5s}")
+  for name in paths:
+    cells = " ".join(f"{rates[name][s]:8.0f} {rates[name][s] / full[s]:4.2f}x" for s in sizes)
+    lo, lo_full = loader[name], loader["full-size JPEGs"]
+    print(f"{name:34s} {cells} {rates[name][160] / full[224]:14.2f}x | {lo[224]:10.0f} "
+          f"{lo[224] / lo_full[224]:4.2f}x {lo[160]:10.0f} {lo[160] / lo_full[160]:4.2f}x", flush=True)
+  print("images per CPU-second (= images/s of one fully used core); x: against the full-size "
+        "JPEGs at the same size; 160 vs full 224: the 160 px phase against full-size at 224")
+  return {"transform": rates, "loader": loader, "short_sides": short_sides}
+
+
+def prepared_rows(args, root, tmp, seconds, batch_size, count, argv) -> None:
+  sides = [int(x) for x in args.short_sides.split(",")]
+  rates = prepared_table(root, tmp, sides, 2 * seconds, batch_size, args.epoch_size, count)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"command": "python experiments/bench_input.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                 "hardware": benchlib.cpu_line(), "date": benchlib.date_line(), **rates}, f, indent=1)
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--dir", help="image folder root (has train/); generated if omitted")
@@ -318,6 +401,10 @@ def main(argv=None) -> None:
                       help="config.data.read_threads: threads per worker reading files")
   parser.add_argument("--large", action="store_true",
                       help="also run the decoder table on 1600x1200 re-encodes")
+  parser.add_argument("--short-sides", default="256",
+                      help="comma list of prepared shorter-side bounds for table 4 (default 256)")
+  parser.add_argument("--only-prepared", action="store_true", help="table 4 only")
+  parser.add_argument("--json", help="write table 4's rates and the hardware to this file")
   args = parser.parse_args(argv)
   # Grain's worker processes read absl flags; we parse our own args instead.
   absl_flags.FLAGS.mark_as_parsed()
@@ -342,12 +429,15 @@ def main(argv=None) -> None:
     blobs = [source[int(i)]["image"] for i in picks]
     print(f"data: {root} ({len(source)} train images, "
           f"mean {np.mean([len(b) for b in blobs]) / 1024:.0f} KiB/JPEG)")
+    if args.only_prepared:
+      return prepared_rows(args, root, tmp, seconds, batch_size, count, argv)
     pil_rate = decoder_table(blobs, seconds)
     if args.large:
       decoder_table(large_copies(blobs[:20]), seconds, "1b) 1600x1200:")
     grain_table(root, workers, batch_size, 2 * seconds, pil_rate, args.epoch_size,
                 args.read_threads)
     dali_table(root, sorted({max(w, 1) for w in workers}), batch_size, 2 * seconds, pil_rate)
+    prepared_rows(args, root, tmp, seconds, batch_size, count, argv)
 
 
 if __name__ == "__main__":

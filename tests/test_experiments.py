@@ -271,3 +271,40 @@ def test_end_to_end_rate_skips_the_windows_that_hold_the_compile(tmp_path):
   path.write_text("".join(json.dumps({"step": 10 * (i + 1), "train/images_per_sec": r}) + "\n"
                           for i, r in enumerate(rates)) + json.dumps({"step": 50, "eval/top1": 1.0}) + "\n")
   assert e2e.rate_from_metrics(str(path)) == (6487, rates)
+
+
+def test_time_to_accuracy_plan_names_each_term_and_the_bottleneck(tmp_path, capsys):
+  tta = _experiment_module("time_to_accuracy")
+  bench = {"hardware": "CPU: test", "date": "date: today",
+           "transform": {"prepared, shorter side 256": {"224": 400.0, "192": 500.0, "160": 600.0}},
+           "loader": {"full-size JPEGs": {"224": 100.0, "160": 120.0},
+                      "prepared, shorter side 256": {"224": 300.0, "160": 450.0}}}
+  (tmp_path / "bench.json").write_text(json.dumps(bench))
+  assert tta.main(["--plan", "--input-json", str(tmp_path / "bench.json"), "--cores", "113"]) == 0
+  out = capsys.readouterr().out
+  h100 = out.split("8x H100")[1].split("8x H200")[0]
+  rows = {line.split()[0]: line.split() for line in h100.splitlines() if line.strip()[:1].isdigit()}
+  # 112 workers x 300 img/s at 224px = 33,600 < the step's 8 x 6,647: the input bounds that phase.
+  assert rows["224px"][3] == "33,600" and rows["224px"][-1] == "input"
+  assert rows["192px"][3] == "42,000"  # 112 x 300 x 500/400: the transform's ratio to 224
+  # 160px: 112 x 450 = 50,400 against the step's 53,176 x (224/160)^2 = 104,225.
+  assert rows["160px"][2] == "104,225" and rows["160px"][-1] == "input"
+  seconds = {p: float(rows[p][-2]) for p in rows}
+  assert seconds["224px"] == pytest.approx(40 * 1_281_167 * 0.15 / 33_600, abs=0.1)
+  assert "the bottleneck: the input" in h100 and "compile" in h100 and "evals" in h100
+  # The same host with fast input: the step bounds every phase.
+  assert tta.main(["--plan", "--input-per-core", "5000"]) == 0
+  assert "the bottleneck: the step" in capsys.readouterr().out
+
+
+def test_time_to_accuracy_reads_mlperf_logs(tmp_path):
+  tta = _experiment_module("time_to_accuracy")
+  from jaxnet.core import mlperf_log
+  log = mlperf_log.MlperfLog(str(tmp_path))
+  for key, value, ms in (("run_start", None, 1000), ("eval_accuracy", 0.5, 4000), ("eval_accuracy", 0.76, 9000),
+                         ("eval_accuracy", 0.77, 12000)):
+    log.event(key, value, time_ms=ms)
+  log.close()
+  assert tta.mlperf_time_to_target(str(tmp_path / "mlperf.log"), 0.759) == 8.0
+  assert tta.mlperf_time_to_target(str(tmp_path / "mlperf.log"), 0.8) is None
+  assert tta.mlperf_time_to_target(str(tmp_path / "missing.log"), 0.759) is None

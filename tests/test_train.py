@@ -59,6 +59,26 @@ def test_readme_quick_start_reaches_97_percent(tmp_path):
   assert f"test top-1 {final['eval/top1']:.4f}" in proc.stdout.splitlines()[-1]
 
 
+def test_the_run_writes_mlperfs_log_events_and_its_input_line(quick_start):
+  from jaxnet.core import mlperf_log
+  workdir, proc = quick_start
+  events = mlperf_log.read(str(workdir / "mlperf.log"))
+  keys = [e["key"] for e in events]
+  assert keys.index("init_start") < keys.index("init_stop") < keys.index("run_start") < keys.index("run_stop")
+  assert keys.count("block_start") == keys.count("block_stop") == 2  # an eval at step 60 and the final one
+  evals = [(e["metadata"]["samples_count"], e["value"]) for e in events if e["key"] == "eval_accuracy"]
+  metrics = [(r["step"] * 64, r["eval/top1"]) for r in read_jsonl(workdir) if "eval/top1" in r]
+  assert evals == metrics  # batch 64
+  assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "success"
+  assert {e["key"]: e["value"] for e in events}["global_batch_size"] == 64
+  # The input's rate against the step's, once, on the second log window.
+  assert proc.stdout.count("input: ") == 1 and "img/s delivered over 20 steps" in proc.stdout
+  checker = pytest.importorskip("mlperf_logging.compliance_checker.mlp_compliance")
+  valid = checker.main(str(workdir / "mlperf.log"), "training_4.0.0/common.yaml",
+                       checker.make_checker("training", "4.0.0", True, False))[0]
+  assert valid
+
+
 def test_eval_mode_reproduces_final_eval(quick_start):
   workdir, _ = quick_start
   before = [r for r in read_jsonl(workdir) if "eval/top1" in r][-1]

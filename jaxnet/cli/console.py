@@ -24,7 +24,7 @@ import sys
 # The tools: each is jaxnet/cli/NAME.py with main(argv). The heartbeat is no command: it runs
 # inside `jaxnet train` (jaxnet/cli/heartbeat.py).
 TOOLS = ("predict", "export", "report", "summary", "verify", "gpu_plan", "weights", "make_imagefolder",
-         "make_shapes")
+         "make_shapes", "prepare")
 COMMANDS = ("train", "eval", "recipes", "config") + TOOLS
 
 

@@ -42,6 +42,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.progressive_resizing = ()
   c.precision = "fp32"             # fp32 | bf16 | fp16
   c.label_smoothing = 0.0          # cross-entropy's target smoothing, in [0, 1)
+  c.target_accuracy = 0.0          # eval/top1 that makes the MLPerf log's run_stop "success"
+                                   # (WORKDIR/mlperf.log); 0: completing the run does
   c.ema_decay = 0.0                # 0: no EMA of params (and no copy of them in the state); eval uses EMA params when on
 
   c.log_every_steps = 100          # a progress line and a metrics.jsonl record every this many steps
@@ -73,7 +75,8 @@ def base_config() -> ml_collections.ConfigDict:
                                    # become what the weights expect | config: keep the config's
 
   c.data = ml_collections.ConfigDict()
-  c.data.source = "synthetic"      # digits | synthetic | imagefolder | tfds | coco (a detector's:
+  c.data.source = "synthetic"      # digits | synthetic | imagefolder | tfds | prepared (`jaxnet
+                                   # prepare`'s shards, in data.dir) | coco (a detector's:
                                    # DIR/annotations/instances_SPLIT.json and DIR/SPLIT/; a
                                    # detector reads tfds datasets laid out as coco/2017)
   c.data.dir = ""                  # ImageFolder or COCO-format root, or tfds data_dir
@@ -82,7 +85,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.eval_split = "validation"  # the split evaluated (ImageFolder: its folder, e.g. val)
   c.data.loader = "grain"          # grain | dali: NVIDIA DALI decodes and augments (on the GPU where
                                    # jax computes on one; image folders; pip install -e '.[dali]')
-  c.data.workers = 0               # Grain worker processes (0: decode in the main process);
+  c.data.workers = 0               # Grain worker processes (0: decode in the main process; -1: one
+                                   # per core this process may use, less one);
                                    # with loader=dali, DALI's CPU threads
   c.data.read_threads = 0          # threads per worker reading records ahead; 0 reads inline,
                                    # cheapest from local disk; raise to ~16 for GCS/NFS
@@ -321,7 +325,7 @@ _RULES = (
     ("keep_checkpoints", lambda v: v >= 1, ">= 1"),
     ("label_smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("ema_decay", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("data.workers", lambda v: v >= 0, ">= 0"),
+    ("data.workers", lambda v: v >= -1, ">= 0, or -1 (a worker per core, less one)"),
     ("data.read_threads", lambda v: v >= 0, ">= 0"),
     ("data.prefetch", lambda v: v >= 0, ">= 0"),
     ("data.eval_batch_size", lambda v: v >= 0, ">= 0 (0 means batch_size)"),

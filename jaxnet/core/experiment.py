@@ -43,6 +43,8 @@ class Experiment:
   def _build_data(self, need_train_data: bool) -> None:
     """The task's sources, what they hold (classes, channels), the run's length in steps."""
     c = self.config
+    # data.workers=-1: a worker per core (pipeline.worker_count)
+    self.data_workers = pipeline.worker_count(c.data.workers)
     self.train_source = self.task.make_source(c, "train") if need_train_data else None
     self.eval_source = self.task.make_source(c, "eval")
     ref = self.train_source or self.eval_source
@@ -145,12 +147,12 @@ class Experiment:
       return dali.TrainLoader(self.train_source, global_batch_size=c.batch_size,
                               image_size=image_size or c.image_size, seed=c.seed,
                               process_index=self.process_index, process_count=self.process_count,
-                              threads=max(c.data.workers, 1))
+                              threads=max(self.data_workers, 1))
     size = image_size or c.image_size
     return pipeline.train_loader(
         self.train_source, global_batch_size=c.batch_size, image_size=size,
         transform=self.task.transform(self.train_source, size, True, c),
-        seed=c.seed, workers=c.data.workers, read_threads=c.data.read_threads,
+        seed=c.seed, workers=self.data_workers, read_threads=c.data.read_threads,
         process_index=self.process_index, process_count=self.process_count,
         randaug=(c.data.randaug_num_ops, c.data.randaug_magnitude))
 
@@ -158,7 +160,7 @@ class Experiment:
     """The train batches on the devices, `data.prefetch` ahead of the step (a context manager)."""
     c = self.config
     return pipeline.DeviceBatches(self.train_loader, self.batch_sharding, self.train_image_size(0),
-                                  c.data.prefetch, c.data.workers)
+                                  c.data.prefetch, self.data_workers)
 
   def eval_batches(self):
     """The eval set once, in order, as global batches on the mesh (the last one padded, masked)."""
@@ -168,9 +170,9 @@ class Experiment:
                    crop_fraction=c.data.eval_crop_fraction, interpolation=c.data.eval_interpolation)
     if c.data.loader == "dali":
       from jaxnet.core.data import dali
-      batches = dali.eval_batches(self.eval_source, threads=max(c.data.workers, 1), **options)
+      batches = dali.eval_batches(self.eval_source, threads=max(self.data_workers, 1), **options)
     else:
-      batches = pipeline.eval_batches(self.eval_source, workers=c.data.workers,
+      batches = pipeline.eval_batches(self.eval_source, workers=self.data_workers,
                                       transform=self.task.transform(self.eval_source, c.image_size, False, c),
                                       **options)
     for local in batches:
@@ -191,7 +193,7 @@ def _check_loader(config, sources_: list, channels: int, encoded: bool) -> None:
     for source in sources_:
       dali.check_source(source, config.data.source, config.data.randaug_num_ops)
   if config.progressive_resizing and not encoded:
-    raise InvalidValueError("config.progressive_resizing needs a JPEG source (imagefolder or tfds): "
+    raise InvalidValueError("config.progressive_resizing needs a JPEG source (imagefolder, tfds or prepared): "
                             f"{config.data.source} images have one fixed size")
 
 

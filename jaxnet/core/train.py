@@ -26,9 +26,10 @@ import numpy as np
 
 from jaxnet.core import checkpoint as ckpt
 from jaxnet.core import config as config_lib
-from jaxnet.core import sharding, steps
+from jaxnet.core import mlperf_log, sharding, steps
 from jaxnet.core import workdir as workdir_lib
 from jaxnet.core.adapters import xla
+from jaxnet.core.data.pipeline import InputWatch
 from jaxnet.core.errors import DIVERGED_HINT, NonFiniteError
 from jaxnet.core.experiment import Experiment
 from jaxnet.core.metrics import Progress, RunWriteError
@@ -107,6 +108,7 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
            cleanup: contextlib.ExitStack, records: dict) -> "_Run":
   """Everything before the first step: the config checked against the workdir's (before
   anything is written), the Experiment, the state restored (or initialised), the records."""
+  init_start_ms = mlperf_log.now_ms()
   config_json = config.to_json_best_effort(indent=2)
   config_dict = json.loads(config_json)
   gate.check(config_dict, accept)  # is this the run the checkpoints came from?
@@ -143,9 +145,16 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
                f"{exp.mesh.devices.size} {jax.default_backend()} device(s), precision {config.precision}")
   if exp.fsdp_summary and is_chief:
     _REPORT.info(exp.fsdp_summary.line())
+  mllog = gate.mlperf_log(fresh=start_step == 0)
+  cleanup.callback(mllog.close)
+  mllog.start("init_start", time_ms=init_start_ms)
+  mllog.settings(config, devices=f"{exp.mesh.devices.size}x{exp.mesh.devices.flat[0].device_kind}",
+                 train_samples=len(exp.train_source), eval_samples=len(exp.eval_source))
   return _Run(config=config, config_dict=config_dict, exp=exp, checkpoints=checkpoints, batches=batches,
               writer=writer, control=control, state=state, start_step=start_step, step=start_step,
               progress=Progress(exp.total_steps, config.batch_size, start_step, enabled=is_chief),
+              input_watch=InputWatch(config.batch_size, exp.data_workers,
+                                     warn=jax.default_backend() != "cpu"), mllog=mllog,
               profiler=StepProfiler(config.profile_steps, os.path.join(gate.path, "tensorboard"),
                                     enabled=is_chief))
 
@@ -162,6 +171,8 @@ class _Run:
   control: RunControl
   progress: Progress
   profiler: "StepProfiler"
+  input_watch: InputWatch
+  mllog: mlperf_log.MlperfLog
   state: TrainState
   start_step: int
   step: int
@@ -177,13 +188,19 @@ class _Run:
     exp, total, record = self.exp, self.exp.total_steps, {}
     if self.step < total:
       sharding.compile_then_sync(exp.train_step, (self.state, self.batches.peek()), "train_step compiled")
+      self.input_watch.restart()  # the first window is the steps', not the compile's
+    self.mllog.end("init_stop")  # set-up and compiles are MLPerf's init time
+    self.mllog.start("run_start")
+    self.mllog.start("block_start", metadata=self._samples())
     while self.step < total:
       self.train_step()
       step = self.step
       log_now = itstime(step, self.config.log_every_steps, total, last=True)
       record = self.log_window() if log_now else {}
       if itstime(step, exp.eval_every, total, last=False):  # the final eval comes after the loop
-        eval_metrics = evaluate(exp, self.state)
+        self.mllog.end("block_stop", metadata=self._samples())
+        eval_metrics = self.evaluate()
+        self.mllog.start("block_start", metadata=self._samples())
         record.update(eval_metrics, time=self.progress.elapsed())
         if self.is_chief:
           _REPORT.info(f"eval at step {step}: {exp.task.describe(eval_metrics)}")
@@ -196,6 +213,7 @@ class _Run:
       if step < total and _should_stop(self.control, sync=log_now):  # at total the run ends anyway
         self.save()
         self.checkpoints.wait()
+        self.mllog.end("run_stop", metadata={"status": self.mllog.status, **self._samples()})
         return {"stopped_at_step": step}
     return self.finish(record)
 
@@ -203,7 +221,8 @@ class _Run:
     image_size = self.exp.train_image_size(self.step)
     if image_size != self.batches.image_size and self.is_chief:  # progressive resizing (recompiles once)
       _REPORT.info(f"step {self.step}: training resolution is now {image_size}px")
-    batch = self.batches.next(image_size)
+    with self.input_watch.waiting():
+      batch = self.batches.next(image_size)
     try:
       with self.profiler.step(self.step + 1) as traced, jax.transfer_guard(_TRANSFER_GUARD):
         self.state, metrics = self.exp.train_step(self.state, batch)
@@ -218,9 +237,16 @@ class _Run:
     self.control.step = self.step
 
   def log_window(self) -> dict:
-    """The log step's record: the window's train metrics (checked finite), throughput, time."""
-    self.check_finite()
+    """The log step's record: the window's train metrics (checked finite), throughput, time,
+    and how long the step waited on data."""
+    with self.input_watch.synced():  # fetching the metrics waits for the device
+      self.check_finite()
+    input_metrics, lines = self.input_watch.window(len(self.history))
+    if self.is_chief:
+      for line in lines:
+        (_REPORT.warning if line.startswith("warning:") else _REPORT.info)(line)
     record = _summarize_window(self.history)
+    record.update(input_metrics)
     record["train/window_steps"] = len(self.history)  # fewer than log_every_steps after a resume
     self.history, self.checked = [], 0
     record["train/images_per_sec"] = self.progress.rate(self.step)
@@ -235,6 +261,19 @@ class _Run:
                          self.exp.policy.uses_loss_scale)
     self.checked = len(self.history)
 
+  def _samples(self) -> dict:
+    return {"samples_count": self.step * self.config.batch_size}
+
+  def evaluate(self) -> dict:
+    """evaluate(), between MLPerf's eval_start and eval_stop, and its eval_accuracy."""
+    epoch = self.step / self.exp.steps_per_epoch
+    self.mllog.start("eval_start", metadata={"epoch_num": round(epoch, 4), **self._samples()})
+    eval_metrics = evaluate(self.exp, self.state)
+    self.mllog.end("eval_stop", metadata={"epoch_num": round(epoch, 4), **self._samples()})
+    self.mllog.eval(eval_metrics, self.step, self.step * self.config.batch_size, epoch,
+                    self.config.target_accuracy)
+    return eval_metrics
+
   def save(self) -> None:
     self.check_finite()
     self.checkpoints.save(self.step, self.state, self.batches.position, self.config_dict)
@@ -243,7 +282,11 @@ class _Run:
     """The final save (unless this step's is already there) and the final eval."""
     if self.step > self.start_step or self.checkpoints.newest_intact != self.step:
       self.save()
-    eval_metrics = evaluate(self.exp, self.state)
+    self.mllog.end("block_stop", metadata=self._samples())
+    eval_metrics = self.evaluate()
+    if not self.config.target_accuracy:  # no target: a completed run is MLPerf's success
+      self.mllog.status = "success"
+    self.mllog.end("run_stop", metadata={"status": self.mllog.status, **self._samples()})
     elapsed = self.progress.elapsed()
     self.checkpoints.wait()
     # With the final step's train metrics; a rerun of a finished run has none, and

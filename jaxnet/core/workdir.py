@@ -25,6 +25,7 @@ import jax
 from jaxnet.core import checkpoint as ckpt
 from jaxnet.core import config as config_lib
 from jaxnet.core import metrics as metrics_lib
+from jaxnet.core import mlperf_log as mlperf_log_lib
 from jaxnet.core import provenance
 from jaxnet.core.checkpoint import newest_saved_config
 from jaxnet.core.errors import UserError
@@ -247,6 +248,11 @@ class Workdir:
     self._writable()
     return metrics_lib.MetricWriter(self.path, enabled=self.chief)
 
+  def mlperf_log(self, fresh: bool) -> mlperf_log_lib.MlperfLog:
+    """WORKDIR/mlperf.log (MLPerf's log format), new for a run from step 0, appended on resume."""
+    self._writable()
+    return mlperf_log_lib.MlperfLog(self.path, enabled=self.chief, fresh=fresh)
+
   def checkpoints(self, keep: int | None = None, async_save: bool = True) -> ckpt.Checkpoints:
     self._writable()
     return ckpt.Checkpoints(self.path, keep, async_save)
@@ -298,7 +304,7 @@ RESUMABLE = (
     "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "eval_every_epochs",
     "checkpoint_every_epochs", "total_steps", "num_epochs",
     "keep_checkpoints", "async_checkpointing", "data.read_threads", "data.prefetch",
-    "data.eval_batch_size", "profile_steps", "distributed.*", "mesh.*",
+    "data.eval_batch_size", "profile_steps", "distributed.*", "mesh.*", "target_accuracy",
 )
 
 

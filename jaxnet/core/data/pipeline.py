@@ -11,7 +11,10 @@ Normalisation and the cast to the compute dtype happen on the device, in the ste
 """
 
 import collections
+import contextlib
 import math
+import os
+import time
 from typing import Callable, Iterator
 
 import grain.python as grain
@@ -67,6 +70,101 @@ def check_some_example_reads(source, split: str) -> None:
   raise InvalidValueError(f"not one of the {len(source)} {split} examples of {source!r} can be read "
                           f"(the first, {first}); the run stops before its first step: check {keys} "
                           f"and the image files")
+
+
+AUTO_WORKERS = -1  # data.workers: one per core this process may use, less one for the loop
+
+
+def cores_available() -> int:
+  """The cores this process may run on (its affinity mask: a container's or taskset's share)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # no affinity call (macOS)
+    return os.cpu_count() or 1
+
+
+def worker_count(configured: int) -> int:
+  """data.workers as the loader runs it: AUTO_WORKERS (-1) leaves one core to the training
+  loop and gives the others a worker each (at least one); >= 0 is taken as it is. With
+  several training processes on one host, give each its share explicitly."""
+  if configured >= 0:
+    return configured
+  return max(1, cores_available() - 1)
+
+
+class InputWatch:
+  """Whether the step waits on its input, from the time the loop spends getting batches
+  (`waiting`) against the whole log window, and its one-line verdicts.
+
+  The loop dispatches steps asynchronously and syncs with the device at log steps, so a
+  device slower than the input shows as a backlog at the log step's sync (`synced`), even
+  when the host, running ahead, also waited for batches; a window that waited on data and
+  found the device with at most ~2 steps' work left at its sync had its devices idle for
+  lack of input.
+  """
+
+  WAIT_WARN = 0.10   # waiting on data this fraction of a window (and the device idle): warn
+  MIN_STEPS = 10     # fewer steps in a window say too little to warn on
+
+  def __init__(self, batch_size: int, workers: int, warn: bool = True):
+    """`warn=False`: the line but no warnings (a CPU backend, where the step and the input
+    share the cores, so the step's wait on data is no idle accelerator)."""
+    self.batch_size, self.workers, self.warn = batch_size, workers, warn
+    self.wait = self.sync = 0.0
+    self.start, self.windows, self.bound = time.perf_counter(), 0, False
+
+  def restart(self) -> None:
+    self.wait = self.sync = 0.0
+    self.start = time.perf_counter()
+
+  @contextlib.contextmanager
+  def waiting(self):
+    start = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.wait += time.perf_counter() - start
+
+  @contextlib.contextmanager
+  def synced(self):
+    start = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.sync += time.perf_counter() - start
+
+  def window(self, steps: int) -> tuple[dict, list[str]]:
+    """The window's metrics (`train/data_wait_fraction`) and the lines to show: on the second
+    window (the first holds the step's compile), the input's rate against the step's; whenever
+    the input becomes the bottleneck after that, a warning naming the levers. Starts the next
+    window."""
+    now = time.perf_counter()
+    total = max(now - self.start, 1e-9)
+    images = steps * self.batch_size
+    wait_fraction = min(self.wait / total, 1.0)
+    # The device idled if, at the log step, it had no more than ~2 steps' work left: a device
+    # slower than the input has a backlog there (the host runs ahead), however long the host
+    # waited for batches on the way.
+    bound = wait_fraction > self.WAIT_WARN and self.sync < 2 * total / max(steps, 1)
+    step_rate = images / max(total - self.wait, 1e-9)  # had no batch ever been waited for
+    lines = []
+    if self.windows == 0:  # a single-process run compiles its step in the first window: no verdict
+      pass
+    elif self.windows == 1:
+      verdict = (f"the input is the bottleneck" if bound else
+                 f"the input keeps up (it delivers at least the step's rate)")
+      lines.append(f"input: {images / total:,.0f} img/s delivered over {steps} steps, the step's "
+                   f"{step_rate:,.0f} img/s without waiting; waited on data {wait_fraction:.0%} of the "
+                   f"time: {verdict} ({self.workers} data workers, {cores_available()} cores)")
+    if bound and not self.bound and self.windows > 1 and self.warn and steps >= self.MIN_STEPS:
+      lines.append(f"warning: the step waited on data {wait_fraction:.0%} of the last {steps} steps "
+                   f"(the input delivered {images / total:,.0f} img/s, the step could take "
+                   f"{step_rate:,.0f}): raise data.workers (now {self.workers}, {cores_available()} "
+                   f"cores), read prepared shards (jaxnet prepare, data.source=prepared) or lower "
+                   f"data.randaug_num_ops")
+    self.bound, self.windows = bound, self.windows + 1
+    self.restart()
+    return {"train/data_wait_fraction": wait_fraction}, lines
 
 
 def per_process_batch_size(global_batch_size: int, process_count: int) -> int:

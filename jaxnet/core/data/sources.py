@@ -8,6 +8,8 @@ processes; `encoded=False` sources hold uint8 HWC arrays of the final size.
   synthetic    random uint8 images made on the host (throughput work)
   imagefolder  DIR/{train,val}/<class>/*.jpg         (jaxnet/core/data/imagefolder.py)
   tfds         tfds ArrayRecord, e.g. imagenet2012   (jaxnet/core/data/tfds_source.py)
+  prepared     DIR made by `jaxnet prepare`: bounded re-encoded JPEGs in ArrayRecord shards
+               (jaxnet/core/data/prepared.py)
   coco         DIR/annotations/instances_SPLIT.json, DIR/SPLIT/*.jpg: boxes, for a detector
                (jaxnet/core/data/coco.py; its records hold boxes, and it makes its own
                examples: `source.transform`)
@@ -152,4 +154,8 @@ def make_source(data_config, split: str, image_size: int):
   if name == "tfds":
     from jaxnet.core.data.tfds_source import TfdsSource
     return TfdsSource(data_config.name, split_name, data_config.dir or None)
-  raise InvalidValueError(f"config.data.source={name!r}: use one of digits, synthetic, imagefolder, tfds, coco")
+  if name == "prepared":
+    from jaxnet.core.data.prepared import PreparedSource
+    return PreparedSource(data_config.dir, split_name)
+  raise InvalidValueError(f"config.data.source={name!r}: use one of digits, synthetic, imagefolder, tfds, "
+                          f"prepared, coco")
