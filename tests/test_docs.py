@@ -254,7 +254,8 @@ def test_the_images_the_docs_predict_on_exist():
 
 def test_a_test_session_leaves_no_site_folder_behind(tmp_path):
   # README, "Files outside the workdir": a session's jaxnet-test-site-<pid> goes at its end.
-  done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+  # (-n 1: one xdist worker, whose folder must go too; -n auto would start one per core.)
+  done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "1", "-p", "no:cacheprovider",
                          "tests/test_docs.py::test_flags_are_read_from_commands"],
                         cwd=REPO, env=dict(os.environ, TMPDIR=str(tmp_path)), capture_output=True,
                         text=True, timeout=120)
