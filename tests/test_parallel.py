@@ -9,11 +9,13 @@ is compiled once per mesh and reused.
 
 import json
 import os
+import pickle
 import re
 import socket
 import subprocess
 import sys
 import time
+import types
 
 import jax
 import numpy as np
@@ -83,14 +85,15 @@ def rel_diff(a, b) -> float:
   return worst
 
 
-def run_steps(exp, init_host, batches):
-  """Trains `exp` from a copy of `init_host` on the given host batches.
+def run_steps(exp, init_host, batches, step=None):
+  """Trains `exp` from a copy of `init_host` on the given host batches, with `step` (its
+  train step compiled by an earlier call) or a step compiled now.
 
   Returns (compiled step, [host TrainState after each step], [losses]).
   """
   state = jax.device_put(init_host, exp.state_sharding)
   globals_ = [parallel.to_global(b, exp.batch_sharding) for b in batches]
-  step = exp.train_step.lower(state, globals_[0]).compile()
+  step = step or exp.train_step.lower(state, globals_[0]).compile()
   states, losses = [], []
   for batch in globals_:
     state, metrics = step(state, batch)
@@ -99,17 +102,18 @@ def run_steps(exp, init_host, batches):
   return step, states, losses
 
 
-def chaos(exp, init, batches, states, losses):
+def chaos(exp, step, init, batches, states, losses):
   """Per step: how far moving the initial weights by one float32 ulp (up, and down) moves
   the trajectory `states`/`losses` -- (params+stats rel diffs, loss rel diffs), the larger
   of the two directions. Training is chaotic at ReLU kinks: two runs that differ only in
   summation order (devices, processes) may drift apart this far, and no farther.
+  `step` is exp's compiled step (compiling it again would cost a compile, not change it).
   """
   worst, worst_loss = [0.0] * len(states), [0.0] * len(states)
   for direction in (np.inf, -np.inf):
     nudged = init.replace(params=jax.tree.map(lambda x: np.nextafter(x, np.float32(direction)),
                                               init.params))
-    _, nudged_states, nudged_losses = run_steps(exp, nudged, batches)
+    _, nudged_states, nudged_losses = run_steps(exp, nudged, batches, step)
     for i, (a, b, la, lb) in enumerate(zip(nudged_states, states, nudged_losses, losses)):
       worst[i] = max(worst[i], rel_diff(params_and_stats(a), params_and_stats(b)))
       worst_loss[i] = max(worst_loss[i], abs(la - lb) / abs(lb))
@@ -154,7 +158,7 @@ def test_eight_devices_train_like_one(one_device, eight_devices):
   more at the first step already. The per-step test below holds without this allowance.
   """
   init = one_device["init"]
-  allowance, _ = chaos(one_device["exp"], init, one_device["batches"], one_device["states"],
+  allowance, _ = chaos(one_device["exp"], one_device["step"], init, one_device["batches"], one_device["states"],
                        one_device["losses"])
   # Not vacuous: the steps moved the weights far beyond float32 rounding.
   kernels = lambda params: [p for p in jax.tree.leaves(params) if p.ndim > 1]
@@ -382,7 +386,7 @@ def multihost_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def two_process_reference(one_device):
+def two_process_reference(shared_runs, request):
   """One process x 4 devices fed, at each step, the batches the two processes read.
 
   Each process of a multi-host run reads its own shard of the dataset (grain
@@ -391,7 +395,18 @@ def two_process_reference(one_device):
   in each batch. So step k's global batch here is process 0's k-th shard batch
   followed by process 1's (the device order of the global array). Same seed,
   same initial state, same examples: the runs must agree to float rounding.
+
+  Made once per session (tests/test_launch.py compares its launched runs with it too): each
+  state's params and BN statistics, the losses and the ulp allowances, on disk.
   """
+  made = shared_runs.made("two-process-reference",
+                          lambda out: _make_two_process_reference(out, request.getfixturevalue("one_device")))
+  with open(made / "reference.pkl", "rb") as f:
+    reference = pickle.load(f)
+  return dict(reference, exp=experiment.Experiment(make_config(4)))
+
+
+def _make_two_process_reference(out, one_device):
   exp = experiment.Experiment(make_config(4))
   shard_iters = [iter(pipeline.train_loader(
       exp.train_source, global_batch_size=GLOBAL_BATCH, image_size=exp.config.image_size,
@@ -402,9 +417,12 @@ def two_process_reference(one_device):
     batches.append({k: np.concatenate([h[k] for h in halves]) for k in halves[0]})
   # (Why the emulation is needed: the unsharded stream starts with other examples.)
   assert not np.array_equal(batches[0]["image"], one_device["batches"][0]["image"])
-  _, states, losses = run_steps(exp, one_device["init"], batches)
-  allowance, loss_allowance = chaos(exp, one_device["init"], batches, states, losses)
-  return dict(exp=exp, states=states, losses=losses, chaos=allowance, loss_chaos=loss_allowance)
+  step, states, losses = run_steps(exp, one_device["init"], batches)
+  allowance, loss_allowance = chaos(exp, step, one_device["init"], batches, states, losses)
+  out.mkdir(parents=True)
+  with open(out / "reference.pkl", "wb") as f:
+    pickle.dump(dict(states=[types.SimpleNamespace(params=s.params, batch_stats=s.batch_stats) for s in states],
+                     losses=losses, chaos=allowance, loss_chaos=loss_allowance), f)
 
 
 def _replicas(workdir, step):
