@@ -6,6 +6,8 @@ Runs on the 8 forced host CPU devices (tests/conftest.py). The GPU program's col
 for H100s: XLA's CPU pipeline leaves a gradient as an all-reduce followed by a slice.
 """
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -176,15 +178,25 @@ def _train(workdir, num_devices, total_steps, **mesh) -> dict:
     return {r["step"]: r["train/loss"] for r in map(json.loads, f) if "train/loss" in r}
 
 
-def test_a_checkpoint_restores_exactly_onto_other_meshes_and_resumes_there(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def fsdp8_run(tmp_path_factory):
+  """4 steps of FSDP on 8 devices, checkpointed at 2 and 4, and what the run printed; the
+  tests below write into copies of it."""
+  workdir = tmp_path_factory.mktemp("fsdp8") / "w"
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    _train(workdir, 8, 4, **FSDP)
+  return workdir, printed.getvalue()
+
+
+def test_a_checkpoint_restores_exactly_onto_other_meshes_and_resumes_there(tmp_path, fsdp8_run):
   """Saved by FSDP on 8 devices (each shard written by its owner), step 4 restores bit for bit
   onto 8 (FSDP), 4, 1 and a 2x2 FSDP mesh; a run resumed on 4 devices without FSDP continues
   the loss curve of the run resumed with the mesh that wrote it (same batches: the data
   iterator's position means the same on any mesh)."""
-  first = tmp_path / "fsdp8"
-  _train(first, 8, 4, **FSDP)
+  first = shutil.copytree(fsdp8_run[0], tmp_path / "fsdp8")
   # The run says what FSDP did, once, after its first line.
-  out = capsys.readouterr().out
+  out = fsdp8_run[1]
   assert out.count("FSDP over 8 devices: ") == 1 and "tensors sharded" in out, out
   raw = ckpt.Checkpoints(str(first), read_only=True).read(4)[0]  # numpy, as saved
 
@@ -214,16 +226,15 @@ def test_a_checkpoint_restores_exactly_onto_other_meshes_and_resumes_there(tmp_p
   assert abs(same_mesh[5] - same_mesh[6]) > 100 * REL_TOL * same_mesh[5]
 
 
-def test_a_data_position_saved_by_other_processes_is_refused_not_set_aside(tmp_path):
+def test_a_data_position_saved_by_other_processes_is_refused_not_set_aside(tmp_path, fsdp8_run):
   """Each process saves its position in its own shard of the data: a resume with another
   process count is refused in one line, and the (intact) checkpoint stays where it is."""
-  workdir = tmp_path / "run"
-  _train(workdir, 8, 2)
-  record = workdir / "checkpoints" / "2" / ckpt.CHECKSUMS / "metadata"  # orbax's JSON item file
+  workdir = shutil.copytree(fsdp8_run[0], tmp_path / "run")
+  record = workdir / "checkpoints" / "4" / ckpt.CHECKSUMS / "metadata"  # orbax's JSON item file
   saved = json.loads(record.read_text())
   assert saved["process_count"] == 1
   record.write_text(json.dumps({**saved, "process_count": 2}))  # as 2 processes would
   with pytest.raises(ckpt.CheckpointMismatchError,
                      match=r"saved by 2 process\(es\).*this run has 1\. Resume with 2 process"):
-    _train(workdir, 8, 4)
-  assert (workdir / "checkpoints" / "2").is_dir() and not (workdir / ckpt.DAMAGED_DIR).exists()
+    _train(workdir, 8, 6, **FSDP)
+  assert (workdir / "checkpoints" / "4").is_dir() and not (workdir / ckpt.DAMAGED_DIR).exists()
