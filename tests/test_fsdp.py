@@ -180,23 +180,22 @@ def _train(workdir, num_devices, total_steps, **mesh) -> dict:
 
 @pytest.fixture(scope="module")
 def fsdp8_run(tmp_path_factory):
-  """4 steps of FSDP on 8 devices, checkpointed at 2 and 4, and what the run printed; the
-  tests below write into copies of it."""
+  """6 steps of FSDP on 8 devices, checkpointed at 2, 4 and 6: (workdir, {step: train loss},
+  what the run printed). The tests below write into copies of it."""
   workdir = tmp_path_factory.mktemp("fsdp8") / "w"
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):
-    _train(workdir, 8, 4, **FSDP)
-  return workdir, printed.getvalue()
+    losses = _train(workdir, 8, 6, **FSDP)
+  return workdir, losses, printed.getvalue()
 
 
 def test_a_checkpoint_restores_exactly_onto_other_meshes_and_resumes_there(tmp_path, fsdp8_run):
   """Saved by FSDP on 8 devices (each shard written by its owner), step 4 restores bit for bit
   onto 8 (FSDP), 4, 1 and a 2x2 FSDP mesh; a run resumed on 4 devices without FSDP continues
-  the loss curve of the run resumed with the mesh that wrote it (same batches: the data
-  iterator's position means the same on any mesh)."""
-  first = shutil.copytree(fsdp8_run[0], tmp_path / "fsdp8")
+  the loss curve of the run on the mesh that wrote it (same batches: the data iterator's
+  position means the same on any mesh)."""
+  first, same_mesh, out = fsdp8_run  # read only
   # The run says what FSDP did, once, after its first line.
-  out = fsdp8_run[1]
   assert out.count("FSDP over 8 devices: ") == 1 and "tensors sharded" in out, out
   raw = ckpt.Checkpoints(str(first), read_only=True).read(4)[0]  # numpy, as saved
 
@@ -214,11 +213,12 @@ def test_a_checkpoint_restores_exactly_onto_other_meshes_and_resumes_there(tmp_p
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(reference), strict=True):
       np.testing.assert_array_equal(a, b)
 
-  moved = tmp_path / "dp4"
-  shutil.copytree(first, moved)
-  same_mesh = _train(first, 8, 6, **FSDP)
+  # Resumed from step 4 on 4 devices without FSDP, it continues the FSDP run's own steps 5-6
+  # (which an exact resume on its own mesh repeats: tests/test_train.py).
+  moved = shutil.copytree(first, tmp_path / "dp4")
+  shutil.rmtree(moved / "checkpoints" / "6")
   other_mesh = _train(moved, 4, 6)
-  print(f"\nloss after resume, FSDP on 8 vs data parallel on 4: "
+  print(f"\nloss of steps 5-6, FSDP on 8 vs resumed at 4 with data parallel on 4: "
         f"{[same_mesh[s] for s in (5, 6)]} vs {[other_mesh[s] for s in (5, 6)]}")
   for s in (5, 6):
     assert other_mesh[s] == pytest.approx(same_mesh[s], rel=REL_TOL)
@@ -230,11 +230,11 @@ def test_a_data_position_saved_by_other_processes_is_refused_not_set_aside(tmp_p
   """Each process saves its position in its own shard of the data: a resume with another
   process count is refused in one line, and the (intact) checkpoint stays where it is."""
   workdir = shutil.copytree(fsdp8_run[0], tmp_path / "run")
-  record = workdir / "checkpoints" / "4" / ckpt.CHECKSUMS / "metadata"  # orbax's JSON item file
+  record = workdir / "checkpoints" / "6" / ckpt.CHECKSUMS / "metadata"  # orbax's JSON item file
   saved = json.loads(record.read_text())
   assert saved["process_count"] == 1
   record.write_text(json.dumps({**saved, "process_count": 2}))  # as 2 processes would
   with pytest.raises(ckpt.CheckpointMismatchError,
                      match=r"saved by 2 process\(es\).*this run has 1\. Resume with 2 process"):
-    _train(workdir, 8, 6, **FSDP)
-  assert (workdir / "checkpoints" / "4").is_dir() and not (workdir / ckpt.DAMAGED_DIR).exists()
+    _train(workdir, 8, 8, **FSDP)
+  assert (workdir / "checkpoints" / "6").is_dir() and not (workdir / ckpt.DAMAGED_DIR).exists()
