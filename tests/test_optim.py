@@ -55,7 +55,7 @@ def test_weight_decay_skips_bn_and_biases(name):
   c.base_batch_size = 1
   tx = optim.make_optimizer(c, optim.learning_rate_schedule(c, 1, 10, warmup_steps=0))
   zeros = jax.tree.map(jnp.zeros_like, params)
-  updates, _ = tx.update(zeros, tx.init(params), params)
+  updates, _ = jax.jit(tx.update)(zeros, tx.init(params), params)
   assert np.all(np.asarray(updates["bn"]["scale"]) == 0)
   assert np.all(np.asarray(updates["bn"]["bias"]) == 0)
   assert np.all(np.asarray(updates["conv"]["kernel"]) < 0)
@@ -69,7 +69,7 @@ def test_lars_trust_ratio_scales_kernels_only():
   params = {"conv": {"kernel": 2 * jnp.ones((3, 3, 2, 2))}, "bn": {"scale": jnp.ones((2,)),
                                                                   "bias": jnp.ones((2,))}}
   grads = jax.tree.map(lambda p: jnp.full_like(p, 0.1), params)
-  updates, _ = tx.update(grads, tx.init(params), params)
+  updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
   # Kernel: |w| = 2 * 6, |g| = 0.1 * 6, so the step is lr * 0.001 * 20 * g = 0.002.
   np.testing.assert_allclose(updates["conv"]["kernel"], -0.002, rtol=1e-5)
   # BN scale and bias: -lr * g. (A trust ratio there would give 0.001 * sqrt(2) / (0.1 * sqrt(2)) * g.)
@@ -91,7 +91,7 @@ def test_weight_decay_skips_vit_embeddings_and_layernorm():
             "norm": {"scale": jnp.ones((4,)), "bias": jnp.ones((4,))},
             "head": {"kernel": jnp.ones((4, 3)), "bias": jnp.ones((3,))}}
   tx = optim.make_optimizer(c, optim.learning_rate_schedule(c, 1, 10, warmup_steps=0))
-  updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+  updates, _ = jax.jit(tx.update)(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
   decayed = jax.tree.map(lambda u: bool(np.all(np.asarray(u) < 0)), updates)
   untouched = jax.tree.map(lambda u: bool(np.all(np.asarray(u) == 0)), updates)
   assert decayed["patch_embed"]["kernel"] and decayed["head"]["kernel"]
@@ -109,7 +109,7 @@ def test_adamw_first_moment_dtype():
     c = _optim_config(name="adamw", mu_dtype=mu_dtype, schedule="constant")
     tx = optim.make_optimizer(c, lambda s: 1e-3)
     state = tx.init(params)
-    _, state = tx.update(grads, state, params)
+    _, state = jax.jit(tx.update)(grads, state, params)
     adam = next(s for s in jax.tree.leaves(state, is_leaf=lambda s: hasattr(s, "mu")) if hasattr(s, "mu"))
     assert adam.mu["dense"]["kernel"].dtype == expected
     assert adam.nu["dense"]["kernel"].dtype == jnp.float32   # the second moment stays fp32
