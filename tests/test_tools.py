@@ -392,6 +392,48 @@ def test_verify_holds_and_each_check_fails_when_what_it_guards_changes(workdir, 
   assert failed == {"eval/top1 at step 120", "package numpy", "data train", "uncommitted changes"}, failed
 
 
+def test_verify_finds_each_record_edited_deleted_or_unreadable_and_names_a_held_workdir(workdir, tmp_path,
+                                                                                         monkeypatch):
+  """The records that decide what the model is carry the sha256 written with them, config.json
+  is compared with each checkpoint's own config, an unreadable record is its row (no traceback),
+  a deleted final checkpoint is noticed, and a workdir a training holds is named as held."""
+  import shutil
+  from jaxnet.core import provenance
+  from jaxnet.core import workdir as workdir_lib
+  from jaxnet.tools import verify
+  copy = _copy_workdir(workdir, tmp_path)
+  recorded_code = _recorded_code(workdir)
+  monkeypatch.setattr(provenance, "code_state", lambda: recorded_code)
+  checks = verify.verify(str(copy), evaluate=False)
+  assert verify.all_hold(checks), verify.table(checks)
+  assert {"classes.json", "config_file.py", "config.json"} <= {c.what for c in checks if c.holds}
+  with workdir_lib.Lock(str(copy)):  # a training's lock: named, not taken (it is held here)
+    held = {c.what: c for c in verify.verify(str(copy), evaluate=False)}["workdir"]
+  assert held.verdict == "held" and f"PID {os.getpid()}" in held.now
+  with open(copy / "config_file.py", "a") as f:
+    f.write("config.optim.learning_rate = 1.0\n")
+  _edit_json(copy / "classes.json", lambda d: d["class_names"].__setitem__(slice(0, 2), ["1", "0"]))
+  _edit_json(copy / "config.json", lambda d: d["optim"].update(learning_rate=d["optim"]["learning_rate"] * 2))
+  if (copy / "code.diff").exists():
+    os.remove(copy / "code.diff")
+  else:
+    (copy / "code.diff").write_text("diff --git a/x b/x\n")
+  (copy / "environment.json").write_text("{not json")
+  (copy / "data_identity.json").write_text("[1, 2")
+  shutil.rmtree(copy / "checkpoints" / "40")
+  checks = verify.verify(str(copy), evaluate=False)
+  failed = {c.what: c for c in checks if c.holds is False}
+  assert set(failed) == {"config.json vs checkpoint 20", "environment.json", "data_identity.json",
+                         "checkpoint 40"}, verify.table(checks)
+  assert "optim.learning_rate" in failed["config.json vs checkpoint 20"].now
+  assert failed["environment.json"].recorded.startswith("unreadable") and failed["checkpoint 40"].verdict == "MISSING"
+  # The digests and code.diff are checked against environment.json's record: with it back, they fail.
+  _edit_json(copy / "config.json", lambda d: d["optim"].update(learning_rate=d["optim"]["learning_rate"] / 2))
+  shutil.copy(workdir / "environment.json", copy / "environment.json")
+  failed = {c.what for c in verify.verify(str(copy), evaluate=False) if c.holds is False}
+  assert failed == {"config_file.py", "classes.json", "code.diff", "data_identity.json", "checkpoint 40"}, failed
+
+
 def test_retrain_names_the_first_logged_step_whose_loss_differs():
   from jaxnet.tools import verify
   recorded = [{"step": 5, "train/loss": 2.5}, {"step": 10, "train/loss": 2.25, "eval/top1": 0.1}]

@@ -441,6 +441,16 @@ def has_checkpoints(workdir: str) -> bool:
   return os.path.isdir(directory) and any(d.isdigit() for d in os.listdir(directory))
 
 
+def saved_config(workdir: str, step: int) -> dict | None:
+  """The config checkpoint `step` of WORKDIR was saved with, or None where it does not read
+  (rotated away while read, incomplete, damaged). No orbax manager, nothing written."""
+  try:
+    config = orbax_adapter.read_json_item(os.path.join(workdir, CHECKPOINTS_DIR, str(step)), CONFIG)
+  except (OSError, ValueError):
+    return None
+  return config if isinstance(config, dict) else None
+
+
 def newest_saved_config(workdir: str) -> tuple[int, dict] | tuple[None, None]:
   """(step, config dict) of the newest checkpoint whose saved config reads, or (None, None):
   every checkpoint carries the config that wrote it, so a workdir whose config.json was
@@ -449,11 +459,8 @@ def newest_saved_config(workdir: str) -> tuple[int, dict] | tuple[None, None]:
   if not os.path.isdir(directory):
     return None, None
   for step in sorted((int(d) for d in os.listdir(directory) if d.isdigit()), reverse=True):
-    try:
-      config = orbax_adapter.read_json_item(os.path.join(directory, str(step)), CONFIG)
-    except (OSError, ValueError):
-      continue  # an incomplete or damaged checkpoint: an older one may still say
-    if isinstance(config, dict):
+    config = saved_config(workdir, step)
+    if config is not None:  # else an incomplete or damaged checkpoint: an older one may still say
       return step, config
   return None, None
 

@@ -73,6 +73,24 @@ def file_sha256(path: str) -> str:
   return digest.hexdigest()
 
 
+# The records besides config.json that decide what a workdir's model is: their sha256 is
+# recorded in environment.json when the start writes them (config.json is compared with the
+# config each checkpoint carries; code.diff with code_diff_sha256).
+DIGESTED_RECORDS = ("classes.json", CONFIG_TEXT_FILE)
+
+
+def records_sha256(workdir: str, written: dict) -> dict:
+  """{name: sha256} of the DIGESTED_RECORDS: `written` ({name: text}, about to be written) or
+  the file WORKDIR holds; a record the workdir lacks is left out (its absence is recorded)."""
+  digests = {}
+  for name in DIGESTED_RECORDS:
+    if name in written:
+      digests[name] = text_sha256(written[name])
+    elif os.path.isfile(os.path.join(workdir, name)):
+      digests[name] = file_sha256(os.path.join(workdir, name))
+  return digests
+
+
 def identity_of(source) -> dict:
   """`source.identity()`, or what little can be said of a source without one (a user's own)."""
   if hasattr(source, "identity"):

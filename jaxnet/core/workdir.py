@@ -92,6 +92,39 @@ class Lock:
       self._file = None
 
 
+def held_by(workdir: str) -> str | None:
+  """What holds WORKDIR's lock (the holder its lock file names), or None: found without
+  taking the lock, so a reader (verify, eval, predict) never keeps a training out. Linux's
+  /proc/locks lists the flock locks held; elsewhere a shared lock is tried for an instant."""
+  path = os.path.join(workdir, LOCK_FILE)
+  try:
+    inode = os.stat(path).st_ino
+  except OSError:
+    return None
+  try:
+    with open("/proc/locks") as f:  # "1: FLOCK  ADVISORY  WRITE PID MAJ:MIN:INODE 0 EOF"
+      held = any(len(fields) > 5 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode)
+                 for fields in (line.split() for line in f))
+  except OSError:
+    held = _held_elsewhere(path)
+  if not held:
+    return None
+  return (_read_text_or_none(path) or "").strip() or "an unknown process"
+
+
+def _held_elsewhere(path: str) -> bool:
+  try:
+    with open(path) as f:
+      try:
+        fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+      except BlockingIOError:
+        return True
+      fcntl.flock(f, fcntl.LOCK_UN)
+  except OSError:
+    pass
+  return False
+
+
 class Workdir:
   """A workdir opened for writing (`Workdir.open`): the lock held, and, once `check` has passed,
   the only object that writes its files: config.json and its history, environment.json and
@@ -366,12 +399,7 @@ def check_config(workdir: str, config_dict: dict, accept: tuple[str, ...] = (),
   old = saved_config(workdir)
   if old is None:
     return {}
-  old = config_lib.upgrade_saved(old)
-  # Keys a newer jaxnet added, at their defaults (the model's options among them), are no change.
-  base = config_lib.base_config()
-  base.model.name = config_dict["model"]["name"]
-  defaults = json.loads(config_lib.with_model_options(base).to_json_best_effort())
-  changes = config_changes(old, config_dict, config_lib.flatten(defaults))
+  changes = saved_config_changes(old, config_dict)
   unused = unused_by_eval(config_dict)
   refused = {k: v for k, v in changes.items()
              if matters(k) and k not in unused and "all" not in accept and k not in accept}
@@ -382,6 +410,15 @@ def check_config(workdir: str, config_dict: dict, accept: tuple[str, ...] = (),
         f"Use a new --workdir, or accept the changes for this workdir with "
         f"--accept_config_changes={','.join(refused)}")
   return changes
+
+
+def saved_config_changes(saved: dict, config_dict: dict) -> dict:
+  """config_changes from a saved config (config.json, a checkpoint's) to `config_dict`; keys a
+  newer jaxnet added, at their defaults (the model's options among them), are no change."""
+  base = config_lib.base_config()
+  base.model.name = config_dict["model"]["name"]
+  defaults = json.loads(config_lib.with_model_options(base).to_json_best_effort())
+  return config_changes(config_lib.upgrade_saved(saved), config_dict, config_lib.flatten(defaults))
 
 
 # Sources that store whole images already at image_size: their eval crops nothing, so the eval
