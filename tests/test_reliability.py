@@ -42,6 +42,7 @@ from jaxnet.core import checkpoint as integrity
 
 from jaxnet.cli import process as quiet
 from jaxnet.core import train as train_lib
+from jaxnet.core import provenance
 from jaxnet.core import workdir as workdir_lib
 from jaxnet.core.adapters import orbax as orbax_adapter
 from jaxnet.core.metrics import read_jsonl
@@ -1051,3 +1052,25 @@ def test_a_data_position_of_another_loader_names_data_loader(trained, tmp_path, 
   finally:
     checkpoints.close()
   assert "Resume with the same data.loader (grain or dali: each saves its own kind of position)" in str(e.value)
+
+
+# --- sixth round (issue 57) ------------------------------------------------------------
+
+def test_a_missing_or_unreadable_data_identity_is_refused_never_rewritten_from_this_data(trained, tmp_path):
+  """With data_identity.json deleted or torn, a resume or an eval took any data and the record
+  was written again from it. Now each is one refusal naming the file and the fix; accepted, the
+  resume records this data (and says so in config_history.jsonl)."""
+  workdir = _copy(trained, tmp_path)
+  record = workdir / "data_identity.json"
+  kept = record.read_text()
+  for damage, said in ((lambda: record.unlink(), "is missing"), (lambda: record.write_text("{torn"), "is unreadable")):
+    damage()
+    for attempt in (lambda: api.train(_digits(), workdir), lambda: api.evaluate(workdir)):
+      with pytest.raises(provenance.DataChangedError) as e:
+        attempt()
+      assert f"{record} {said}" in str(e.value) and "--accept_config_changes=data_identity" in str(e.value)
+      assert not record.exists() or record.read_text() == "{torn"
+  api.train(_digits(), workdir, accept_config_changes=("data_identity",))
+  assert record.read_text() == kept
+  history = [json.loads(line) for line in (workdir / workdir_lib.HISTORY_FILE).read_text().splitlines()]
+  assert history[-1]["data_changes"] == {"data_identity.json": ["unreadable", "this run's data"]}

@@ -126,6 +126,18 @@ def check_identity(workdir: str, recorded: dict | None, now: dict, accept: tuple
   return changes
 
 
+def check_record(workdir: str, problem: str, accept: tuple) -> dict:
+  """For a data_identity.json that is `problem` ("missing", "unreadable"): the data cannot be
+  checked, so DataChangedError in one line unless ACCEPT_DATA (or "all") is in `accept`, which
+  takes this run's data as the record; returns that accepted change."""
+  if ACCEPT_DATA not in accept and "all" not in accept:
+    raise DataChangedError(
+        f"{os.path.join(workdir, DATA_IDENTITY_FILE)} is {problem}: this data cannot be checked against the "
+        f"data the run was made with. Put the record back, or take this data as the run's with "
+        f"--accept_config_changes={ACCEPT_DATA}")
+  return {DATA_IDENTITY_FILE: (problem, "this run's data")}
+
+
 def describe_changes(changes: dict) -> str:
   return "; ".join(f"{key} {_short(a)} -> {_short(b)}" for key, (a, b) in changes.items())
 

@@ -135,7 +135,8 @@ class Workdir:
   def __init__(self, path: str, purpose: str):
     self.path, self.purpose = path, purpose
     self.changes = None    # the accepted config changes, once checked
-    self.data_identity = None  # the data's identity per split, once checked (check_data)
+    # The data's identity per split, once checked (check_data); an import reads no data: {}.
+    self.data_identity = {} if purpose == IMPORT else None
     self.data_changes = {}     # its accepted changes from the recorded one
     self.locked = False    # process 0 holds the lock (every process agrees on it)
     self.chief = jax.process_index() == 0
@@ -211,8 +212,11 @@ class Workdir:
     refused = None
     if self.chief:
       try:
-        self.data_changes = provenance.check_identity(self.path, self.recorded_data_identity(),
-                                                      self.data_identity, accept)
+        recorded, problem = self.recorded_data_identity()
+        if problem:  # never rewritten from this data unasked: it is what the data is checked against
+          self.data_changes = provenance.check_record(self.path, problem, accept)
+        else:
+          self.data_changes = provenance.check_identity(self.path, recorded, self.data_identity, accept)
       except provenance.DataChangedError as e:
         refused = e
     self._refuse_on_every_process(refused)
@@ -235,8 +239,16 @@ class Workdir:
           f"the data differs from the data {self.path} was made with (process 0 names the changes): "
           f"use that data, or accept the change with --accept_config_changes={provenance.ACCEPT_DATA}")
 
-  def recorded_data_identity(self) -> dict | None:
-    return _read_json_or_none(os.path.join(self.path, provenance.DATA_IDENTITY_FILE))
+  def recorded_data_identity(self) -> tuple[dict | None, str]:
+    """(data_identity.json's content, ""), or (None, why it is not there: "missing" where the
+    run wrote one, "unreadable (...)"); (None, "") for a workdir older than the record (its
+    environment.json lists no packages, recorded with it since 2026-11-27)."""
+    path = os.path.join(self.path, provenance.DATA_IDENTITY_FILE)
+    if not os.path.exists(path):
+      environment = self.recorded_environment() or {}
+      return None, "missing" if "packages" in environment else ""
+    content = _read_json_or_none(path)
+    return (content, "") if isinstance(content, dict) else (None, "unreadable")
 
   def recorded_environment(self) -> dict | None:
     return _read_json_or_none(os.path.join(self.path, "environment.json"))
