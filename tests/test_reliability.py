@@ -1074,3 +1074,42 @@ def test_a_missing_or_unreadable_data_identity_is_refused_never_rewritten_from_t
   assert record.read_text() == kept
   history = [json.loads(line) for line in (workdir / workdir_lib.HISTORY_FILE).read_text().splitlines()]
   assert history[-1]["data_changes"] == {"data_identity.json": ["unreadable", "this run's data"]}
+
+
+def test_an_eval_takes_no_lock_while_it_reads_and_records_only_where_no_training_holds_the_workdir(trained,
+                                                                                                  tmp_path, caplog):
+  """An eval held the workdir's lock while it ran: a training started beside it was refused as
+  'in use by another training run'. Now the eval reads without the lock, takes it only for the
+  moment it records, and records nothing (naming the holder) where a training holds it."""
+  workdir = _copy(trained, tmp_path)
+  with workdir_lib.Workdir.open(str(workdir), workdir_lib.EVAL):
+    assert workdir_lib.held_by(str(workdir)) is None
+    with workdir_lib.Lock(str(workdir), workdir_lib.TRAIN):  # a training starts beside the eval
+      pass
+  before = (workdir / "metrics.jsonl").read_text()
+  with workdir_lib.Lock(str(workdir), workdir_lib.TRAIN):
+    assert workdir_lib.held_by(str(workdir)).startswith(f"another training run (host ")
+    with caplog.at_level("WARNING", logger="jaxnet.report"):
+      assert api.evaluate(workdir)["eval/examples"] == 359
+  assert (workdir / "metrics.jsonl").read_text() == before
+  warned = [r.getMessage() for r in caplog.records if "not recorded" in r.getMessage()]
+  assert len(warned) == 1 and f"is held by another training run (host" in warned[0] and f"PID {os.getpid()}" in warned[0]
+  written = os.stat(workdir / "metrics.jsonl").st_mtime_ns
+  time.sleep(0.01)
+  api.evaluate(workdir)  # free again: recorded (merged into step 20's line, as the same numbers)
+  assert os.stat(workdir / "metrics.jsonl").st_mtime_ns != written
+  # What holds it is named: an import is not called a training run.
+  with workdir_lib.Lock(str(workdir), workdir_lib.IMPORT):
+    with pytest.raises(workdir_lib.WorkdirLockedError, match=r"is in use by a weights import \(host .*PID"):
+      workdir_lib.Lock(str(workdir)).__enter__()
+
+
+def test_a_full_disk_when_the_lock_file_is_written_is_one_line(tmp_path):
+  with _tmpfs(tmp_path / "full", "64k") as mount:
+    workdir = mount / "w"
+    workdir.mkdir()
+    with contextlib.suppress(OSError), open(mount / "filler", "wb") as f:
+      f.write(b"\0" * (1 << 20))
+    with pytest.raises(errors.UserError) as e:
+      workdir_lib.Lock(str(workdir)).__enter__()
+    assert str(e.value).startswith(f"could not ") and "lock file" in str(e.value) and "\n" not in str(e.value)

@@ -30,7 +30,7 @@ from jaxnet.core import mlperf_log, sharding, steps
 from jaxnet.core import workdir as workdir_lib
 from jaxnet.core.adapters import xla
 from jaxnet.core.data.pipeline import InputWatch
-from jaxnet.core.errors import DIVERGED_HINT, NonFiniteError
+from jaxnet.core.errors import DIVERGED_HINT, NonFiniteError, UserError
 from jaxnet.core.experiment import Experiment
 from jaxnet.core.metrics import Progress, RunWriteError
 from jaxnet.core.state import TrainState
@@ -404,13 +404,15 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_co
                    f"({metrics['eval/examples']} examples)")
       if not record:
         return metrics
-      if not gate.can_record:
-        _REPORT.warning(f"warning: {workdir} is held by a training run: these eval metrics were not recorded")
-        return metrics
       try:
         gate.record_eval(step, metrics)
+      except workdir_lib.WorkdirLockedError:  # a training writes this workdir's records
+        _REPORT.warning(f"warning: {workdir} is held by {workdir_lib.held_by(workdir) or 'another writer'}: "
+                        f"these eval metrics were not recorded")
       except RunWriteError as e:  # a read-only workdir, a full disk: the numbers are printed above
         _REPORT.warning(f"warning: could not record the eval metrics in {workdir} ({e.cause})")
+      except UserError as e:  # the lock file could not be written (a full disk)
+        _REPORT.warning(f"warning: could not record the eval metrics in {workdir} ({e})")
   return metrics
 
 

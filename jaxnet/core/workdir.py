@@ -13,6 +13,7 @@ eval that differs there is refused, or, accepted, recorded apart, never over the
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import logging
@@ -48,28 +49,47 @@ class WorkdirLockedError(UserError):
   pass
 
 
+# What holds a lock, as the refused command is told it (the lock file's first word says which).
+_HOLDERS = {"train": "another training run", "import": "a weights import",
+            "eval": "an eval recording its metrics"}
+
+
+def describe_holder(text: str) -> str:
+  """The lock file's line ("train: host H, PID N, started T") as "another training run (host
+  H, PID N, started T)"; a line without a purpose (jaxnet before 2026-11-29) is a training run."""
+  purpose, _, rest = text.strip().partition(": ")
+  if purpose not in _HOLDERS:
+    purpose, rest = "train", text.strip()
+  return f"{_HOLDERS[purpose]} ({rest or 'unknown process'})"
+
+
 class Lock:
   """An exclusive OS lock (`fcntl.flock`) on WORKDIR/lock while a command writes into it (a
-  context manager). The OS drops it when the process ends, even on `kill -9`, so a lock is
-  never stale; a second writer is refused at once, naming the holder."""
+  context manager), for `purpose` (TRAIN, IMPORT, EVAL: written into the lock file, so a
+  refused command is told what holds it). The OS drops it when the process ends, even on
+  `kill -9`, so a lock is never stale; a second writer is refused at once, naming the holder."""
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, purpose: str = "train"):
     self.path = os.path.join(workdir, LOCK_FILE)
+    self.purpose = purpose
     self._file = None
 
   def __enter__(self):
     try:
       f = open(self.path, "a+")
-    except OSError:  # a read-only workdir: no writer can get in, so there is no one to lock out
-      return self
+    except OSError as e:
+      if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return self  # a read-only workdir: no writer can get in, so there is no one to lock out
+      raise UserError(f"could not create the lock file {self.path} ({e.strerror}): "
+                      f"free space on its disk or fix its permissions") from None
     try:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       f.seek(0)
-      holder = f.read().strip() or "unknown process"
+      holder = describe_holder(f.read())
       f.close()
       raise WorkdirLockedError(
-          f"{os.path.dirname(self.path)} is in use by another training run ({holder}). Wait for "
+          f"{os.path.dirname(self.path)} is in use by {holder}. Wait for "
           f"it to finish or stop it, or train in another --workdir.") from None
     except OSError as e:  # e.g. an NFS mount without lock support
       logging.getLogger(__name__).warning(
@@ -77,11 +97,18 @@ class Lock:
           "time", self.path, e)
       f.close()
       return self
-    f.seek(0)
-    f.truncate()
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    f.write(f"host {socket.gethostname()}, PID {os.getpid()}, started {started}\n")
-    f.flush()
+    try:
+      f.seek(0)
+      f.truncate()
+      f.write(f"{self.purpose}: host {socket.gethostname()}, PID {os.getpid()}, started {started}\n")
+      f.flush()
+    except OSError as e:  # a full disk: nothing else could be written either
+      fcntl.flock(f, fcntl.LOCK_UN)
+      with contextlib.suppress(OSError):  # the buffered line fails again as it closes
+        f.close()
+      raise UserError(f"could not write the lock file {self.path} ({e.strerror}): "
+                      f"free space on its disk and run again") from None
     self._file = f
     return self
 
@@ -109,7 +136,7 @@ def held_by(workdir: str) -> str | None:
     held = _held_elsewhere(path)
   if not held:
     return None
-  return (_read_text_or_none(path) or "").strip() or "an unknown process"
+  return describe_holder(_read_text_or_none(path) or "")
 
 
 def _held_elsewhere(path: str) -> bool:
@@ -145,9 +172,10 @@ class Workdir:
   @contextlib.contextmanager
   def open(cls, path: str, purpose: str):
     """Opens `path` for `purpose` (TRAIN, EVAL or IMPORT). Training and imports create it and
-    must get the lock (a second writer is refused in one line); an eval reads a workdir a
-    training run holds, but then records nothing (`can_record`). A workdir this call created
-    and nothing was written into is removed again if the command fails."""
+    must get the lock (a second writer is refused in one line); an eval is a reader: it takes
+    no lock while it reads (a training may start beside it), only for the moment it records
+    (record_eval), and records nothing where a training holds the workdir. A workdir this
+    call created and nothing was written into is removed again if the command fails."""
     check_path(path)
     created = not os.path.exists(path)
     if purpose != EVAL:
@@ -155,26 +183,25 @@ class Workdir:
     gate = cls(path, purpose)
     try:
       with contextlib.ExitStack() as stack:
-        if os.path.isdir(path):
-          gate._lock(stack, required=purpose != EVAL)
+        if purpose != EVAL:
+          gate._lock(stack)
         yield gate
     except BaseException:
       if created:  # refused before writing anything (a bad model name, too few devices, ...)
         remove_if_unused(path)
       raise
 
-  def _lock(self, stack: contextlib.ExitStack, required: bool) -> None:
+  def _lock(self, stack: contextlib.ExitStack) -> None:
     from jaxnet.core import sharding
     error = None
     if self.chief:
       try:
-        stack.enter_context(Lock(self.path))
-      except WorkdirLockedError as e:
+        stack.enter_context(Lock(self.path, self.purpose))
+      except UserError as e:  # held by another writer, or the lock file could not be written
         error = e
-    held_elsewhere = sharding.any_process(error is not None)
-    if held_elsewhere and required:
+    if sharding.any_process(error is not None):
       raise error or WorkdirLockedError(f"process 0 could not lock {self.path}")
-    self.locked = not held_elsewhere
+    self.locked = True
 
   def check(self, config_dict: dict, accept: tuple = ()) -> dict:
     """Compares `config_dict` with the config the workdir was made with, before anything is
@@ -253,15 +280,11 @@ class Workdir:
   def recorded_environment(self) -> dict | None:
     return _read_json_or_none(os.path.join(self.path, "environment.json"))
 
-  @property
-  def can_record(self) -> bool:
-    return self.locked and self.chief
-
   def _writable(self) -> None:
     if self.changes is None:
       raise RuntimeError(f"{self.path}: Workdir.check must pass before anything is written")
-    if not self.locked:
-      raise WorkdirLockedError(f"{self.path} is held by a training run: nothing was written into it")
+    if not self.locked and self.purpose != EVAL:
+      raise WorkdirLockedError(f"{self.path} is not locked: nothing was written into it")
 
   # --- the writers ------------------------------------------------------------------------
 
@@ -323,11 +346,17 @@ class Workdir:
                      json.dumps(self.data_identity, indent=2))
 
   def record_eval(self, step: int, metrics: dict) -> str:
-    """An eval's numbers: in metrics.jsonl when it measured what the run measures, else (with
-    accepted changes) apart, in evals_with_changes.jsonl. Returns where."""
+    """An eval's numbers, by process 0: in metrics.jsonl when it measured what the run
+    measures, else (with accepted changes) apart, in evals_with_changes.jsonl. Returns where.
+    The lock is taken for the moment of the write: where a training (or an import) holds the
+    workdir, nothing is written (WorkdirLockedError names the holder)."""
     self._writable()
     if not self.chief:
       return ""
+    with Lock(self.path, EVAL):
+      return self._write_eval(step, metrics)
+
+  def _write_eval(self, step: int, metrics: dict) -> str:
     if self.changes:
       record_eval_with_changes(self.path, step, metrics, self.changes)
       return EVALS_WITH_CHANGES_FILE
