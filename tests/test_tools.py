@@ -503,6 +503,41 @@ def test_a_bundle_restores_evaluates_and_verifies_as_its_workdir_and_refuses_a_c
     api.restore(str(out))
 
 
+def test_a_bundle_is_exactly_its_manifest_and_nothing_writes_into_it(workdir, tmp_path):
+  """Another run's checkpoint copied into a bundle was restored, evaluated and verified; with
+  bundle.json deleted or its list emptied, edited files passed, and an eval wrote its records
+  into the bundle. Now restore, eval, predict (restore) and verify refuse each in one line, and
+  training or an import into a bundle is refused."""
+  import shutil
+  from jaxnet.tools import bundle, verify
+  out = tmp_path / "b"
+  manifest = bundle.write_bundle(str(workdir), str(out), step=40)
+  kept = (out / "bundle.json").read_text()
+
+  def refused(match):
+    for attempt in (lambda: api.restore(str(out)), lambda: api.evaluate(str(out)),
+                    lambda: verify.verify(str(out), evaluate=False)):
+      with pytest.raises(bundle.BundleError, match=match):
+        attempt()
+
+  shutil.copytree(workdir / "checkpoints" / "20", out / "checkpoints" / "20")
+  refused(r"holds files its bundle.json does not list: checkpoints/20/")
+  shutil.rmtree(out / "checkpoints" / "20")
+  (out / "metrics.jsonl.extra").write_text("{}")
+  refused(r"does not list: metrics.jsonl.extra\. A bundle is exactly its manifest")
+  os.remove(out / "metrics.jsonl.extra")
+  os.remove(out / "bundle.json")
+  refused(r"has a MODEL_CARD.md but no bundle.json")
+  (out / "bundle.json").write_text(json.dumps({**manifest, "files": {}}))
+  refused(r"is not a bundle's manifest \(its file list is empty\)")
+  (out / "bundle.json").write_text(kept)
+  assert bundle.check_bundle(str(out)) == manifest
+  from jaxnet.core.errors import UserError
+  with pytest.raises(UserError, match=r"is a bundle \(it has bundle.json\): nothing is written into a bundle"):
+    api.train(api.load_config(str(workdir)), str(out))
+  assert bundle.check_bundle(str(out)) == manifest
+
+
 def test_a_bundle_of_an_eight_device_run_evaluates_to_its_numbers_on_one_device(tmp_path):
   """Another machine: a run trained on 8 (simulated CPU) devices, its bundle opened in a process
   of one device. Restore and the eval there give the recorded numbers, to verify's tolerance

@@ -43,6 +43,9 @@ EVALS_WITH_CHANGES_FILE = "evals_with_changes.jsonl"
 STARTS_DIR = "starts"
 START_RECORDS = ("environment.json", provenance.CODE_DIFF_FILE, provenance.CONFIG_TEXT_FILE)
 TRAIN, EVAL, IMPORT = "train", "eval", "import"  # why a workdir is opened
+# A bundle's manifest and model card (jaxnet/tools/bundle.py): a folder with either is read,
+# never written (an eval of it records nothing).
+BUNDLE_FILES = ("bundle.json", "MODEL_CARD.md")
 
 
 class WorkdirLockedError(UserError):
@@ -177,6 +180,10 @@ class Workdir:
     (record_eval), and records nothing where a training holds the workdir. A workdir this
     call created and nothing was written into is removed again if the command fails."""
     check_path(path)
+    bundle = next((n for n in BUNDLE_FILES if os.path.isfile(os.path.join(path, n))), None)
+    if bundle and purpose != EVAL:
+      raise UserError(f"{path} is a bundle (it has {bundle}): nothing is written into a bundle. Train in a "
+                      f"new --workdir, with --config.init.weights={path} to start from its weights")
     created = not os.path.exists(path)
     if purpose != EVAL:
       os.makedirs(path, exist_ok=True)
