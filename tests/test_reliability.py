@@ -1113,3 +1113,33 @@ def test_a_full_disk_when_the_lock_file_is_written_is_one_line(tmp_path):
     with pytest.raises(errors.UserError) as e:
       workdir_lib.Lock(str(workdir)).__enter__()
     assert str(e.value).startswith(f"could not ") and "lock file" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("model,override,message", [
+    ("convnext_mini", {"model.stochastic_depth": 1.5}, "model.stochastic_depth=1.5 must be in [0, 1)"),
+    ("convnext_mini", {"model.stochastic_depth": -0.5}, "model.stochastic_depth=-0.5 must be in [0, 1)"),
+    ("convnext_mini", {"model.widths": (16, 0)}, "model.widths=(16, 0) must be one whole number >= 1 per stage"),
+    ("convnext_mini", {"image_size": 3}, "needs images of at least 8x8 pixels, got 3x3; raise config.image_size"),
+    ("efficientnet_mini", {"model.dropout_rate": 1.0}, "model.dropout_rate=1.0 must be in [0, 1)"),
+    ("efficientnet_mini", {"model.head_width": -4}, "model.head_width=-4 must be a whole number >= 0"),
+    ("efficientnet_mini", {"model.bn_epsilon": -1.0}, "model.bn_epsilon=-1.0 must be > 0"),
+    ("efficientnet_mini", {"model.bn_momentum": 2.0}, "model.bn_momentum=2.0 must be in [0, 1]"),
+])
+def test_model_options_out_of_range_are_one_line_and_leave_no_workdir(tmp_path, model, override, message):
+  """ConvNeXt's stochastic_depth 1.5 or EfficientNet's dropout_rate 1.0 trained with exit 0; widths
+  (16, 0) and head_width -4 were tracebacks, bn_epsilon -1 diverged and blamed the learning rate."""
+  config = api.load_config(os.path.join(REPO, "configs/digits.py"), {"model.name": model, **override})
+  workdir = tmp_path / "never"
+  with pytest.raises(errors.UserError) as e:
+    api.train(config, workdir)
+  assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+  assert not workdir.exists()
+
+
+def test_a_get_config_that_returns_no_config_is_one_line(tmp_path):
+  path = tmp_path / "mine.py"
+  path.write_text("def get_config():\n  return {'batch_size': 8}\n")
+  with pytest.raises(config_io.ConfigFileError) as e:
+    api.load_config(str(path))
+  assert str(e.value) == (f"{path}: get_config() returned a dict, not an ml_collections.ConfigDict: return the "
+                          f"config, as configs/digits.py does")

@@ -277,9 +277,13 @@ def from_file(spec: str) -> ml_collections.ConfigDict:
   module = importlib.util.module_from_spec(module_spec)
   try:
     module_spec.loader.exec_module(module)
-    return module.get_config(arg) if arg else module.get_config()
+    config = module.get_config(arg) if arg else module.get_config()
   except Exception as e:
     raise config_file_error(path, e) from e
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ConfigFileError(f"{path}: get_config() returned a {type(config).__name__}, not an "
+                          f"ml_collections.ConfigDict: return the config, as configs/digits.py does")
+  return config
 
 
 def config_file_error(path: str, error: BaseException) -> ConfigFileError:
@@ -353,6 +357,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
       check(value)
     except InvalidValueError as e:
       problems.append(str(e))
+  from jaxnet.core import models
+  problems += models.option_problems(config.model)
   if problems:
     raise InvalidConfigError("invalid config: " + "; ".join(problems))
 
