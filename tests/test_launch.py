@@ -317,6 +317,57 @@ def test_sbatch_one_process_per_gpu_trains_like_the_explicit_run(tmp_path, two_p
   assert not (state / "scontrol.log").exists()  # finished: nothing requeued
 
 
+# A job step whose task saves for a second after a SIGTERM (or, FAKE_TASK=starting, has no
+# handler yet and dies of it), recording srun's options: the batch script's own part, in seconds.
+FAKE_STEP = """#!/bin/bash
+echo "$@" > "$FAKE_SLURM_DIR/srun_args"
+if [ "$FAKE_TASK" = starting ]; then
+  echo $$ > "$FAKE_SLURM_DIR/pids"
+  exec sleep 30
+fi
+trap 'sleep 1; echo saved > "$FAKE_SLURM_DIR/saved"; exit 0' TERM
+echo $$ > "$FAKE_SLURM_DIR/pids"
+sleep 30 >/dev/null 2>&1 &
+wait $!
+"""
+
+
+def _batch_script_with_fake_step(tmp_path, task: str):
+  env, state = fake_slurm(tmp_path, nodes=1, tasks_per_node=1, gpus_per_node=1)
+  (tmp_path / "bin" / "srun").write_text(FAKE_STEP)
+  job = subprocess.Popen(["bash", SBATCH], cwd=REPO, env={**env, "SLURM_CPUS_PER_TASK": "12", "FAKE_TASK": task},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  deadline = time.time() + 30
+  while not (state / "pids").exists():
+    assert job.poll() is None and time.time() < deadline, job.communicate()[0]
+    time.sleep(0.05)
+  return job, state
+
+
+def test_sbatch_waits_for_the_tasks_to_save_on_sigterm_and_passes_its_cpus_to_srun(tmp_path):
+  """Preemption sends SIGTERM to the batch script as to the tasks: the script exited at once
+  (143) and the step was killed mid-save. It now waits for the tasks; srun gets the
+  allocation's --cpus-per-task (Slurm 22.05+ does not pass it on)."""
+  job, state = _batch_script_with_fake_step(tmp_path, "saves")
+  job.send_signal(signal.SIGTERM)  # Slurm signals the script and the tasks
+  os.kill(int((state / "pids").read_text()), signal.SIGTERM)
+  out, _ = job.communicate(timeout=60)
+  assert job.returncode == 0 and (state / "saved").exists(), out
+  assert "SIGTERM: waiting for the tasks to save their checkpoint" in out
+  assert (state / "srun_args").read_text().startswith("--kill-on-bad-exit=1 --cpus-per-task=12 python -m jaxnet.main")
+  assert not (state / "scontrol.log").exists()  # preempted: Slurm requeues it, not the script
+
+
+def test_sbatch_requeues_on_usr1_even_where_the_task_had_no_handler_yet(tmp_path):
+  """The time-limit warning while the tasks start: the TERM it sends ends a task that has no
+  handler yet (143). The job is requeued all the same: it resumes from its newest checkpoint."""
+  job, state = _batch_script_with_fake_step(tmp_path, "starting")
+  job.send_signal(signal.SIGUSR1)
+  out, _ = job.communicate(timeout=60)
+  assert job.returncode == 128 + signal.SIGTERM, out
+  assert (state / "scontrol.log").read_text() == "requeue 4242\n"
+
+
 @pytest.mark.slow  # ~150 s on the shared 2-core VM: three 2-process starts; the per-GPU test above is the fast one
 def test_sbatch_one_process_per_node_stops_at_the_time_limit_and_requeues(tmp_path):
   """2 nodes x 1 task: each process gets every GPU of its node; Slurm's time-limit warning
