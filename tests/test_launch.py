@@ -210,6 +210,31 @@ def test_manifest_parameters_agree(path):
   assert spec["template"]["spec"]["terminationGracePeriodSeconds"] >= 300
 
 
+@pytest.mark.parametrize("path", [JOB, JOBSET])
+def test_manifests_request_cpus_and_memory_and_set_image_and_hosts_at_once(path, tmp_path):
+  """Pods without CPU/memory requests are BestEffort, the first a node evicts; the image and the
+  host count (three places) are set by the one command the file's header gives."""
+  docs = list(yaml.safe_load_all(read(path)))
+  job = next(d for d in docs if d["kind"] in ("Job", "JobSet"))
+  spec = job["spec"] if job["kind"] == "Job" else job["spec"]["replicatedJobs"][0]["template"]["spec"]
+  (container,) = spec["template"]["spec"]["containers"]
+  requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+  assert {k: limits[k] for k in ("cpu", "memory")} == requests and int(requests["cpu"]) >= 8  # Guaranteed
+  header = "".join(line[1:] for line in read(path).splitlines(keepends=True) if line.startswith("#"))
+  command = re.search(r"^ +(sed -e .*?) \| kubectl apply -f -$", header, re.M | re.S)[1]
+  out = tmp_path / os.path.basename(path)
+  subprocess.run(["bash", "-c", f"{command} > {out}"], cwd=REPO, check=True)
+  assert manifest_errors(out) == []
+  docs = list(yaml.safe_load_all(read(out)))
+  job = next(d for d in docs if d["kind"] in ("Job", "JobSet"))
+  spec = job["spec"] if job["kind"] == "Job" else job["spec"]["replicatedJobs"][0]["template"]["spec"]
+  (container,) = spec["template"]["spec"]["containers"]
+  assert spec["completions"] == spec["parallelism"] == 4 and container["image"] == "REGISTRY/jaxnet:TAG"
+  assert "--config.distributed.num_processes=4" in container["args"][0]
+  assert read(out).replace("REGISTRY/jaxnet:TAG", "registry.example.com/jaxnet:26.10").count("4") == \
+      read(path).count("4") + 3  # nothing else changed
+
+
 def test_launch_files_are_the_docs_examples():
   """docs/multihost.md shows each launch file whole, as it is."""
   docs = read(os.path.join(REPO, "docs", "multihost.md"))
