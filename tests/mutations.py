@@ -676,7 +676,7 @@ MUTATIONS = [
              ("tests/test_reliability.py::test_damaged_checkpoints_are_reported_and_skipped",)),
     # --- reproducibility (docs/reproducibility.md) ------------------------------------------
     Mutation("checkpoint_read_onto_the_saving_devices", "jaxnet/core/checkpoint.py",
-             "    tree, checksums = checkpoints.read(step, _on_one_device(checkpoints.manager.item_metadata(step)[STATE]))\n",
+             "    tree, checksums = checkpoints.read(step, _on_one_device(checkpoints.saved_tree(step)))\n",
              "    tree, checksums = checkpoints.read(step)\n",
              (TOOLS + "test_a_bundle_of_an_eight_device_run_evaluates_to_its_numbers_on_one_device",)),
     Mutation("data_identity_on_every_process", "jaxnet/core/workdir.py",

@@ -1143,3 +1143,28 @@ def test_a_get_config_that_returns_no_config_is_one_line(tmp_path):
     api.load_config(str(path))
   assert str(e.value) == (f"{path}: get_config() returned a dict, not an ml_collections.ConfigDict: return the "
                           f"config, as configs/digits.py does")
+
+
+def test_predict_beside_a_training_reads_the_newer_checkpoint_when_the_newest_is_rotated_away(trained, tmp_path,
+                                                                                             monkeypatch):
+  """predict (load_arrays) racing rotation failed: orbax's metadata of a checkpoint being
+  deleted raised a NOT_FOUND traceback, or the checkpoint was called damaged. Its metadata now
+  reads as damage, and a reader of the newest checkpoint takes the one saved meanwhile."""
+  workdir = _copy(trained, tmp_path)
+  directory = workdir / "checkpoints"
+  saved_tree = ckpt.Checkpoints.saved_tree
+
+  def rotating(self, step):
+    if step == 20 and not (directory / "30").exists():  # a training saves 30 while 20 is read
+      shutil.copytree(directory / "20", directory / "30")
+      raise ckpt.DamagedCheckpointError(step, self.directory, "its metadata cannot be read (NOT_FOUND: _sharding)")
+    return saved_tree(self, step)
+  monkeypatch.setattr(ckpt.Checkpoints, "saved_tree", rotating)
+  tree, step = ckpt.load_arrays(str(workdir))
+  assert step == 30 and "params" in tree
+  # Asked for by number, a checkpoint that does not read is still an error, never another step.
+  shutil.rmtree(directory / "30")
+  monkeypatch.setattr(ckpt.Checkpoints, "saved_tree", lambda self, step: (_ for _ in ()).throw(
+      ckpt.DamagedCheckpointError(step, self.directory, "its metadata cannot be read")))
+  with pytest.raises(ckpt.DamagedCheckpointError):
+    ckpt.load_arrays(str(workdir), 20)

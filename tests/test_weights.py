@@ -236,8 +236,11 @@ def _import(tmp_path, capsys, weights, workdir, *overrides):
 def test_an_import_with_another_class_count_says_how_many_arrays_came_from_the_weights(tmp_path, capsys):
   path, _, _ = drawn_file(tmp_path, "resnet_tiny", num_classes=3)
   workdir = tmp_path / "w"
+  workdir.mkdir()  # another run's records, without a checkpoint: not these weights' (issue 57)
+  (workdir / "metrics.jsonl").write_text('{"step": 40, "eval/top1": 0.9}\n')
   status, out, _ = _import(tmp_path, capsys, path, workdir, "--config.data.num_classes=5")
   assert status == 0
+  assert (workdir / "metrics.jsonl").read_text() == "" and (workdir / "data_identity.json").read_text() == "{}"
   assert (f"imported 45 arrays of {path} into {workdir} (checkpoint of step 0); the class layer's 2 arrays "
           f"of the model's 47 are freshly initialised (the weights have 3 classes, this run 5): its eval "
           f"and predictions are at chance until it is trained") in out

@@ -160,6 +160,8 @@ class Checkpoints:
         return read(resolved), resolved
       except (DamagedCheckpointError, FileNotFoundError) as e:
         if not self._rotated_away(resolved):
+          if step is None and attempt < _LISTING_TRIES - 1 and self._newer_complete(resolved):
+            continue  # a training saved a newer one while this was read (and rotates): read that
           if isinstance(e, FileNotFoundError):  # orbax's own, for a file of a step still listed
             raise DamagedCheckpointError(resolved, self.directory, f"a file of it is missing ({e})") from None
           raise
@@ -191,6 +193,11 @@ class Checkpoints:
     # and a newer one complete (its checksums are written last; an empty directory is none).
     if all(os.path.exists(os.path.join(step_dir, item)) for item in (STATE, CHECKSUMS)):
       return False
+    return self._newer_complete(step)
+
+  def _newer_complete(self, step: int) -> bool:
+    """Whether a checkpoint newer than `step` has completed (its checksums are written last;
+    an empty directory is none), listed afresh."""
     self._reload()
     return any(s > step and os.path.isdir(os.path.join(self.directory, str(s), CHECKSUMS))
                for s in self.steps())
@@ -286,19 +293,25 @@ class Checkpoints:
     data position `iterator`'s pipeline cannot take.
     """
     step_dir = os.path.join(self.directory, str(step))
-    try:
-      saved_tree = self.manager.item_metadata(step)[STATE]
-    except Exception as e:
-      raise DamagedCheckpointError(step, self.directory,
-                                   f"its metadata cannot be read ({orbax_adapter.first_line(e)})")
-    if saved_tree is None:
-      raise DamagedCheckpointError(step, self.directory, "it holds no train state (empty or incomplete)")
-    target = _restore_target(saved_tree, abstract_state, step_dir)
+    target = _restore_target(self.saved_tree(step), abstract_state, step_dir)
     state, saved = self.read(step, target)
     verify(state, saved, step, self.directory)
     if iterator is not None:
       self._restore_position(step, iterator, saved.get("process_count"))
     return state_lib.with_ema_as_kept(state, abstract_state.ema_params is not None)
+
+  def saved_tree(self, step: int):
+    """The train state's tree as `step` saved it (orbax's metadata: shapes, dtypes), no arrays
+    read; DamagedCheckpointError where it does not read (a checkpoint being rotated away
+    reads so too: read_newest tells which)."""
+    try:
+      saved_tree = self.manager.item_metadata(step)[STATE]
+    except Exception as e:
+      raise DamagedCheckpointError(step, self.directory,
+                                   f"its metadata cannot be read ({orbax_adapter.first_line(e)})") from None
+    if saved_tree is None:
+      raise DamagedCheckpointError(step, self.directory, "it holds no train state (empty or incomplete)")
+    return saved_tree
 
   def read(self, step: int, target=None):
     """(state, the saved checksums) of `step`, unverified; `target=None` gives numpy arrays."""
@@ -413,7 +426,7 @@ def load_arrays(workdir: str, step: int | None = None):
   checkpoints = Checkpoints(workdir, read_only=True)
 
   def read(step):
-    tree, checksums = checkpoints.read(step, _on_one_device(checkpoints.manager.item_metadata(step)[STATE]))
+    tree, checksums = checkpoints.read(step, _on_one_device(checkpoints.saved_tree(step)))
     tree = jax.tree.map(np.asarray, tree)
     verify(tree, checksums, step, checkpoints.directory)
     return tree

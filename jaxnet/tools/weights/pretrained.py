@@ -419,6 +419,7 @@ def _import(config, workdir: str, spec: str, log) -> dict:
         checkpoints.close()
     gate.record_config(config_json, 0)
     gate.record_data_identity(0)  # {}: an import saw no data, a fine-tune's resume records its own
+    gate.drop_records_after(0)  # another run's metrics (a workdir without checkpoints) are not these weights'
     gate.write_run_info(total_steps=exp.total_steps, steps_per_epoch=exp.steps_per_epoch,
                         num_classes=exp.num_classes, class_names=exp.class_names)
   return loaded
