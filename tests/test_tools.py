@@ -222,6 +222,25 @@ def test_predict_command_on_a_png(workdir, test_set, tmp_path):
              for (_, p), (_, q) in zip(a, b)) > 1e-3
 
 
+def test_predict_over_many_files_names_each_unreadable_one_and_predicts_the_others(workdir, test_set, tmp_path,
+                                                                                    capsys):
+  """One file that is not an image failed the whole call: now each such file is named, the
+  others are predicted, and the exit status is non-zero."""
+  from jaxnet.cli import predict as predict_command
+  images, _ = test_set
+  good = [str(tmp_path / f"digit{i}.png") for i in range(2)]
+  for i, path in enumerate(good):
+    Image.fromarray(images[i][..., 0]).save(path)
+  broken, missing = tmp_path / "broken.png", tmp_path / "missing.png"
+  broken.write_bytes(b"not an image")
+  assert predict_command.main([f"--workdir={workdir}", "--top=1", good[0], str(broken), good[1], str(missing)]) == 1
+  out, err = capsys.readouterr()
+  assert [line for line in out.splitlines() if not line.startswith(" ")] == good
+  errors = [line for line in err.splitlines() if line.startswith("error:")]
+  assert len(errors) == 3 and str(broken) in errors[0] and str(missing) in errors[1], err
+  assert errors[2] == "error: 2 of 4 images could not be read (named above); the others are predicted"
+
+
 def test_export_round_trips_logits(workdir, test_set, tmp_path):
   """`export --step=60 --platforms=cpu,cuda`: the step-60 model (its EMA params), lowered for both."""
   images, _ = test_set
