@@ -1168,3 +1168,74 @@ def test_predict_beside_a_training_reads_the_newer_checkpoint_when_the_newest_is
       ckpt.DamagedCheckpointError(step, self.directory, "its metadata cannot be read")))
   with pytest.raises(ckpt.DamagedCheckpointError):
     ckpt.load_arrays(str(workdir), 20)
+
+
+def test_the_gate_takes_another_data_dir_where_the_identity_is_unchanged_and_nothing_else(trained, tmp_path):
+  """The fast check of the test below: data.dir is where the data is; the identity says whether
+  it is the same. Accepting data.dir by name no longer takes other data with it."""
+  workdir = _copy(trained, tmp_path)
+  config_dict = json.loads((workdir / "config.json").read_text())
+  recorded = json.loads((workdir / "data_identity.json").read_text())
+
+  class Source:
+    def __init__(self, identity):
+      self._identity = identity
+
+    def identity(self):
+      return self._identity
+
+  def gate(identity, accept=()):
+    moved = {**config_dict, "data": {**config_dict["data"], "dir": "/data/elsewhere"}}
+    with workdir_lib.Workdir.open(str(workdir), workdir_lib.TRAIN) as g:
+      g.check(moved, accept)
+      g.check_data({"train": Source(identity)}, accept)
+      return g
+  same = gate(recorded["train"])
+  assert list(same.changes) == ["data.dir"] and same.data_changes == {} and not same.data_change_accepted
+  other = {**recorded["train"], "examples": recorded["train"]["examples"] + 1}
+  for accept in ((), ("data.dir",)):
+    with pytest.raises(provenance.DataChangedError, match="train.examples"):
+      gate(other, accept)
+  accepted = gate(other, ("data_identity",))
+  assert accepted.data_change_accepted and list(accepted.data_changes) == ["train.examples"]
+
+
+@pytest.mark.slow  # 30-80 s on 2 shared cores: four starts; the gate's test above is the fast one
+def test_moved_data_resumes_unasked_and_accepted_other_data_resumes_from_the_start_of_its_order(tmp_path, caplog):
+  """Moving the data folder needed --accept_config_changes=data.dir, and that also took a
+  relabelled image; after a file was added, the advertised data_identity could not resume (the
+  saved data position did not fit). Now the same data moved resumes unasked, data.dir accepted
+  still refuses other data, and accepted other data resumes from the start of its order."""
+  from jaxnet.tools.make_imagefolder import make_imagefolder
+  root = make_imagefolder(str(tmp_path / "data"), classes=2, per_class=8, val_per_class=2, seed=0, verbose=False)
+
+  def config(data_dir, steps):
+    return api.load_config("configs/resnet.py:runlocal", {
+        "model.name": "resnet_tiny", "image_size": 16, "batch_size": 8, "data.workers": 0,
+        "data.source": "imagefolder", "data.dir": data_dir, "data.eval_split": "val", "log_every_steps": 2,
+        "total_steps": steps, "checkpoint_every_steps": 2, "eval_every_steps": 0})
+  workdir = tmp_path / "w"
+  api.train(config(root, 2), workdir)
+  moved = str(tmp_path / "moved")
+  shutil.move(root, moved)
+  with caplog.at_level("INFO", logger="jaxnet.report"):
+    api.train(config(moved, 3), workdir)  # the same data elsewhere: no override
+  assert any("the data moved (data.dir " in r.getMessage() for r in caplog.records)
+  assert ckpt.load_arrays(str(workdir))[1] == 3
+  history = [json.loads(line) for line in (workdir / workdir_lib.HISTORY_FILE).read_text().splitlines()]
+  assert history[-1]["changes"]["data.dir"] == [root, moved]
+  # A relabelled image: data.dir accepted by name is no licence for other data.
+  classes = sorted(os.listdir(os.path.join(moved, "train")))
+  first = sorted(os.listdir(os.path.join(moved, "train", classes[0])))[0]
+  shutil.move(os.path.join(moved, "train", classes[0], first), os.path.join(moved, "train", classes[1], first))
+  with pytest.raises(provenance.DataChangedError, match="train.listing_sha256"):
+    api.train(config(moved, 4), workdir, accept_config_changes=("data.dir",))
+  # Accepted: the saved position (8 files' order of 16) does not fit 16 files... it resumes all
+  # the same, from the start of the new data's order, saying so.
+  shutil.copy(os.path.join(moved, "train", classes[1], first), os.path.join(moved, "train", classes[1], "added.png"))
+  caplog.clear()
+  with caplog.at_level("INFO", logger="jaxnet.report"):
+    api.train(config(moved, 4), workdir, accept_config_changes=("data_identity",))
+  assert ckpt.load_arrays(str(workdir))[1] == 4
+  said = [r.getMessage() for r in caplog.records]
+  assert any("the data order starts again from its beginning" in m for m in said), said

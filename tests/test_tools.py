@@ -148,13 +148,13 @@ def test_evaluate_and_restore_agree_with_training_eval(workdir, test_set, tmp_pa
 
 def test_an_eval_goes_through_the_workdirs_gate(workdir, tmp_path):
   """The gate (jaxnet.core.workdir.Workdir) holds an eval to what the run measured: another
-  data.dir is refused, naming it, and writes nothing; an eval of a workdir a training run holds
+  image_size is refused, naming it, and writes nothing; an eval of a workdir a training run holds
   (its lock taken) gives its numbers but records nothing."""
   from jaxnet.core import workdir as workdir_lib
   workdir = copy_run(workdir, tmp_path)
   record = open(workdir / "metrics.jsonl").read()
-  other = api.with_overrides(api.load_config(str(workdir)), **{"data.dir": str(workdir / "elsewhere")})
-  with pytest.raises(workdir_lib.ConfigChangedError, match="data.dir"):
+  other = api.with_overrides(api.load_config(str(workdir)), image_size=8)
+  with pytest.raises(workdir_lib.ConfigChangedError, match="image_size"):
     api.evaluate(str(workdir), other)
   with workdir_lib.Lock(str(workdir)):  # as a training run holds it
     again = api.evaluate(str(workdir))

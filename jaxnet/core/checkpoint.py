@@ -285,7 +285,7 @@ class Checkpoints:
 
   # -- restoring ------------------------------------------------------------
 
-  def restore(self, step: int, abstract_state, iterator=None):
+  def restore(self, step: int, abstract_state, iterator=None, data_change_accepted: bool = False):
     """The verified state of `step` (and `iterator` set to its data position).
 
     Raises DamagedCheckpointError when the checkpoint is damaged, CheckpointMismatchError
@@ -297,7 +297,15 @@ class Checkpoints:
     state, saved = self.read(step, target)
     verify(state, saved, step, self.directory)
     if iterator is not None:
-      self._restore_position(step, iterator, saved.get("process_count"))
+      try:
+        self._restore_position(step, iterator, saved.get("process_count"))
+      except CheckpointMismatchError:
+        if not data_change_accepted:
+          raise
+        # Accepted other data (files added or removed): a position in the old data's order
+        # means nothing in the new one.
+        _REPORT.info(f"the data differs from step {step}'s (accepted), and the data position saved with it does not "
+                     f"fit it: the data order starts again from its beginning")
     return state_lib.with_ema_as_kept(state, abstract_state.ema_params is not None)
 
   def saved_tree(self, step: int):
@@ -345,7 +353,7 @@ class Checkpoints:
           f"dali: each saves its own kind of position), data.source, data.dir, data.workers, "
           f"batch_size and seed as the run that wrote it, or use a new workdir.") from e
 
-  def restore_newest(self, abstract_state, iterator=None):
+  def restore_newest(self, abstract_state, iterator=None, data_change_accepted: bool = False):
     """The newest checkpoint that verifies: (state, step), or (None, None) if there is none.
 
     Damaged checkpoints are reported and moved to WORKDIR/checkpoints_damaged/ (so a
@@ -355,7 +363,7 @@ class Checkpoints:
     damaged = []
     for step in reversed(self.steps()):
       try:
-        state = self.restore(step, abstract_state, iterator)
+        state = self.restore(step, abstract_state, iterator, data_change_accepted)
       except DamagedCheckpointError as e:
         _REPORT.info(f"warning: {e}; trying the previous checkpoint")
         damaged.append(step)

@@ -126,7 +126,7 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
   # However the run ends (done, stopped, an error), the loader's workers stop and
   # their ready batches leave /dev/shm.
   batches = cleanup.enter_context(exp.device_batches())
-  state, start_step = checkpoints.restore_newest(exp.abstract_state, batches.iterator)
+  state, start_step = checkpoints.restore_newest(exp.abstract_state, batches.iterator, gate.data_change_accepted)
   if state is None:
     state, start_step = exp.init_state(init_params), 0
     logging.info("no checkpoint in %s: starting from scratch", gate.path)

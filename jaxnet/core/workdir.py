@@ -165,9 +165,11 @@ class Workdir:
   def __init__(self, path: str, purpose: str):
     self.path, self.purpose = path, purpose
     self.changes = None    # the accepted config changes, once checked
+    self.moved = {}        # changes of MOVED_KEYS not accepted by name: check_data decides them
     # The data's identity per split, once checked (check_data); an import reads no data: {}.
     self.data_identity = {} if purpose == IMPORT else None
-    self.data_changes = {}     # its accepted changes from the recorded one
+    self.data_changes = {}     # its accepted changes from the recorded one (process 0's)
+    self.data_change_accepted = False  # a change of the data may be taken (every process knows)
     self.locked = False    # process 0 holds the lock (every process agrees on it)
     self.chief = jax.process_index() == 0
 
@@ -217,14 +219,18 @@ class Workdir:
     checkpoints. Returns the accepted changes; raises ConfigChangedError for the others."""
     if self.purpose == IMPORT and ckpt.has_checkpoints(self.path):
       raise UserError(f"{self.path} already holds checkpoints: import into a new --workdir")
+    # Where the data is (MOVED_KEYS) is left to check_data: the same data moved is no change.
+    with_moves = tuple(accept) + MOVED_KEYS
     if self.purpose == EVAL:
-      changes = check_config(self.path, config_dict, accept, changes_what_eval_sees)
+      changes = check_config(self.path, config_dict, with_moves, changes_what_eval_sees)
       unused = unused_by_eval(config_dict)
       self.changes = {k: v for k, v in changes.items() if changes_what_eval_sees(k) and k not in unused}
     elif self.purpose == TRAIN and ckpt.has_checkpoints(self.path):
-      self.changes = check_config(self.path, config_dict, accept)
+      self.changes = check_config(self.path, config_dict, with_moves)
     else:
       self.changes = {}
+    self.moved = {k: v for k, v in self.changes.items()
+                  if k in MOVED_KEYS and k not in accept and "all" not in accept}
     return self.changes
 
   def check_data(self, sources: dict, accept: tuple = ()) -> dict:
@@ -241,19 +247,31 @@ class Workdir:
     checked = self.purpose == EVAL or (self.purpose == TRAIN and ckpt.has_checkpoints(self.path))
     if not checked:
       return {}
-    source_keys_changed = any(provenance.makes_the_sources(k) for k in self.changes or {})
+    # Another data.dir, accepted or not, never accepts other data by itself: it says where the
+    # data is, and the identity says whether it is the same.
+    source_keys_changed = any(provenance.makes_the_sources(k) for k in self.changes or {} if k not in MOVED_KEYS)
     accept = tuple(accept) + ((provenance.ACCEPT_DATA,) if source_keys_changed else ())
+    # Known to every process (the same command line), unlike the changes process 0 finds.
+    self.data_change_accepted = provenance.ACCEPT_DATA in accept or "all" in accept
     refused = None
     if self.chief:
       try:
         recorded, problem = self.recorded_data_identity()
         if problem:  # never rewritten from this data unasked: it is what the data is checked against
           self.data_changes = provenance.check_record(self.path, problem, accept)
+        elif recorded is None and self.moved:
+          raise provenance.DataChangedError(
+              f"{self.path} has no record of its data's identity to check the data at the new "
+              f"{_moves(self.moved)} against: accept it with --accept_config_changes={','.join(self.moved)}")
         else:
           self.data_changes = provenance.check_identity(self.path, recorded, self.data_identity, accept)
       except provenance.DataChangedError as e:
         refused = e
     self._refuse_on_every_process(refused)
+    if self.purpose == EVAL and self.moved and not self.data_changes:  # the same data, moved
+      self.changes = {k: v for k, v in self.changes.items() if k not in self.moved}
+    if self.chief and self.moved and not self.data_changes:
+      _REPORT.info(f"the data moved ({_moves(self.moved)}): its identity is the recorded one")
     # Its numbers describe other data: recorded apart, with what changed (where no accepted
     # config change, recorded already, made the data change).
     if self.purpose == EVAL and self.data_changes and not source_keys_changed:
@@ -374,6 +392,15 @@ class Workdir:
       writer.close()
     return "metrics.jsonl"
 ABSENT = object()  # a key one of two configs does not have
+
+# Keys that say where the data is, not what it is: a change of one is accepted without being
+# named where the data's identity (data_identity.json) is unchanged, e.g. a folder moved.
+MOVED_KEYS = ("data.dir",)
+
+
+def _moves(moved: dict) -> str:
+  return ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in moved.items())
+
 
 # Keys that may change between a run and its resume: cadence, length, input
 # throughput, checkpoint handling and the device mesh (a checkpoint restores onto any
