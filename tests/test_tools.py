@@ -383,6 +383,35 @@ def test_an_image_folder_s_identity_changes_with_a_file_and_not_with_a_move(tmp_
   assert [(c.verdict, c.now.split(":")[0]) for c in rows] == [("NOT READ", "cannot read it")] * 2
 
 
+def test_a_content_exact_identity_sees_new_pixels_at_the_same_size_and_verify_says_its_kind(tmp_path):
+  """The listing (paths and sizes) misses new pixels at the same byte size; data.identity=sampled
+  (blocks of each file) and content (every byte) see them, a moved copy is still the same data,
+  and verify's row says which kind was recorded."""
+  import shutil
+  from jaxnet.core import provenance
+  from jaxnet.core.data.imagefolder import ImageFolderSource
+  from jaxnet.tools import make_imagefolder, verify
+  root = make_imagefolder.make_imagefolder(str(tmp_path / "f"), classes=2, per_class=3, verbose=False)
+  before = {kind: ImageFolderSource(root, "train").identity(kind) for kind in provenance.IDENTITY_KINDS}
+  assert [provenance.kind_of(before[k]) for k in provenance.IDENTITY_KINDS] == list(provenance.IDENTITY_KINDS)
+  moved = shutil.copytree(root, tmp_path / "moved")
+  assert {k: ImageFolderSource(str(moved), "train").identity(k) for k in before} == before
+  path = ImageFolderSource(root, "train").path(0)
+  data = bytearray(open(path, "rb").read())
+  data[len(data) // 2] ^= 0xFF  # other pixels, the same size
+  open(path, "wb").write(bytes(data))
+  after = {kind: ImageFolderSource(root, "train").identity(kind) for kind in provenance.IDENTITY_KINDS}
+  assert after["listing"] == before["listing"]
+  assert after["sampled"]["sampled_sha256"] != before["sampled"]["sampled_sha256"]
+  assert after["content"]["content_sha256"] != before["content"]["content_sha256"]
+  config = api.load_config("configs/digits.py", **{"data.source": "imagefolder", "data.dir": root,
+                                                  "data.eval_split": "val"})
+  (row,) = verify.data_checks(config, {"train": before["content"]})
+  assert not row.holds and "(every byte)" in row.recorded and "train.content_sha256" in row.now
+  (row,) = verify.data_checks(config, {"train": before["listing"]})
+  assert row.holds and "(paths and sizes)" in row.recorded
+
+
 def test_verify_holds_and_each_check_fails_when_what_it_guards_changes(workdir, tmp_path, monkeypatch):
   from jaxnet.core import provenance
   from jaxnet.tools import verify

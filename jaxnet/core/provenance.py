@@ -91,16 +91,53 @@ def records_sha256(workdir: str, written: dict) -> dict:
   return digests
 
 
-def identity_of(source) -> dict:
-  """`source.identity()`, or what little can be said of a source without one (a user's own)."""
-  if hasattr(source, "identity"):
-    return source.identity()
-  return {"source": type(source).__name__, "examples": len(source)}
+# How a folder of files is identified (config.data.identity): by its listing (each file's
+# relative path and size: a stat per file, no byte read), and also by SAMPLE_BLOCKS blocks of
+# each file (its start, middle and end: new pixels in a JPEG of the same size change them), or
+# by every byte of every file. Each kind's digest is named KIND_sha256 in the identity.
+IDENTITY_KINDS = ("listing", "sampled", "content")
+SAMPLE_BLOCKS, SAMPLE_BYTES = 3, 4096
 
 
-def data_identity(splits: dict) -> dict:
-  """{split: identity} of the sources given as {split: source} (None sources left out)."""
-  return {split: identity_of(source) for split, source in splits.items() if source is not None}
+def kind_of(identity: dict) -> str:
+  """Which of IDENTITY_KINDS an identity was taken as (the strongest digest it holds)."""
+  return next((k for k in ("content", "sampled") if f"{k}_sha256" in identity), "listing")
+
+
+def files_sha256(paths, names, kind: str) -> str:
+  """The digest of the files (`paths`, named `names` in the record: relative paths) by `kind`:
+  "content" hashes every byte, "sampled" SAMPLE_BLOCKS blocks of SAMPLE_BYTES and the size."""
+  lines = []
+  for path, name in sorted(zip(paths, names), key=lambda pair: pair[1]):
+    if kind == "content":
+      lines.append(f"{name}\t{file_sha256(path)}")
+      continue
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+      size = os.fstat(f.fileno()).st_size
+      for start in sorted({0, max(size // 2 - SAMPLE_BYTES // 2, 0), max(size - SAMPLE_BYTES, 0)}):
+        f.seek(start)
+        digest.update(f.read(SAMPLE_BYTES))
+    lines.append(f"{name}\t{size}\t{digest.hexdigest()}")
+  return sha256_lines(lines)
+
+
+def identity_of(source, kind: str = "listing") -> dict:
+  """`source.identity()` (`identity(kind)` where the source reads files and `kind` asks for
+  more than their listing), or what little can be said of a source without one (a user's own)."""
+  if not hasattr(source, "identity"):
+    return {"source": type(source).__name__, "examples": len(source)}
+  if kind != "listing" and getattr(source, "IDENTITY_KINDS", ("listing",)) != ("listing",):
+    return source.identity(kind)
+  return source.identity()
+
+
+def data_identity(splits: dict, kind: str = "listing", recorded: dict | None = None) -> dict:
+  """{split: identity} of the sources given as {split: source} (None sources left out), each
+  taken as `kind`, or, for a split `recorded` holds, as the kind it was recorded with."""
+  recorded = recorded or {}
+  return {split: identity_of(source, kind_of(recorded[split]) if split in recorded else kind)
+          for split, source in splits.items() if source is not None}
 
 
 def identity_changes(recorded: dict, now: dict) -> dict:

@@ -113,7 +113,7 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
   config_dict = json.loads(config_json)
   gate.check(config_dict, accept)  # is this the run the checkpoints came from?
   exp = Experiment(config)
-  gate.check_data({"train": exp.train_source, "eval": exp.eval_source}, accept)
+  gate.check_data({"train": exp.train_source, "eval": exp.eval_source}, accept, config.data.identity)
   gate.keep_previous_start()  # before this start's records replace the previous start's
   for name, content in records.items():
     gate.write_json(name, content)
@@ -392,7 +392,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_co
     try:
       checkpoints.resolve_step(step)  # no checkpoint: said before the data is read
       exp = Experiment(config, need_train_data=False)
-      gate.check_data({"eval": exp.eval_source}, tuple(accept_config_changes))
+      gate.check_data({"eval": exp.eval_source}, tuple(accept_config_changes), config.data.identity)
       if exp.process_index == 0 and exp.data_note:
         _REPORT.info(exp.data_note)
       state, step = checkpoints.read_newest(lambda s: checkpoints.restore(s, exp.abstract_state), step)

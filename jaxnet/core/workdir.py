@@ -233,7 +233,7 @@ class Workdir:
                   if k in MOVED_KEYS and k not in accept and "all" not in accept}
     return self.changes
 
-  def check_data(self, sources: dict, accept: tuple = ()) -> dict:
+  def check_data(self, sources: dict, accept: tuple = (), kind: str = "listing") -> dict:
     """Compares the data's identity ({split: source.identity()} of `sources`, {split: source},
     provenance.data_identity) with the one recorded at the run's start (data_identity.json),
     as `check` does the config: a resume, every split; an eval, the split it reads. A change is
@@ -242,21 +242,24 @@ class Workdir:
     accepted eval is then recorded apart, as one with config changes.
     Only process 0 computes the identity (which may list or hash a whole folder) and decides;
     every process then refuses, or none does.
-    Also warns of a jaxlib (or CUDA plugin) or device kind that differs from the recorded."""
-    self.data_identity = provenance.data_identity(sources) if self.chief else None
+    Also warns of a jaxlib (or CUDA plugin) or device kind that differs from the recorded.
+    `kind` (config.data.identity) is how a new record is taken; a recorded split is compared
+    by the kind it was recorded with."""
+    recorded, problem = self.recorded_data_identity() if self.chief else (None, "")
+    self.data_identity = provenance.data_identity(sources, kind, recorded) if self.chief else None
     checked = self.purpose == EVAL or (self.purpose == TRAIN and ckpt.has_checkpoints(self.path))
     if not checked:
       return {}
     # Another data.dir, accepted or not, never accepts other data by itself: it says where the
     # data is, and the identity says whether it is the same.
-    source_keys_changed = any(provenance.makes_the_sources(k) for k in self.changes or {} if k not in MOVED_KEYS)
+    source_keys_changed = any(provenance.makes_the_sources(k) for k in self.changes or {}
+                              if k not in MOVED_KEYS and not resumable(k))
     accept = tuple(accept) + ((provenance.ACCEPT_DATA,) if source_keys_changed else ())
     # Known to every process (the same command line), unlike the changes process 0 finds.
     self.data_change_accepted = provenance.ACCEPT_DATA in accept or "all" in accept
     refused = None
     if self.chief:
       try:
-        recorded, problem = self.recorded_data_identity()
         if problem:  # never rewritten from this data unasked: it is what the data is checked against
           self.data_changes = provenance.check_record(self.path, problem, accept)
         elif recorded is None and self.moved:
@@ -412,7 +415,7 @@ RESUMABLE = (
     "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "eval_every_epochs",
     "checkpoint_every_epochs", "total_steps", "num_epochs",
     "keep_checkpoints", "async_checkpointing", "data.read_threads", "data.prefetch",
-    "data.eval_batch_size", "profile_steps", "distributed.*", "mesh.*", "target_accuracy",
+    "data.eval_batch_size", "data.identity", "profile_steps", "distributed.*", "mesh.*", "target_accuracy",
 )
 
 

@@ -231,7 +231,7 @@ def data_checks(config, recorded: dict | None) -> list[Check]:
   checks = []
   for split in sorted(recorded):
     try:
-      now = provenance.identity_of(task.make_source(config, split))
+      now = provenance.identity_of(task.make_source(config, split), provenance.kind_of(recorded[split]))
     except UserError as e:  # the data is not here (a bundle on another machine, say)
       checks.append(Check(f"data {split}", _identity_summary(recorded[split]), f"cannot read it: {e}", False,
                           "NOT READ"))
@@ -243,10 +243,16 @@ def data_checks(config, recorded: dict | None) -> list[Check]:
   return checks
 
 
+# What each kind of identity compares (docs/reproducibility.md).
+_KIND_SHOWN = {"listing": "paths and sizes", "sampled": "paths, sizes, sampled blocks", "content": "every byte"}
+
+
 def _identity_summary(identity: dict) -> str:
   count = next((identity[k] for k in ("examples", "files", "images") if k in identity), "?")
-  digest = next((v for k, v in identity.items() if k.endswith("sha256")), "")
-  return f"{count} examples" + (f", {digest[:12]}" if digest else "")
+  kind = provenance.kind_of(identity)
+  digest = identity.get(f"{kind}_sha256") or next((v for k, v in identity.items() if k.endswith("sha256")), "")
+  shown = f" ({_KIND_SHOWN[kind]})" if any(k.endswith("_sha256") for k in identity if k != "annotations_sha256") else ""
+  return f"{count} examples" + (f", {digest[:12]}{shown}" if digest else "")
 
 
 # --- the init weights ------------------------------------------------------------------
