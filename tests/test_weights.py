@@ -298,3 +298,25 @@ def test_a_truncated_or_empty_safetensors_is_one_line_naming_the_file(tmp_path, 
   assert not (tmp_path / "w").exists()
   with pytest.raises(InvalidValueError, match=f"^weights file {path} "):
     tensor_files.read(path)
+
+
+@pytest.mark.parametrize("model,crop,resize,interpolation", [
+    ("convnext_tiny", 224, 236, "bilinear"), ("convnext_small", 224, 230, "bilinear"),
+    ("convnext_base", 224, 232, "bilinear"), ("efficientnet_b0", 224, 256, "bicubic"),
+    ("efficientnet_b3", 300, 320, "bicubic"), ("efficientnet_b7", 600, 600, "bicubic"),
+    ("resnet50", 224, 256, "bilinear"),
+])
+def test_weights_without_a_record_get_the_eval_torchvision_documents_for_their_model(tmp_path, model, crop,
+                                                                                   resize, interpolation):
+  """Every import recorded ResNet's eval (crop 0.875, bilinear): a ConvNeXt-T's eval was not the
+  published model's (224 of 236). A file that records no preprocessing now gets what torchvision
+  documents for the model's weights, and eval resizes to exactly their resize size."""
+  import math
+  from jaxnet.core.data import transforms
+  path = tmp_path / "w.safetensors"
+  tensor_files.write(str(path), {"x": np.zeros((1,), np.float32)}, {})
+  prep, origin = pretrained.preprocessing_of(str(path), model)
+  assert (prep.interpolation, prep.mean) == (interpolation, (0.485, 0.456, 0.406))
+  assert math.floor(crop / prep.crop_fraction) == resize
+  assert transforms.eval_crop_geometry(500, 400, crop, prep.crop_fraction)[0][1] == resize  # the shorter side
+  assert origin.startswith("torchvision's") and "records none" in origin
