@@ -4,7 +4,8 @@ records that say what it is and how it was made, laid out as a workdir, so `api.
 
   BUNDLE/checkpoints/STEP/   the checkpoint (orbax: arrays, JSON; per-array checksums)
   BUNDLE/config.json, classes.json, environment.json, data_identity.json, code.diff,
-         config_file.py, preprocessing.json   (those the workdir has)
+         config_file.py, preprocessing.json, init_weights.json, config_history.jsonl
+         (those the workdir has)
   BUNDLE/metrics.jsonl       the run's records up to STEP
   BUNDLE/MODEL_CARD.md       what it is, how it was trained, its numbers, how to load it
   BUNDLE/bundle.json         the sha256 of every file above, checked when it is loaded
@@ -29,7 +30,7 @@ MANIFEST, CARD = workdir_lib.BUNDLE_FILES
 FORMAT = "jaxnet-bundle"
 RECORDS = ("config.json", "classes.json", "environment.json", provenance.DATA_IDENTITY_FILE,
            provenance.CODE_DIFF_FILE, provenance.CONFIG_TEXT_FILE, "preprocessing.json",
-           provenance.INIT_WEIGHTS_FILE)
+           provenance.INIT_WEIGHTS_FILE, workdir_lib.HISTORY_FILE)
 
 
 class BundleError(InvalidValueError):

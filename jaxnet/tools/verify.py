@@ -170,7 +170,7 @@ def config_checks(workdir: str, kept: list[int]) -> list[Check]:
   """config.json against the config each kept checkpoint was saved with: a difference is a
   DIFFERS unless config_history.jsonl records it as a change accepted on a resume after that
   checkpoint (a checkpoint being rotated away while read is passed over)."""
-  config_dict = config_lib.read_json(os.path.join(workdir, workdir_lib.CONFIG_FILE))
+  config_dict = config_lib.upgrade_saved(config_lib.read_json(os.path.join(workdir, workdir_lib.CONFIG_FILE)))
   history = _history(workdir)
   checks = []
   for step in kept:
