@@ -136,7 +136,8 @@ def data_identity(splits: dict, kind: str = "listing", recorded: dict | None = N
   """{split: identity} of the sources given as {split: source} (None sources left out), each
   taken as `kind`, or, for a split `recorded` holds, as the kind it was recorded with."""
   recorded = recorded or {}
-  return {split: identity_of(source, kind_of(recorded[split]) if split in recorded else kind)
+  kinds = {split: kind_of(recorded[split]) if split in recorded else kind for split in splits}
+  return {split: identity_of(source, kinds[split]) if kinds[split] != "listing" else identity_of(source)
           for split, source in splits.items() if source is not None}
 
 
