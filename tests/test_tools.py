@@ -468,18 +468,18 @@ def test_verify_finds_each_record_edited_deleted_or_unreadable_and_names_a_held_
     (copy / "code.diff").write_text("diff --git a/x b/x\n")
   (copy / "environment.json").write_text("{not json")
   (copy / "data_identity.json").write_text("[1, 2")
-  shutil.rmtree(copy / "checkpoints" / "40")
+  shutil.rmtree(copy / "checkpoints" / "120")
   checks = verify.verify(str(copy), evaluate=False)
   failed = {c.what: c for c in checks if c.holds is False}
-  assert set(failed) == {"config.json vs checkpoint 20", "environment.json", "data_identity.json",
-                         "checkpoint 40"}, verify.table(checks)
-  assert "optim.learning_rate" in failed["config.json vs checkpoint 20"].now
-  assert failed["environment.json"].recorded.startswith("unreadable") and failed["checkpoint 40"].verdict == "MISSING"
+  assert set(failed) == {"config.json vs checkpoint 60", "environment.json", "data_identity.json",
+                         "checkpoint 120"}, verify.table(checks)
+  assert "optim.learning_rate" in failed["config.json vs checkpoint 60"].now
+  assert failed["environment.json"].recorded.startswith("unreadable") and failed["checkpoint 120"].verdict == "MISSING"
   # The digests and code.diff are checked against environment.json's record: with it back, they fail.
   _edit_json(copy / "config.json", lambda d: d["optim"].update(learning_rate=d["optim"]["learning_rate"] / 2))
   shutil.copy(workdir / "environment.json", copy / "environment.json")
   failed = {c.what for c in verify.verify(str(copy), evaluate=False) if c.holds is False}
-  assert failed == {"config_file.py", "classes.json", "code.diff", "data_identity.json", "checkpoint 40"}, failed
+  assert failed == {"config_file.py", "classes.json", "code.diff", "data_identity.json", "checkpoint 120"}, failed
 
 
 def test_retrain_names_the_first_logged_step_whose_loss_differs():
@@ -559,7 +559,7 @@ def test_a_bundle_is_exactly_its_manifest_and_nothing_writes_into_it(workdir, tm
   import shutil
   from jaxnet.tools import bundle, verify
   out = tmp_path / "b"
-  manifest = bundle.write_bundle(str(workdir), str(out), step=40)
+  manifest = bundle.write_bundle(str(workdir), str(out), step=120)
   kept = (out / "bundle.json").read_text()
 
   def refused(match):
@@ -568,9 +568,9 @@ def test_a_bundle_is_exactly_its_manifest_and_nothing_writes_into_it(workdir, tm
       with pytest.raises(bundle.BundleError, match=match):
         attempt()
 
-  shutil.copytree(workdir / "checkpoints" / "20", out / "checkpoints" / "20")
-  refused(r"holds files its bundle.json does not list: checkpoints/20/")
-  shutil.rmtree(out / "checkpoints" / "20")
+  shutil.copytree(workdir / "checkpoints" / "60", out / "checkpoints" / "60")
+  refused(r"holds files its bundle.json does not list: checkpoints/60/")
+  shutil.rmtree(out / "checkpoints" / "60")
   (out / "metrics.jsonl.extra").write_text("{}")
   refused(r"does not list: metrics.jsonl.extra\. A bundle is exactly its manifest")
   os.remove(out / "metrics.jsonl.extra")
