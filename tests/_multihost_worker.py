@@ -90,10 +90,10 @@ def _record_identity_calls() -> None:
   original = provenance.identity_of
   workdir = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--workdir="))
 
-  def identity_of(source):
+  def identity_of(source, *kind):
     with open(os.path.join(workdir, f"identity_calls_process{jax.process_index()}"), "a") as f:
       f.write(f"{type(source).__name__}\n")
-    return original(source)
+    return original(source, *kind)
 
   provenance.identity_of = identity_of
 

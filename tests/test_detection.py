@@ -452,8 +452,8 @@ def test_a_detection_workdir_written_by_an_earlier_jaxnet_evaluates_resumes_and_
   assert json.load(open(workdir / "data_identity.json")) == {
       "train": CocoSource(data, "train").identity(), "eval": CocoSource(data, "val").identity()}
   # Its config.json names the folder the data was made in, which is gone: the regenerated copy
-  # is elsewhere, so data.dir is a change to accept. Accepting it would also accept another
-  # data identity, which the check above rules out.
+  # is elsewhere, so data.dir changes (the same identity takes that change unasked; accepted
+  # by name, as here, it takes no other data either).
   args = [o for o in fixture.OVERRIDES if not o.startswith("total_steps=")] + [f"data.dir={data}"]
   accept = ["--accept_config_changes=data.dir"]
 

@@ -210,6 +210,31 @@ def test_manifest_parameters_agree(path):
   assert spec["template"]["spec"]["terminationGracePeriodSeconds"] >= 300
 
 
+@pytest.mark.parametrize("path", [JOB, JOBSET])
+def test_manifests_request_cpus_and_memory_and_set_image_and_hosts_at_once(path, tmp_path):
+  """Pods without CPU/memory requests are BestEffort, the first a node evicts; the image and the
+  host count (three places) are set by the one command the file's header gives."""
+  docs = list(yaml.safe_load_all(read(path)))
+  job = next(d for d in docs if d["kind"] in ("Job", "JobSet"))
+  spec = job["spec"] if job["kind"] == "Job" else job["spec"]["replicatedJobs"][0]["template"]["spec"]
+  (container,) = spec["template"]["spec"]["containers"]
+  requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+  assert {k: limits[k] for k in ("cpu", "memory")} == requests and int(requests["cpu"]) >= 8  # Guaranteed
+  header = "".join(line[1:] for line in read(path).splitlines(keepends=True) if line.startswith("#"))
+  command = re.search(r"^ +(sed -e .*?) \| kubectl apply -f -$", header, re.M | re.S)[1]
+  out = tmp_path / os.path.basename(path)
+  subprocess.run(["bash", "-c", f"{command} > {out}"], cwd=REPO, check=True)
+  assert manifest_errors(out) == []
+  docs = list(yaml.safe_load_all(read(out)))
+  job = next(d for d in docs if d["kind"] in ("Job", "JobSet"))
+  spec = job["spec"] if job["kind"] == "Job" else job["spec"]["replicatedJobs"][0]["template"]["spec"]
+  (container,) = spec["template"]["spec"]["containers"]
+  assert spec["completions"] == spec["parallelism"] == 4 and container["image"] == "REGISTRY/jaxnet:TAG"
+  assert "--config.distributed.num_processes=4" in container["args"][0]
+  assert read(out).replace("REGISTRY/jaxnet:TAG", "registry.example.com/jaxnet:26.10").count("4") == \
+      read(path).count("4") + 3  # nothing else changed
+
+
 def test_launch_files_are_the_docs_examples():
   """docs/multihost.md shows each launch file whole, as it is."""
   docs = read(os.path.join(REPO, "docs", "multihost.md"))
@@ -315,6 +340,57 @@ def test_sbatch_one_process_per_gpu_trains_like_the_explicit_run(tmp_path, two_p
   print("\nfake Slurm, 1 node x 2 tasks: losses", [round(l["train/loss"], 6) for l in lines if "train/loss" in l],
         "\n  reference (1 process x 4 devices):", [round(l, 6) for l in two_process_reference["losses"][:STEPS]])
   assert not (state / "scontrol.log").exists()  # finished: nothing requeued
+
+
+# A job step whose task saves for a second after a SIGTERM (or, FAKE_TASK=starting, has no
+# handler yet and dies of it), recording srun's options: the batch script's own part, in seconds.
+FAKE_STEP = """#!/bin/bash
+echo "$@" > "$FAKE_SLURM_DIR/srun_args"
+if [ "$FAKE_TASK" = starting ]; then
+  echo $$ > "$FAKE_SLURM_DIR/pids"
+  exec sleep 30
+fi
+trap 'sleep 1; echo saved > "$FAKE_SLURM_DIR/saved"; exit 0' TERM
+echo $$ > "$FAKE_SLURM_DIR/pids"
+sleep 30 >/dev/null 2>&1 &
+wait $!
+"""
+
+
+def _batch_script_with_fake_step(tmp_path, task: str):
+  env, state = fake_slurm(tmp_path, nodes=1, tasks_per_node=1, gpus_per_node=1)
+  (tmp_path / "bin" / "srun").write_text(FAKE_STEP)
+  job = subprocess.Popen(["bash", SBATCH], cwd=REPO, env={**env, "SLURM_CPUS_PER_TASK": "12", "FAKE_TASK": task},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  deadline = time.time() + 30
+  while not (state / "pids").exists():
+    assert job.poll() is None and time.time() < deadline, job.communicate()[0]
+    time.sleep(0.05)
+  return job, state
+
+
+def test_sbatch_waits_for_the_tasks_to_save_on_sigterm_and_passes_its_cpus_to_srun(tmp_path):
+  """Preemption sends SIGTERM to the batch script as to the tasks: the script exited at once
+  (143) and the step was killed mid-save. It now waits for the tasks; srun gets the
+  allocation's --cpus-per-task (Slurm 22.05+ does not pass it on)."""
+  job, state = _batch_script_with_fake_step(tmp_path, "saves")
+  job.send_signal(signal.SIGTERM)  # Slurm signals the script and the tasks
+  os.kill(int((state / "pids").read_text()), signal.SIGTERM)
+  out, _ = job.communicate(timeout=60)
+  assert job.returncode == 0 and (state / "saved").exists(), out
+  assert "SIGTERM: waiting for the tasks to save their checkpoint" in out
+  assert (state / "srun_args").read_text().startswith("--kill-on-bad-exit=1 --cpus-per-task=12 python -m jaxnet.main")
+  assert not (state / "scontrol.log").exists()  # preempted: Slurm requeues it, not the script
+
+
+def test_sbatch_requeues_on_usr1_even_where_the_task_had_no_handler_yet(tmp_path):
+  """The time-limit warning while the tasks start: the TERM it sends ends a task that has no
+  handler yet (143). The job is requeued all the same: it resumes from its newest checkpoint."""
+  job, state = _batch_script_with_fake_step(tmp_path, "starting")
+  job.send_signal(signal.SIGUSR1)
+  out, _ = job.communicate(timeout=60)
+  assert job.returncode == 128 + signal.SIGTERM, out
+  assert (state / "scontrol.log").read_text() == "requeue 4242\n"
 
 
 @pytest.mark.slow  # ~150 s on the shared 2-core VM: three 2-process starts; the per-GPU test above is the fast one

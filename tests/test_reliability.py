@@ -42,6 +42,7 @@ from jaxnet.core import checkpoint as integrity
 
 from jaxnet.cli import process as quiet
 from jaxnet.core import train as train_lib
+from jaxnet.core import provenance
 from jaxnet.core import workdir as workdir_lib
 from jaxnet.core.adapters import orbax as orbax_adapter
 from jaxnet.core.metrics import read_jsonl
@@ -1051,3 +1052,190 @@ def test_a_data_position_of_another_loader_names_data_loader(trained, tmp_path, 
   finally:
     checkpoints.close()
   assert "Resume with the same data.loader (grain or dali: each saves its own kind of position)" in str(e.value)
+
+
+# --- sixth round (issue 57) ------------------------------------------------------------
+
+def test_a_missing_or_unreadable_data_identity_is_refused_never_rewritten_from_this_data(trained, tmp_path):
+  """With data_identity.json deleted or torn, a resume or an eval took any data and the record
+  was written again from it. Now each is one refusal naming the file and the fix; accepted, the
+  resume records this data (and says so in config_history.jsonl)."""
+  workdir = _copy(trained, tmp_path)
+  record = workdir / "data_identity.json"
+  kept = record.read_text()
+  for damage, said in ((lambda: record.unlink(), "is missing"), (lambda: record.write_text("{torn"), "is unreadable")):
+    damage()
+    for attempt in (lambda: api.train(_digits(), workdir), lambda: api.evaluate(workdir)):
+      with pytest.raises(provenance.DataChangedError) as e:
+        attempt()
+      assert f"{record} {said}" in str(e.value) and "--accept_config_changes=data_identity" in str(e.value)
+      assert not record.exists() or record.read_text() == "{torn"
+  api.train(_digits(), workdir, accept_config_changes=("data_identity",))
+  assert record.read_text() == kept
+  history = [json.loads(line) for line in (workdir / workdir_lib.HISTORY_FILE).read_text().splitlines()]
+  assert history[-1]["data_changes"] == {"data_identity.json": ["unreadable", "this run's data"]}
+
+
+def test_an_eval_takes_no_lock_while_it_reads_and_records_only_where_no_training_holds_the_workdir(trained,
+                                                                                                  tmp_path, caplog):
+  """An eval held the workdir's lock while it ran: a training started beside it was refused as
+  'in use by another training run'. Now the eval reads without the lock, takes it only for the
+  moment it records, and records nothing (naming the holder) where a training holds it."""
+  workdir = _copy(trained, tmp_path)
+  with workdir_lib.Workdir.open(str(workdir), workdir_lib.EVAL):
+    assert workdir_lib.held_by(str(workdir)) is None
+    with workdir_lib.Lock(str(workdir), workdir_lib.TRAIN):  # a training starts beside the eval
+      pass
+  before = (workdir / "metrics.jsonl").read_text()
+  with workdir_lib.Lock(str(workdir), workdir_lib.TRAIN):
+    assert workdir_lib.held_by(str(workdir)).startswith(f"another training run (host ")
+    with caplog.at_level("WARNING", logger="jaxnet.report"):
+      assert api.evaluate(workdir)["eval/examples"] == 359
+  assert (workdir / "metrics.jsonl").read_text() == before
+  warned = [r.getMessage() for r in caplog.records if "not recorded" in r.getMessage()]
+  assert len(warned) == 1 and f"is held by another training run (host" in warned[0] and f"PID {os.getpid()}" in warned[0]
+  written = os.stat(workdir / "metrics.jsonl").st_mtime_ns
+  time.sleep(0.01)
+  api.evaluate(workdir)  # free again: recorded (merged into step 20's line, as the same numbers)
+  assert os.stat(workdir / "metrics.jsonl").st_mtime_ns != written
+  # What holds it is named: an import is not called a training run.
+  with workdir_lib.Lock(str(workdir), workdir_lib.IMPORT):
+    with pytest.raises(workdir_lib.WorkdirLockedError, match=r"is in use by a weights import \(host .*PID"):
+      workdir_lib.Lock(str(workdir)).__enter__()
+
+
+def test_a_full_disk_when_the_lock_file_is_written_is_one_line(tmp_path):
+  with _tmpfs(tmp_path / "full", "64k") as mount:
+    workdir = mount / "w"
+    workdir.mkdir()
+    with contextlib.suppress(OSError), open(mount / "filler", "wb") as f:
+      f.write(b"\0" * (1 << 20))
+    with pytest.raises(errors.UserError) as e:
+      workdir_lib.Lock(str(workdir)).__enter__()
+    assert str(e.value).startswith(f"could not ") and "lock file" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("model,override,message", [
+    ("convnext_mini", {"model.stochastic_depth": 1.5}, "model.stochastic_depth=1.5 must be in [0, 1)"),
+    ("convnext_mini", {"model.stochastic_depth": -0.5}, "model.stochastic_depth=-0.5 must be in [0, 1)"),
+    ("convnext_mini", {"model.widths": (16, 0)}, "model.widths=(16, 0) must be one whole number >= 1 per stage"),
+    ("convnext_mini", {"image_size": 3}, "needs images of at least 8x8 pixels, got 3x3; raise config.image_size"),
+    ("efficientnet_mini", {"model.dropout_rate": 1.0}, "model.dropout_rate=1.0 must be in [0, 1)"),
+    ("efficientnet_mini", {"model.head_width": -4}, "model.head_width=-4 must be a whole number >= 0"),
+    ("efficientnet_mini", {"model.bn_epsilon": -1.0}, "model.bn_epsilon=-1.0 must be > 0"),
+    ("efficientnet_mini", {"model.bn_momentum": 2.0}, "model.bn_momentum=2.0 must be in [0, 1]"),
+])
+def test_model_options_out_of_range_are_one_line_and_leave_no_workdir(tmp_path, model, override, message):
+  """ConvNeXt's stochastic_depth 1.5 or EfficientNet's dropout_rate 1.0 trained with exit 0; widths
+  (16, 0) and head_width -4 were tracebacks, bn_epsilon -1 diverged and blamed the learning rate."""
+  config = api.load_config(os.path.join(REPO, "configs/digits.py"), {"model.name": model, **override})
+  workdir = tmp_path / "never"
+  with pytest.raises(errors.UserError) as e:
+    api.train(config, workdir)
+  assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+  assert not workdir.exists()
+
+
+def test_a_get_config_that_returns_no_config_is_one_line(tmp_path):
+  path = tmp_path / "mine.py"
+  path.write_text("def get_config():\n  return {'batch_size': 8}\n")
+  with pytest.raises(config_io.ConfigFileError) as e:
+    api.load_config(str(path))
+  assert str(e.value) == (f"{path}: get_config() returned a dict, not an ml_collections.ConfigDict: return the "
+                          f"config, as configs/digits.py does")
+
+
+def test_predict_beside_a_training_reads_the_newer_checkpoint_when_the_newest_is_rotated_away(trained, tmp_path,
+                                                                                             monkeypatch):
+  """predict (load_arrays) racing rotation failed: orbax's metadata of a checkpoint being
+  deleted raised a NOT_FOUND traceback, or the checkpoint was called damaged. Its metadata now
+  reads as damage, and a reader of the newest checkpoint takes the one saved meanwhile."""
+  workdir = _copy(trained, tmp_path)
+  directory = workdir / "checkpoints"
+  saved_tree = ckpt.Checkpoints.saved_tree
+
+  def rotating(self, step):
+    if step == 20 and not (directory / "30").exists():  # a training saves 30 while 20 is read
+      shutil.copytree(directory / "20", directory / "30")
+      raise ckpt.DamagedCheckpointError(step, self.directory, "its metadata cannot be read (NOT_FOUND: _sharding)")
+    return saved_tree(self, step)
+  monkeypatch.setattr(ckpt.Checkpoints, "saved_tree", rotating)
+  tree, step = ckpt.load_arrays(str(workdir))
+  assert step == 30 and "params" in tree
+  # Asked for by number, a checkpoint that does not read is still an error, never another step.
+  shutil.rmtree(directory / "30")
+  monkeypatch.setattr(ckpt.Checkpoints, "saved_tree", lambda self, step: (_ for _ in ()).throw(
+      ckpt.DamagedCheckpointError(step, self.directory, "its metadata cannot be read")))
+  with pytest.raises(ckpt.DamagedCheckpointError):
+    ckpt.load_arrays(str(workdir), 20)
+
+
+def test_the_gate_takes_another_data_dir_where_the_identity_is_unchanged_and_nothing_else(trained, tmp_path):
+  """The fast check of the test below: data.dir is where the data is; the identity says whether
+  it is the same. Accepting data.dir by name no longer takes other data with it."""
+  workdir = _copy(trained, tmp_path)
+  config_dict = json.loads((workdir / "config.json").read_text())
+  recorded = json.loads((workdir / "data_identity.json").read_text())
+
+  class Source:
+    def __init__(self, identity):
+      self._identity = identity
+
+    def identity(self):
+      return self._identity
+
+  def gate(identity, accept=()):
+    moved = {**config_dict, "data": {**config_dict["data"], "dir": "/data/elsewhere"}}
+    with workdir_lib.Workdir.open(str(workdir), workdir_lib.TRAIN) as g:
+      g.check(moved, accept)
+      g.check_data({"train": Source(identity)}, accept)
+      return g
+  same = gate(recorded["train"])
+  assert list(same.changes) == ["data.dir"] and same.data_changes == {} and not same.data_change_accepted
+  other = {**recorded["train"], "examples": recorded["train"]["examples"] + 1}
+  for accept in ((), ("data.dir",)):
+    with pytest.raises(provenance.DataChangedError, match="train.examples"):
+      gate(other, accept)
+  accepted = gate(other, ("data_identity",))
+  assert accepted.data_change_accepted and list(accepted.data_changes) == ["train.examples"]
+
+
+@pytest.mark.slow  # 30-80 s on 2 shared cores: four starts; the gate's test above is the fast one
+def test_moved_data_resumes_unasked_and_accepted_other_data_resumes_from_the_start_of_its_order(tmp_path, caplog):
+  """Moving the data folder needed --accept_config_changes=data.dir, and that also took a
+  relabelled image; after a file was added, the advertised data_identity could not resume (the
+  saved data position did not fit). Now the same data moved resumes unasked, data.dir accepted
+  still refuses other data, and accepted other data resumes from the start of its order."""
+  from jaxnet.tools.make_imagefolder import make_imagefolder
+  root = make_imagefolder(str(tmp_path / "data"), classes=2, per_class=8, val_per_class=2, seed=0, verbose=False)
+
+  def config(data_dir, steps):
+    return api.load_config("configs/resnet.py:runlocal", {
+        "model.name": "resnet_tiny", "image_size": 16, "batch_size": 8, "data.workers": 0,
+        "data.source": "imagefolder", "data.dir": data_dir, "data.eval_split": "val", "log_every_steps": 2,
+        "total_steps": steps, "checkpoint_every_steps": 2, "eval_every_steps": 0})
+  workdir = tmp_path / "w"
+  api.train(config(root, 2), workdir)
+  moved = str(tmp_path / "moved")
+  shutil.move(root, moved)
+  with caplog.at_level("INFO", logger="jaxnet.report"):
+    api.train(config(moved, 3), workdir)  # the same data elsewhere: no override
+  assert any("the data moved (data.dir " in r.getMessage() for r in caplog.records)
+  assert ckpt.load_arrays(str(workdir))[1] == 3
+  history = [json.loads(line) for line in (workdir / workdir_lib.HISTORY_FILE).read_text().splitlines()]
+  assert history[-1]["changes"]["data.dir"] == [root, moved]
+  # A relabelled image: data.dir accepted by name is no licence for other data.
+  classes = sorted(os.listdir(os.path.join(moved, "train")))
+  first = sorted(os.listdir(os.path.join(moved, "train", classes[0])))[0]
+  shutil.move(os.path.join(moved, "train", classes[0], first), os.path.join(moved, "train", classes[1], first))
+  with pytest.raises(provenance.DataChangedError, match="train.listing_sha256"):
+    api.train(config(moved, 4), workdir, accept_config_changes=("data.dir",))
+  # Accepted: the saved position (8 files' order of 16) does not fit 16 files... it resumes all
+  # the same, from the start of the new data's order, saying so.
+  shutil.copy(os.path.join(moved, "train", classes[1], first), os.path.join(moved, "train", classes[1], "added.png"))
+  caplog.clear()
+  with caplog.at_level("INFO", logger="jaxnet.report"):
+    api.train(config(moved, 4), workdir, accept_config_changes=("data_identity",))
+  assert ckpt.load_arrays(str(workdir))[1] == 4
+  said = [r.getMessage() for r in caplog.records]
+  assert any("the data order starts again from its beginning" in m for m in said), said

@@ -148,13 +148,13 @@ def test_evaluate_and_restore_agree_with_training_eval(workdir, test_set, tmp_pa
 
 def test_an_eval_goes_through_the_workdirs_gate(workdir, tmp_path):
   """The gate (jaxnet.core.workdir.Workdir) holds an eval to what the run measured: another
-  data.dir is refused, naming it, and writes nothing; an eval of a workdir a training run holds
+  image_size is refused, naming it, and writes nothing; an eval of a workdir a training run holds
   (its lock taken) gives its numbers but records nothing."""
   from jaxnet.core import workdir as workdir_lib
   workdir = copy_run(workdir, tmp_path)
   record = open(workdir / "metrics.jsonl").read()
-  other = api.with_overrides(api.load_config(str(workdir)), **{"data.dir": str(workdir / "elsewhere")})
-  with pytest.raises(workdir_lib.ConfigChangedError, match="data.dir"):
+  other = api.with_overrides(api.load_config(str(workdir)), image_size=8)
+  with pytest.raises(workdir_lib.ConfigChangedError, match="image_size"):
     api.evaluate(str(workdir), other)
   with workdir_lib.Lock(str(workdir)):  # as a training run holds it
     again = api.evaluate(str(workdir))
@@ -220,6 +220,25 @@ def test_predict_command_on_a_png(workdir, test_set, tmp_path):
   latest = api.restore(str(workdir)).predict(paths, top_k=3)
   assert max(abs(p - q) for a, b in zip(latest, early.predict(paths, top_k=3))
              for (_, p), (_, q) in zip(a, b)) > 1e-3
+
+
+def test_predict_over_many_files_names_each_unreadable_one_and_predicts_the_others(workdir, test_set, tmp_path,
+                                                                                    capsys):
+  """One file that is not an image failed the whole call: now each such file is named, the
+  others are predicted, and the exit status is non-zero."""
+  from jaxnet.cli import predict as predict_command
+  images, _ = test_set
+  good = [str(tmp_path / f"digit{i}.png") for i in range(2)]
+  for i, path in enumerate(good):
+    Image.fromarray(images[i][..., 0]).save(path)
+  broken, missing = tmp_path / "broken.png", tmp_path / "missing.png"
+  broken.write_bytes(b"not an image")
+  assert predict_command.main([f"--workdir={workdir}", "--top=1", good[0], str(broken), good[1], str(missing)]) == 1
+  out, err = capsys.readouterr()
+  assert [line for line in out.splitlines() if not line.startswith(" ")] == good
+  errors = [line for line in err.splitlines() if line.startswith("error:")]
+  assert len(errors) == 3 and str(broken) in errors[0] and str(missing) in errors[1], err
+  assert errors[2] == "error: 2 of 4 images could not be read (named above); the others are predicted"
 
 
 def test_export_round_trips_logits(workdir, test_set, tmp_path):
@@ -364,6 +383,35 @@ def test_an_image_folder_s_identity_changes_with_a_file_and_not_with_a_move(tmp_
   assert [(c.verdict, c.now.split(":")[0]) for c in rows] == [("NOT READ", "cannot read it")] * 2
 
 
+def test_a_content_exact_identity_sees_new_pixels_at_the_same_size_and_verify_says_its_kind(tmp_path):
+  """The listing (paths and sizes) misses new pixels at the same byte size; data.identity=sampled
+  (blocks of each file) and content (every byte) see them, a moved copy is still the same data,
+  and verify's row says which kind was recorded."""
+  import shutil
+  from jaxnet.core import provenance
+  from jaxnet.core.data.imagefolder import ImageFolderSource
+  from jaxnet.tools import make_imagefolder, verify
+  root = make_imagefolder.make_imagefolder(str(tmp_path / "f"), classes=2, per_class=3, verbose=False)
+  before = {kind: ImageFolderSource(root, "train").identity(kind) for kind in provenance.IDENTITY_KINDS}
+  assert [provenance.kind_of(before[k]) for k in provenance.IDENTITY_KINDS] == list(provenance.IDENTITY_KINDS)
+  moved = shutil.copytree(root, tmp_path / "moved")
+  assert {k: ImageFolderSource(str(moved), "train").identity(k) for k in before} == before
+  path = ImageFolderSource(root, "train").path(0)
+  data = bytearray(open(path, "rb").read())
+  data[len(data) // 2] ^= 0xFF  # other pixels, the same size
+  open(path, "wb").write(bytes(data))
+  after = {kind: ImageFolderSource(root, "train").identity(kind) for kind in provenance.IDENTITY_KINDS}
+  assert after["listing"] == before["listing"]
+  assert after["sampled"]["sampled_sha256"] != before["sampled"]["sampled_sha256"]
+  assert after["content"]["content_sha256"] != before["content"]["content_sha256"]
+  config = api.load_config("configs/digits.py", **{"data.source": "imagefolder", "data.dir": root,
+                                                  "data.eval_split": "val"})
+  (row,) = verify.data_checks(config, {"train": before["content"]})
+  assert not row.holds and "(every byte)" in row.recorded and "train.content_sha256" in row.now
+  (row,) = verify.data_checks(config, {"train": before["listing"]})
+  assert row.holds and "(paths and sizes)" in row.recorded
+
+
 def test_verify_holds_and_each_check_fails_when_what_it_guards_changes(workdir, tmp_path, monkeypatch):
   from jaxnet.core import provenance
   from jaxnet.tools import verify
@@ -390,6 +438,48 @@ def test_verify_holds_and_each_check_fails_when_what_it_guards_changes(workdir, 
                       lambda: {**recorded_code, "diff": recorded_code["diff"] + "+ one more line\n"})
   failed = {c.what for c in verify.verify(str(copy), step=120) if c.holds is False}
   assert failed == {"eval/top1 at step 120", "package numpy", "data train", "uncommitted changes"}, failed
+
+
+def test_verify_finds_each_record_edited_deleted_or_unreadable_and_names_a_held_workdir(workdir, tmp_path,
+                                                                                         monkeypatch):
+  """The records that decide what the model is carry the sha256 written with them, config.json
+  is compared with each checkpoint's own config, an unreadable record is its row (no traceback),
+  a deleted final checkpoint is noticed, and a workdir a training holds is named as held."""
+  import shutil
+  from jaxnet.core import provenance
+  from jaxnet.core import workdir as workdir_lib
+  from jaxnet.tools import verify
+  copy = _copy_workdir(workdir, tmp_path)
+  recorded_code = _recorded_code(workdir)
+  monkeypatch.setattr(provenance, "code_state", lambda: recorded_code)
+  checks = verify.verify(str(copy), evaluate=False)
+  assert verify.all_hold(checks), verify.table(checks)
+  assert {"classes.json", "config_file.py", "config.json"} <= {c.what for c in checks if c.holds}
+  with workdir_lib.Lock(str(copy)):  # a training's lock: named, not taken (it is held here)
+    held = {c.what: c for c in verify.verify(str(copy), evaluate=False)}["workdir"]
+  assert held.verdict == "held" and f"PID {os.getpid()}" in held.now
+  with open(copy / "config_file.py", "a") as f:
+    f.write("config.optim.learning_rate = 1.0\n")
+  _edit_json(copy / "classes.json", lambda d: d["class_names"].__setitem__(slice(0, 2), ["1", "0"]))
+  _edit_json(copy / "config.json", lambda d: d["optim"].update(learning_rate=d["optim"]["learning_rate"] * 2))
+  if (copy / "code.diff").exists():
+    os.remove(copy / "code.diff")
+  else:
+    (copy / "code.diff").write_text("diff --git a/x b/x\n")
+  (copy / "environment.json").write_text("{not json")
+  (copy / "data_identity.json").write_text("[1, 2")
+  shutil.rmtree(copy / "checkpoints" / "120")
+  checks = verify.verify(str(copy), evaluate=False)
+  failed = {c.what: c for c in checks if c.holds is False}
+  assert set(failed) == {"config.json vs checkpoint 60", "environment.json", "data_identity.json",
+                         "checkpoint 120"}, verify.table(checks)
+  assert "optim.learning_rate" in failed["config.json vs checkpoint 60"].now
+  assert failed["environment.json"].recorded.startswith("unreadable") and failed["checkpoint 120"].verdict == "MISSING"
+  # The digests and code.diff are checked against environment.json's record: with it back, they fail.
+  _edit_json(copy / "config.json", lambda d: d["optim"].update(learning_rate=d["optim"]["learning_rate"] / 2))
+  shutil.copy(workdir / "environment.json", copy / "environment.json")
+  failed = {c.what for c in verify.verify(str(copy), evaluate=False) if c.holds is False}
+  assert failed == {"config_file.py", "classes.json", "code.diff", "data_identity.json", "checkpoint 120"}, failed
 
 
 def test_retrain_names_the_first_logged_step_whose_loss_differs():
@@ -459,6 +549,41 @@ def test_a_bundle_restores_evaluates_and_verifies_as_its_workdir_and_refuses_a_c
     f.write("# changed\n")
   with pytest.raises(bundle.BundleError, match=r"config_file.py is not the file the bundle was made with"):
     api.restore(str(out))
+
+
+def test_a_bundle_is_exactly_its_manifest_and_nothing_writes_into_it(workdir, tmp_path):
+  """Another run's checkpoint copied into a bundle was restored, evaluated and verified; with
+  bundle.json deleted or its list emptied, edited files passed, and an eval wrote its records
+  into the bundle. Now restore, eval, predict (restore) and verify refuse each in one line, and
+  training or an import into a bundle is refused."""
+  import shutil
+  from jaxnet.tools import bundle, verify
+  out = tmp_path / "b"
+  manifest = bundle.write_bundle(str(workdir), str(out), step=120)
+  kept = (out / "bundle.json").read_text()
+
+  def refused(match):
+    for attempt in (lambda: api.restore(str(out)), lambda: api.evaluate(str(out)),
+                    lambda: verify.verify(str(out), evaluate=False)):
+      with pytest.raises(bundle.BundleError, match=match):
+        attempt()
+
+  shutil.copytree(workdir / "checkpoints" / "60", out / "checkpoints" / "60")
+  refused(r"holds files its bundle.json does not list: checkpoints/60/")
+  shutil.rmtree(out / "checkpoints" / "60")
+  (out / "metrics.jsonl.extra").write_text("{}")
+  refused(r"does not list: metrics.jsonl.extra\. A bundle is exactly its manifest")
+  os.remove(out / "metrics.jsonl.extra")
+  os.remove(out / "bundle.json")
+  refused(r"has a MODEL_CARD.md but no bundle.json")
+  (out / "bundle.json").write_text(json.dumps({**manifest, "files": {}}))
+  refused(r"is not a bundle's manifest \(its file list is empty\)")
+  (out / "bundle.json").write_text(kept)
+  assert bundle.check_bundle(str(out)) == manifest
+  from jaxnet.core.errors import UserError
+  with pytest.raises(UserError, match=r"is a bundle \(it has bundle.json\): nothing is written into a bundle"):
+    api.train(api.load_config(str(workdir)), str(out))
+  assert bundle.check_bundle(str(out)) == manifest
 
 
 def test_a_bundle_of_an_eight_device_run_evaluates_to_its_numbers_on_one_device(tmp_path):

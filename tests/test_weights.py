@@ -236,8 +236,11 @@ def _import(tmp_path, capsys, weights, workdir, *overrides):
 def test_an_import_with_another_class_count_says_how_many_arrays_came_from_the_weights(tmp_path, capsys):
   path, _, _ = drawn_file(tmp_path, "resnet_tiny", num_classes=3)
   workdir = tmp_path / "w"
+  workdir.mkdir()  # another run's records, without a checkpoint: not these weights' (issue 57)
+  (workdir / "metrics.jsonl").write_text('{"step": 40, "eval/top1": 0.9}\n')
   status, out, _ = _import(tmp_path, capsys, path, workdir, "--config.data.num_classes=5")
   assert status == 0
+  assert (workdir / "metrics.jsonl").read_text() == "" and (workdir / "data_identity.json").read_text() == "{}"
   assert (f"imported 45 arrays of {path} into {workdir} (checkpoint of step 0); the class layer's 2 arrays "
           f"of the model's 47 are freshly initialised (the weights have 3 classes, this run 5): its eval "
           f"and predictions are at chance until it is trained") in out
@@ -295,3 +298,25 @@ def test_a_truncated_or_empty_safetensors_is_one_line_naming_the_file(tmp_path, 
   assert not (tmp_path / "w").exists()
   with pytest.raises(InvalidValueError, match=f"^weights file {path} "):
     tensor_files.read(path)
+
+
+@pytest.mark.parametrize("model,crop,resize,interpolation", [
+    ("convnext_tiny", 224, 236, "bilinear"), ("convnext_small", 224, 230, "bilinear"),
+    ("convnext_base", 224, 232, "bilinear"), ("efficientnet_b0", 224, 256, "bicubic"),
+    ("efficientnet_b3", 300, 320, "bicubic"), ("efficientnet_b7", 600, 600, "bicubic"),
+    ("resnet50", 224, 256, "bilinear"),
+])
+def test_weights_without_a_record_get_the_eval_torchvision_documents_for_their_model(tmp_path, model, crop,
+                                                                                   resize, interpolation):
+  """Every import recorded ResNet's eval (crop 0.875, bilinear): a ConvNeXt-T's eval was not the
+  published model's (224 of 236). A file that records no preprocessing now gets what torchvision
+  documents for the model's weights, and eval resizes to exactly their resize size."""
+  import math
+  from jaxnet.core.data import transforms
+  path = tmp_path / "w.safetensors"
+  tensor_files.write(str(path), {"x": np.zeros((1,), np.float32)}, {})
+  prep, origin = pretrained.preprocessing_of(str(path), model)
+  assert (prep.interpolation, prep.mean) == (interpolation, (0.485, 0.456, 0.406))
+  assert math.floor(crop / prep.crop_fraction) == resize
+  assert transforms.eval_crop_geometry(500, 400, crop, prep.crop_fraction)[0][1] == resize  # the shorter side
+  assert origin.startswith("torchvision's") and "records none" in origin

@@ -10,6 +10,8 @@ reads a class folder. Class names come from the dataset, recorded in
 DIR/classes.json at train time. A detection workdir (a retinanet_* model) prints each
 image's boxes (x0 y0 x1 y1 in the image's pixels), classes and scores; --draw writes the
 image with its boxes as PNG: OUT itself for one image, OUT/NAME.png for several.
+A file that is not an image (or is missing) is named in an `error:` line and the others
+are still predicted; the exit status is then 1.
 """
 
 import os
@@ -66,15 +68,44 @@ def main(argv=None):
     if args.draw and not model.draws:
       raise UserError(f"--draw is for a detection workdir; {args.workdir} holds a classifier")
     outputs = _draw_paths(args.draw, images) if args.draw else None  # checked before the work
-    results = model.predict(images, top_k=args.top, min_score=args.min_score)
-    for i, (path, result) in enumerate(zip(images, results)):
+    drawn = dict(zip(images, outputs or []))
+    given = len(images)
+    images, results, unreadable = _predict_readable(model, images, args.top, args.min_score)
+    for path, result in zip(images, results):
       for line in model.lines(path, result):
         print(line)
       if outputs:
-        model.draw(path, result, outputs[i])
+        model.draw(path, result, drawn[path])
     if outputs:
       print(f"drawn: {args.draw}")
+    if unreadable:  # each named on its own line, the others predicted: still a failure
+      for error in unreadable:
+        print(f"error: {error}", file=sys.stderr)
+      print(f"error: {len(unreadable)} of {given} images could not be read (named above); the others "
+            f"are predicted", file=sys.stderr)
+      return 1
   return 0
+
+
+def _predict_readable(model, images: list[str], top: int, min_score: float):
+  """(the images that read, their results, an error naming each that does not): one file that
+  is not an image must not cost the others their predictions. The files are read one by one
+  only where reading them together failed; a single image that does not read is the error."""
+  from jaxnet.tools.predictor import ImageReadError
+  try:
+    return images, model.predict(images, top_k=top, min_score=min_score), []
+  except ImageReadError:
+    if len(images) == 1:
+      raise
+  readable, errors = [], []
+  for path in images:
+    try:
+      model.preprocess([path])
+      readable.append(path)
+    except ImageReadError as e:
+      errors.append(e)
+  results = model.predict(readable, top_k=top, min_score=min_score) if readable else []
+  return readable, results, errors
 
 
 if __name__ == "__main__":

@@ -160,6 +160,8 @@ class Checkpoints:
         return read(resolved), resolved
       except (DamagedCheckpointError, FileNotFoundError) as e:
         if not self._rotated_away(resolved):
+          if step is None and attempt < _LISTING_TRIES - 1 and self._newer_complete(resolved):
+            continue  # a training saved a newer one while this was read (and rotates): read that
           if isinstance(e, FileNotFoundError):  # orbax's own, for a file of a step still listed
             raise DamagedCheckpointError(resolved, self.directory, f"a file of it is missing ({e})") from None
           raise
@@ -191,6 +193,11 @@ class Checkpoints:
     # and a newer one complete (its checksums are written last; an empty directory is none).
     if all(os.path.exists(os.path.join(step_dir, item)) for item in (STATE, CHECKSUMS)):
       return False
+    return self._newer_complete(step)
+
+  def _newer_complete(self, step: int) -> bool:
+    """Whether a checkpoint newer than `step` has completed (its checksums are written last;
+    an empty directory is none), listed afresh."""
     self._reload()
     return any(s > step and os.path.isdir(os.path.join(self.directory, str(s), CHECKSUMS))
                for s in self.steps())
@@ -278,7 +285,7 @@ class Checkpoints:
 
   # -- restoring ------------------------------------------------------------
 
-  def restore(self, step: int, abstract_state, iterator=None):
+  def restore(self, step: int, abstract_state, iterator=None, data_change_accepted: bool = False):
     """The verified state of `step` (and `iterator` set to its data position).
 
     Raises DamagedCheckpointError when the checkpoint is damaged, CheckpointMismatchError
@@ -286,19 +293,33 @@ class Checkpoints:
     data position `iterator`'s pipeline cannot take.
     """
     step_dir = os.path.join(self.directory, str(step))
+    target = _restore_target(self.saved_tree(step), abstract_state, step_dir)
+    state, saved = self.read(step, target)
+    verify(state, saved, step, self.directory)
+    if iterator is not None:
+      try:
+        self._restore_position(step, iterator, saved.get("process_count"))
+      except CheckpointMismatchError:
+        if not data_change_accepted:
+          raise
+        # Accepted other data (files added or removed): a position in the old data's order
+        # means nothing in the new one.
+        _REPORT.info(f"the data differs from step {step}'s (accepted), and the data position saved with it does not "
+                     f"fit it: the data order starts again from its beginning")
+    return state_lib.with_ema_as_kept(state, abstract_state.ema_params is not None)
+
+  def saved_tree(self, step: int):
+    """The train state's tree as `step` saved it (orbax's metadata: shapes, dtypes), no arrays
+    read; DamagedCheckpointError where it does not read (a checkpoint being rotated away
+    reads so too: read_newest tells which)."""
     try:
       saved_tree = self.manager.item_metadata(step)[STATE]
     except Exception as e:
       raise DamagedCheckpointError(step, self.directory,
-                                   f"its metadata cannot be read ({orbax_adapter.first_line(e)})")
+                                   f"its metadata cannot be read ({orbax_adapter.first_line(e)})") from None
     if saved_tree is None:
       raise DamagedCheckpointError(step, self.directory, "it holds no train state (empty or incomplete)")
-    target = _restore_target(saved_tree, abstract_state, step_dir)
-    state, saved = self.read(step, target)
-    verify(state, saved, step, self.directory)
-    if iterator is not None:
-      self._restore_position(step, iterator, saved.get("process_count"))
-    return state_lib.with_ema_as_kept(state, abstract_state.ema_params is not None)
+    return saved_tree
 
   def read(self, step: int, target=None):
     """(state, the saved checksums) of `step`, unverified; `target=None` gives numpy arrays."""
@@ -332,7 +353,7 @@ class Checkpoints:
           f"dali: each saves its own kind of position), data.source, data.dir, data.workers, "
           f"batch_size and seed as the run that wrote it, or use a new workdir.") from e
 
-  def restore_newest(self, abstract_state, iterator=None):
+  def restore_newest(self, abstract_state, iterator=None, data_change_accepted: bool = False):
     """The newest checkpoint that verifies: (state, step), or (None, None) if there is none.
 
     Damaged checkpoints are reported and moved to WORKDIR/checkpoints_damaged/ (so a
@@ -342,7 +363,7 @@ class Checkpoints:
     damaged = []
     for step in reversed(self.steps()):
       try:
-        state = self.restore(step, abstract_state, iterator)
+        state = self.restore(step, abstract_state, iterator, data_change_accepted)
       except DamagedCheckpointError as e:
         _REPORT.info(f"warning: {e}; trying the previous checkpoint")
         damaged.append(step)
@@ -413,7 +434,7 @@ def load_arrays(workdir: str, step: int | None = None):
   checkpoints = Checkpoints(workdir, read_only=True)
 
   def read(step):
-    tree, checksums = checkpoints.read(step, _on_one_device(checkpoints.manager.item_metadata(step)[STATE]))
+    tree, checksums = checkpoints.read(step, _on_one_device(checkpoints.saved_tree(step)))
     tree = jax.tree.map(np.asarray, tree)
     verify(tree, checksums, step, checkpoints.directory)
     return tree
@@ -441,6 +462,16 @@ def has_checkpoints(workdir: str) -> bool:
   return os.path.isdir(directory) and any(d.isdigit() for d in os.listdir(directory))
 
 
+def saved_config(workdir: str, step: int) -> dict | None:
+  """The config checkpoint `step` of WORKDIR was saved with, or None where it does not read
+  (rotated away while read, incomplete, damaged). No orbax manager, nothing written."""
+  try:
+    config = orbax_adapter.read_json_item(os.path.join(workdir, CHECKPOINTS_DIR, str(step)), CONFIG)
+  except (OSError, ValueError):
+    return None
+  return config if isinstance(config, dict) else None
+
+
 def newest_saved_config(workdir: str) -> tuple[int, dict] | tuple[None, None]:
   """(step, config dict) of the newest checkpoint whose saved config reads, or (None, None):
   every checkpoint carries the config that wrote it, so a workdir whose config.json was
@@ -449,11 +480,8 @@ def newest_saved_config(workdir: str) -> tuple[int, dict] | tuple[None, None]:
   if not os.path.isdir(directory):
     return None, None
   for step in sorted((int(d) for d in os.listdir(directory) if d.isdigit()), reverse=True):
-    try:
-      config = orbax_adapter.read_json_item(os.path.join(directory, str(step)), CONFIG)
-    except (OSError, ValueError):
-      continue  # an incomplete or damaged checkpoint: an older one may still say
-    if isinstance(config, dict):
+    config = saved_config(workdir, step)
+    if config is not None:  # else an incomplete or damaged checkpoint: an older one may still say
       return step, config
   return None, None
 

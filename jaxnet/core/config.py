@@ -91,6 +91,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.read_threads = 0          # threads per worker reading records ahead; 0 reads inline,
                                    # cheapest from local disk; raise to ~16 for GCS/NFS
   c.data.eval_batch_size = 0       # 0: batch_size
+  c.data.identity = "listing"      # how an image folder's identity is taken at a run's start:
+                                   # listing (paths and sizes) | sampled (and 3 blocks of each
+                                   # file) | content (every byte); docs/reproducibility.md
   c.data.eval_crop_fraction = 0.875  # eval: resize to image_size / this, center-crop image_size
   c.data.eval_interpolation = "bilinear"  # eval resize filter (antialiased): bilinear | bicubic
   c.data.num_classes = 1000        # synthetic only: how many classes its labels draw from
@@ -277,9 +280,13 @@ def from_file(spec: str) -> ml_collections.ConfigDict:
   module = importlib.util.module_from_spec(module_spec)
   try:
     module_spec.loader.exec_module(module)
-    return module.get_config(arg) if arg else module.get_config()
+    config = module.get_config(arg) if arg else module.get_config()
   except Exception as e:
     raise config_file_error(path, e) from e
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ConfigFileError(f"{path}: get_config() returned a {type(config).__name__}, not an "
+                          f"ml_collections.ConfigDict: return the config, as configs/digits.py does")
+  return config
 
 
 def config_file_error(path: str, error: BaseException) -> ConfigFileError:
@@ -330,6 +337,7 @@ _RULES = (
     ("data.prefetch", lambda v: v >= 0, ">= 0"),
     ("data.eval_batch_size", lambda v: v >= 0, ">= 0 (0 means batch_size)"),
     ("optim.learning_rate", lambda v: v >= 0, ">= 0"),
+    ("data.identity", lambda v: v in ("listing", "sampled", "content"), "listing, sampled or content"),
     ("distributed.heartbeat_timeout_sec", lambda v: v >= 1, ">= 1"),
 )
 
@@ -353,6 +361,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
       check(value)
     except InvalidValueError as e:
       problems.append(str(e))
+  from jaxnet.core import models
+  problems += models.option_problems(config.model)
   if problems:
     raise InvalidConfigError("invalid config: " + "; ".join(problems))
 

@@ -283,6 +283,7 @@ def write_run_info(workdir: str, *, total_steps: int, steps_per_epoch: int, num_
   from jaxnet.core import provenance
   code = provenance.code_state()
   revision, diff = code["git_revision"], code["diff"]
+  classes = json.dumps({"num_classes": num_classes, "class_names": class_names}, indent=2)
   environment = {
       **provenance.environment(),
       "jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
@@ -291,10 +292,11 @@ def write_run_info(workdir: str, *, total_steps: int, steps_per_epoch: int, num_
       "total_steps": total_steps, "steps_per_epoch": steps_per_epoch,
       # Which start wrote this: a resume keeps the previous start's records under this step
       # (jaxnet/core/workdir.py, keep_start_records).
-      "started_at_step": started_at_step}
-  for name, content in (("environment.json", environment),
-                        ("classes.json", {"num_classes": num_classes, "class_names": class_names})):
-    write_atomically(os.path.join(workdir, name), json.dumps(content, indent=2))
+      "started_at_step": started_at_step,
+      # The records that decide what the model is, as written (verify compares them).
+      "records_sha256": provenance.records_sha256(workdir, {"classes.json": classes})}
+  write_atomically(os.path.join(workdir, "classes.json"), classes)
+  write_atomically(os.path.join(workdir, "environment.json"), json.dumps(environment, indent=2))
   # The diff of this start's code: a clean tree leaves none (a resumed run's last start wins,
   # as in environment.json).
   diff_path = os.path.join(workdir, provenance.CODE_DIFF_FILE)

@@ -73,16 +73,72 @@ def file_sha256(path: str) -> str:
   return digest.hexdigest()
 
 
-def identity_of(source) -> dict:
-  """`source.identity()`, or what little can be said of a source without one (a user's own)."""
-  if hasattr(source, "identity"):
-    return source.identity()
-  return {"source": type(source).__name__, "examples": len(source)}
+# The records besides config.json that decide what a workdir's model is: their sha256 is
+# recorded in environment.json when the start writes them (config.json is compared with the
+# config each checkpoint carries; code.diff with code_diff_sha256).
+DIGESTED_RECORDS = ("classes.json", CONFIG_TEXT_FILE)
 
 
-def data_identity(splits: dict) -> dict:
-  """{split: identity} of the sources given as {split: source} (None sources left out)."""
-  return {split: identity_of(source) for split, source in splits.items() if source is not None}
+def records_sha256(workdir: str, written: dict) -> dict:
+  """{name: sha256} of the DIGESTED_RECORDS: `written` ({name: text}, about to be written) or
+  the file WORKDIR holds; a record the workdir lacks is left out (its absence is recorded)."""
+  digests = {}
+  for name in DIGESTED_RECORDS:
+    if name in written:
+      digests[name] = text_sha256(written[name])
+    elif os.path.isfile(os.path.join(workdir, name)):
+      digests[name] = file_sha256(os.path.join(workdir, name))
+  return digests
+
+
+# How a folder of files is identified (config.data.identity): by its listing (each file's
+# relative path and size: a stat per file, no byte read), and also by SAMPLE_BLOCKS blocks of
+# each file (its start, middle and end: new pixels in a JPEG of the same size change them), or
+# by every byte of every file. Each kind's digest is named KIND_sha256 in the identity.
+IDENTITY_KINDS = ("listing", "sampled", "content")
+SAMPLE_BLOCKS, SAMPLE_BYTES = 3, 4096
+
+
+def kind_of(identity: dict) -> str:
+  """Which of IDENTITY_KINDS an identity was taken as (the strongest digest it holds)."""
+  return next((k for k in ("content", "sampled") if f"{k}_sha256" in identity), "listing")
+
+
+def files_sha256(paths, names, kind: str) -> str:
+  """The digest of the files (`paths`, named `names` in the record: relative paths) by `kind`:
+  "content" hashes every byte, "sampled" SAMPLE_BLOCKS blocks of SAMPLE_BYTES and the size."""
+  lines = []
+  for path, name in sorted(zip(paths, names), key=lambda pair: pair[1]):
+    if kind == "content":
+      lines.append(f"{name}\t{file_sha256(path)}")
+      continue
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+      size = os.fstat(f.fileno()).st_size
+      for start in sorted({0, max(size // 2 - SAMPLE_BYTES // 2, 0), max(size - SAMPLE_BYTES, 0)}):
+        f.seek(start)
+        digest.update(f.read(SAMPLE_BYTES))
+    lines.append(f"{name}\t{size}\t{digest.hexdigest()}")
+  return sha256_lines(lines)
+
+
+def identity_of(source, kind: str = "listing") -> dict:
+  """`source.identity()` (`identity(kind)` where the source reads files and `kind` asks for
+  more than their listing), or what little can be said of a source without one (a user's own)."""
+  if not hasattr(source, "identity"):
+    return {"source": type(source).__name__, "examples": len(source)}
+  if kind != "listing" and getattr(source, "IDENTITY_KINDS", ("listing",)) != ("listing",):
+    return source.identity(kind)
+  return source.identity()
+
+
+def data_identity(splits: dict, kind: str = "listing", recorded: dict | None = None) -> dict:
+  """{split: identity} of the sources given as {split: source} (None sources left out), each
+  taken as `kind`, or, for a split `recorded` holds, as the kind it was recorded with."""
+  recorded = recorded or {}
+  kinds = {split: kind_of(recorded[split]) if split in recorded else kind for split in splits}
+  return {split: identity_of(source, kinds[split]) if kinds[split] != "listing" else identity_of(source)
+          for split, source in splits.items() if source is not None}
 
 
 def identity_changes(recorded: dict, now: dict) -> dict:
@@ -106,6 +162,18 @@ def check_identity(workdir: str, recorded: dict | None, now: dict, accept: tuple
         f"the data differs from the data {workdir} was made with ({describe_changes(changes)}): "
         f"use that data, or accept the change with --accept_config_changes={ACCEPT_DATA}")
   return changes
+
+
+def check_record(workdir: str, problem: str, accept: tuple) -> dict:
+  """For a data_identity.json that is `problem` ("missing", "unreadable"): the data cannot be
+  checked, so DataChangedError in one line unless ACCEPT_DATA (or "all") is in `accept`, which
+  takes this run's data as the record; returns that accepted change."""
+  if ACCEPT_DATA not in accept and "all" not in accept:
+    raise DataChangedError(
+        f"{os.path.join(workdir, DATA_IDENTITY_FILE)} is {problem}: this data cannot be checked against the "
+        f"data the run was made with. Put the record back, or take this data as the run's with "
+        f"--accept_config_changes={ACCEPT_DATA}")
+  return {DATA_IDENTITY_FILE: (problem, "this run's data")}
 
 
 def describe_changes(changes: dict) -> str:

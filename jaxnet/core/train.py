@@ -30,7 +30,7 @@ from jaxnet.core import mlperf_log, sharding, steps
 from jaxnet.core import workdir as workdir_lib
 from jaxnet.core.adapters import xla
 from jaxnet.core.data.pipeline import InputWatch
-from jaxnet.core.errors import DIVERGED_HINT, NonFiniteError
+from jaxnet.core.errors import DIVERGED_HINT, NonFiniteError, UserError
 from jaxnet.core.experiment import Experiment
 from jaxnet.core.metrics import Progress, RunWriteError
 from jaxnet.core.state import TrainState
@@ -113,7 +113,7 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
   config_dict = json.loads(config_json)
   gate.check(config_dict, accept)  # is this the run the checkpoints came from?
   exp = Experiment(config)
-  gate.check_data({"train": exp.train_source, "eval": exp.eval_source}, accept)
+  gate.check_data({"train": exp.train_source, "eval": exp.eval_source}, accept, config.data.identity)
   gate.keep_previous_start()  # before this start's records replace the previous start's
   for name, content in records.items():
     gate.write_json(name, content)
@@ -126,7 +126,7 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
   # However the run ends (done, stopped, an error), the loader's workers stop and
   # their ready batches leave /dev/shm.
   batches = cleanup.enter_context(exp.device_batches())
-  state, start_step = checkpoints.restore_newest(exp.abstract_state, batches.iterator)
+  state, start_step = checkpoints.restore_newest(exp.abstract_state, batches.iterator, gate.data_change_accepted)
   if state is None:
     state, start_step = exp.init_state(init_params), 0
     logging.info("no checkpoint in %s: starting from scratch", gate.path)
@@ -392,7 +392,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_co
     try:
       checkpoints.resolve_step(step)  # no checkpoint: said before the data is read
       exp = Experiment(config, need_train_data=False)
-      gate.check_data({"eval": exp.eval_source}, tuple(accept_config_changes))
+      gate.check_data({"eval": exp.eval_source}, tuple(accept_config_changes), config.data.identity)
       if exp.process_index == 0 and exp.data_note:
         _REPORT.info(exp.data_note)
       state, step = checkpoints.read_newest(lambda s: checkpoints.restore(s, exp.abstract_state), step)
@@ -404,13 +404,15 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_co
                    f"({metrics['eval/examples']} examples)")
       if not record:
         return metrics
-      if not gate.can_record:
-        _REPORT.warning(f"warning: {workdir} is held by a training run: these eval metrics were not recorded")
-        return metrics
       try:
         gate.record_eval(step, metrics)
+      except workdir_lib.WorkdirLockedError:  # a training writes this workdir's records
+        _REPORT.warning(f"warning: {workdir} is held by {workdir_lib.held_by(workdir) or 'another writer'}: "
+                        f"these eval metrics were not recorded")
       except RunWriteError as e:  # a read-only workdir, a full disk: the numbers are printed above
         _REPORT.warning(f"warning: could not record the eval metrics in {workdir} ({e.cause})")
+      except UserError as e:  # the lock file could not be written (a full disk)
+        _REPORT.warning(f"warning: could not record the eval metrics in {workdir} ({e})")
   return metrics
 
 

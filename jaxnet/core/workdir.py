@@ -13,6 +13,7 @@ eval that differs there is refused, or, accepted, recorded apart, never over the
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import logging
@@ -42,34 +43,56 @@ EVALS_WITH_CHANGES_FILE = "evals_with_changes.jsonl"
 STARTS_DIR = "starts"
 START_RECORDS = ("environment.json", provenance.CODE_DIFF_FILE, provenance.CONFIG_TEXT_FILE)
 TRAIN, EVAL, IMPORT = "train", "eval", "import"  # why a workdir is opened
+# A bundle's manifest and model card (jaxnet/tools/bundle.py): a folder with either is read,
+# never written (an eval of it records nothing).
+BUNDLE_FILES = ("bundle.json", "MODEL_CARD.md")
 
 
 class WorkdirLockedError(UserError):
   pass
 
 
+# What holds a lock, as the refused command is told it (the lock file's first word says which).
+_HOLDERS = {"train": "another training run", "import": "a weights import",
+            "eval": "an eval recording its metrics"}
+
+
+def describe_holder(text: str) -> str:
+  """The lock file's line ("train: host H, PID N, started T") as "another training run (host
+  H, PID N, started T)"; a line without a purpose (jaxnet before 2026-11-29) is a training run."""
+  purpose, _, rest = text.strip().partition(": ")
+  if purpose not in _HOLDERS:
+    purpose, rest = "train", text.strip()
+  return f"{_HOLDERS[purpose]} ({rest or 'unknown process'})"
+
+
 class Lock:
   """An exclusive OS lock (`fcntl.flock`) on WORKDIR/lock while a command writes into it (a
-  context manager). The OS drops it when the process ends, even on `kill -9`, so a lock is
-  never stale; a second writer is refused at once, naming the holder."""
+  context manager), for `purpose` (TRAIN, IMPORT, EVAL: written into the lock file, so a
+  refused command is told what holds it). The OS drops it when the process ends, even on
+  `kill -9`, so a lock is never stale; a second writer is refused at once, naming the holder."""
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, purpose: str = "train"):
     self.path = os.path.join(workdir, LOCK_FILE)
+    self.purpose = purpose
     self._file = None
 
   def __enter__(self):
     try:
       f = open(self.path, "a+")
-    except OSError:  # a read-only workdir: no writer can get in, so there is no one to lock out
-      return self
+    except OSError as e:
+      if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return self  # a read-only workdir: no writer can get in, so there is no one to lock out
+      raise UserError(f"could not create the lock file {self.path} ({e.strerror}): "
+                      f"free space on its disk or fix its permissions") from None
     try:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       f.seek(0)
-      holder = f.read().strip() or "unknown process"
+      holder = describe_holder(f.read())
       f.close()
       raise WorkdirLockedError(
-          f"{os.path.dirname(self.path)} is in use by another training run ({holder}). Wait for "
+          f"{os.path.dirname(self.path)} is in use by {holder}. Wait for "
           f"it to finish or stop it, or train in another --workdir.") from None
     except OSError as e:  # e.g. an NFS mount without lock support
       logging.getLogger(__name__).warning(
@@ -77,11 +100,18 @@ class Lock:
           "time", self.path, e)
       f.close()
       return self
-    f.seek(0)
-    f.truncate()
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    f.write(f"host {socket.gethostname()}, PID {os.getpid()}, started {started}\n")
-    f.flush()
+    try:
+      f.seek(0)
+      f.truncate()
+      f.write(f"{self.purpose}: host {socket.gethostname()}, PID {os.getpid()}, started {started}\n")
+      f.flush()
+    except OSError as e:  # a full disk: nothing else could be written either
+      fcntl.flock(f, fcntl.LOCK_UN)
+      with contextlib.suppress(OSError):  # the buffered line fails again as it closes
+        f.close()
+      raise UserError(f"could not write the lock file {self.path} ({e.strerror}): "
+                      f"free space on its disk and run again") from None
     self._file = f
     return self
 
@@ -90,6 +120,39 @@ class Lock:
       fcntl.flock(self._file, fcntl.LOCK_UN)
       self._file.close()
       self._file = None
+
+
+def held_by(workdir: str) -> str | None:
+  """What holds WORKDIR's lock (the holder its lock file names), or None: found without
+  taking the lock, so a reader (verify, eval, predict) never keeps a training out. Linux's
+  /proc/locks lists the flock locks held; elsewhere a shared lock is tried for an instant."""
+  path = os.path.join(workdir, LOCK_FILE)
+  try:
+    inode = os.stat(path).st_ino
+  except OSError:
+    return None
+  try:
+    with open("/proc/locks") as f:  # "1: FLOCK  ADVISORY  WRITE PID MAJ:MIN:INODE 0 EOF"
+      held = any(len(fields) > 5 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode)
+                 for fields in (line.split() for line in f))
+  except OSError:
+    held = _held_elsewhere(path)
+  if not held:
+    return None
+  return describe_holder(_read_text_or_none(path) or "")
+
+
+def _held_elsewhere(path: str) -> bool:
+  try:
+    with open(path) as f:
+      try:
+        fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+      except BlockingIOError:
+        return True
+      fcntl.flock(f, fcntl.LOCK_UN)
+  except OSError:
+    pass
+  return False
 
 
 class Workdir:
@@ -102,8 +165,11 @@ class Workdir:
   def __init__(self, path: str, purpose: str):
     self.path, self.purpose = path, purpose
     self.changes = None    # the accepted config changes, once checked
-    self.data_identity = None  # the data's identity per split, once checked (check_data)
-    self.data_changes = {}     # its accepted changes from the recorded one
+    self.moved = {}        # changes of MOVED_KEYS not accepted by name: check_data decides them
+    # The data's identity per split, once checked (check_data); an import reads no data: {}.
+    self.data_identity = {} if purpose == IMPORT else None
+    self.data_changes = {}     # its accepted changes from the recorded one (process 0's)
+    self.data_change_accepted = False  # a change of the data may be taken (every process knows)
     self.locked = False    # process 0 holds the lock (every process agrees on it)
     self.chief = jax.process_index() == 0
 
@@ -111,36 +177,40 @@ class Workdir:
   @contextlib.contextmanager
   def open(cls, path: str, purpose: str):
     """Opens `path` for `purpose` (TRAIN, EVAL or IMPORT). Training and imports create it and
-    must get the lock (a second writer is refused in one line); an eval reads a workdir a
-    training run holds, but then records nothing (`can_record`). A workdir this call created
-    and nothing was written into is removed again if the command fails."""
+    must get the lock (a second writer is refused in one line); an eval is a reader: it takes
+    no lock while it reads (a training may start beside it), only for the moment it records
+    (record_eval), and records nothing where a training holds the workdir. A workdir this
+    call created and nothing was written into is removed again if the command fails."""
     check_path(path)
+    bundle = next((n for n in BUNDLE_FILES if os.path.isfile(os.path.join(path, n))), None)
+    if bundle and purpose != EVAL:
+      raise UserError(f"{path} is a bundle (it has {bundle}): nothing is written into a bundle. Train in a "
+                      f"new --workdir, with --config.init.weights={path} to start from its weights")
     created = not os.path.exists(path)
     if purpose != EVAL:
       os.makedirs(path, exist_ok=True)
     gate = cls(path, purpose)
     try:
       with contextlib.ExitStack() as stack:
-        if os.path.isdir(path):
-          gate._lock(stack, required=purpose != EVAL)
+        if purpose != EVAL:
+          gate._lock(stack)
         yield gate
     except BaseException:
       if created:  # refused before writing anything (a bad model name, too few devices, ...)
         remove_if_unused(path)
       raise
 
-  def _lock(self, stack: contextlib.ExitStack, required: bool) -> None:
+  def _lock(self, stack: contextlib.ExitStack) -> None:
     from jaxnet.core import sharding
     error = None
     if self.chief:
       try:
-        stack.enter_context(Lock(self.path))
-      except WorkdirLockedError as e:
+        stack.enter_context(Lock(self.path, self.purpose))
+      except UserError as e:  # held by another writer, or the lock file could not be written
         error = e
-    held_elsewhere = sharding.any_process(error is not None)
-    if held_elsewhere and required:
+    if sharding.any_process(error is not None):
       raise error or WorkdirLockedError(f"process 0 could not lock {self.path}")
-    self.locked = not held_elsewhere
+    self.locked = True
 
   def check(self, config_dict: dict, accept: tuple = ()) -> dict:
     """Compares `config_dict` with the config the workdir was made with, before anything is
@@ -149,17 +219,21 @@ class Workdir:
     checkpoints. Returns the accepted changes; raises ConfigChangedError for the others."""
     if self.purpose == IMPORT and ckpt.has_checkpoints(self.path):
       raise UserError(f"{self.path} already holds checkpoints: import into a new --workdir")
+    # Where the data is (MOVED_KEYS) is left to check_data: the same data moved is no change.
+    with_moves = tuple(accept) + MOVED_KEYS
     if self.purpose == EVAL:
-      changes = check_config(self.path, config_dict, accept, changes_what_eval_sees)
+      changes = check_config(self.path, config_dict, with_moves, changes_what_eval_sees)
       unused = unused_by_eval(config_dict)
       self.changes = {k: v for k, v in changes.items() if changes_what_eval_sees(k) and k not in unused}
     elif self.purpose == TRAIN and ckpt.has_checkpoints(self.path):
-      self.changes = check_config(self.path, config_dict, accept)
+      self.changes = check_config(self.path, config_dict, with_moves)
     else:
       self.changes = {}
+    self.moved = {k: v for k, v in self.changes.items()
+                  if k in MOVED_KEYS and k not in accept and "all" not in accept}
     return self.changes
 
-  def check_data(self, sources: dict, accept: tuple = ()) -> dict:
+  def check_data(self, sources: dict, accept: tuple = (), kind: str = "listing") -> dict:
     """Compares the data's identity ({split: source.identity()} of `sources`, {split: source},
     provenance.data_identity) with the one recorded at the run's start (data_identity.json),
     as `check` does the config: a resume, every split; an eval, the split it reads. A change is
@@ -168,21 +242,39 @@ class Workdir:
     accepted eval is then recorded apart, as one with config changes.
     Only process 0 computes the identity (which may list or hash a whole folder) and decides;
     every process then refuses, or none does.
-    Also warns of a jaxlib (or CUDA plugin) or device kind that differs from the recorded."""
-    self.data_identity = provenance.data_identity(sources) if self.chief else None
+    Also warns of a jaxlib (or CUDA plugin) or device kind that differs from the recorded.
+    `kind` (config.data.identity) is how a new record is taken; a recorded split is compared
+    by the kind it was recorded with."""
+    recorded, problem = self.recorded_data_identity() if self.chief else (None, "")
+    self.data_identity = provenance.data_identity(sources, kind, recorded) if self.chief else None
     checked = self.purpose == EVAL or (self.purpose == TRAIN and ckpt.has_checkpoints(self.path))
     if not checked:
       return {}
-    source_keys_changed = any(provenance.makes_the_sources(k) for k in self.changes or {})
+    # Another data.dir, accepted or not, never accepts other data by itself: it says where the
+    # data is, and the identity says whether it is the same.
+    source_keys_changed = any(provenance.makes_the_sources(k) for k in self.changes or {}
+                              if k not in MOVED_KEYS and not resumable(k))
     accept = tuple(accept) + ((provenance.ACCEPT_DATA,) if source_keys_changed else ())
+    # Known to every process (the same command line), unlike the changes process 0 finds.
+    self.data_change_accepted = provenance.ACCEPT_DATA in accept or "all" in accept
     refused = None
     if self.chief:
       try:
-        self.data_changes = provenance.check_identity(self.path, self.recorded_data_identity(),
-                                                      self.data_identity, accept)
+        if problem:  # never rewritten from this data unasked: it is what the data is checked against
+          self.data_changes = provenance.check_record(self.path, problem, accept)
+        elif recorded is None and self.moved:
+          raise provenance.DataChangedError(
+              f"{self.path} has no record of its data's identity to check the data at the new "
+              f"{_moves(self.moved)} against: accept it with --accept_config_changes={','.join(self.moved)}")
+        else:
+          self.data_changes = provenance.check_identity(self.path, recorded, self.data_identity, accept)
       except provenance.DataChangedError as e:
         refused = e
     self._refuse_on_every_process(refused)
+    if self.purpose == EVAL and self.moved and not self.data_changes:  # the same data, moved
+      self.changes = {k: v for k, v in self.changes.items() if k not in self.moved}
+    if self.chief and self.moved and not self.data_changes:
+      _REPORT.info(f"the data moved ({_moves(self.moved)}): its identity is the recorded one")
     # Its numbers describe other data: recorded apart, with what changed (where no accepted
     # config change, recorded already, made the data change).
     if self.purpose == EVAL and self.data_changes and not source_keys_changed:
@@ -202,21 +294,25 @@ class Workdir:
           f"the data differs from the data {self.path} was made with (process 0 names the changes): "
           f"use that data, or accept the change with --accept_config_changes={provenance.ACCEPT_DATA}")
 
-  def recorded_data_identity(self) -> dict | None:
-    return _read_json_or_none(os.path.join(self.path, provenance.DATA_IDENTITY_FILE))
+  def recorded_data_identity(self) -> tuple[dict | None, str]:
+    """(data_identity.json's content, ""), or (None, why it is not there: "missing" where the
+    run wrote one, "unreadable (...)"); (None, "") for a workdir older than the record (its
+    environment.json lists no packages, recorded with it since 2026-11-27)."""
+    path = os.path.join(self.path, provenance.DATA_IDENTITY_FILE)
+    if not os.path.exists(path):
+      environment = self.recorded_environment() or {}
+      return None, "missing" if "packages" in environment else ""
+    content = _read_json_or_none(path)
+    return (content, "") if isinstance(content, dict) else (None, "unreadable")
 
   def recorded_environment(self) -> dict | None:
     return _read_json_or_none(os.path.join(self.path, "environment.json"))
 
-  @property
-  def can_record(self) -> bool:
-    return self.locked and self.chief
-
   def _writable(self) -> None:
     if self.changes is None:
       raise RuntimeError(f"{self.path}: Workdir.check must pass before anything is written")
-    if not self.locked:
-      raise WorkdirLockedError(f"{self.path} is held by a training run: nothing was written into it")
+    if not self.locked and self.purpose != EVAL:
+      raise WorkdirLockedError(f"{self.path} is not locked: nothing was written into it")
 
   # --- the writers ------------------------------------------------------------------------
 
@@ -278,11 +374,17 @@ class Workdir:
                      json.dumps(self.data_identity, indent=2))
 
   def record_eval(self, step: int, metrics: dict) -> str:
-    """An eval's numbers: in metrics.jsonl when it measured what the run measures, else (with
-    accepted changes) apart, in evals_with_changes.jsonl. Returns where."""
+    """An eval's numbers, by process 0: in metrics.jsonl when it measured what the run
+    measures, else (with accepted changes) apart, in evals_with_changes.jsonl. Returns where.
+    The lock is taken for the moment of the write: where a training (or an import) holds the
+    workdir, nothing is written (WorkdirLockedError names the holder)."""
     self._writable()
     if not self.chief:
       return ""
+    with Lock(self.path, EVAL):
+      return self._write_eval(step, metrics)
+
+  def _write_eval(self, step: int, metrics: dict) -> str:
     if self.changes:
       record_eval_with_changes(self.path, step, metrics, self.changes)
       return EVALS_WITH_CHANGES_FILE
@@ -294,6 +396,15 @@ class Workdir:
     return "metrics.jsonl"
 ABSENT = object()  # a key one of two configs does not have
 
+# Keys that say where the data is, not what it is: a change of one is accepted without being
+# named where the data's identity (data_identity.json) is unchanged, e.g. a folder moved.
+MOVED_KEYS = ("data.dir",)
+
+
+def _moves(moved: dict) -> str:
+  return ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in moved.items())
+
+
 # Keys that may change between a run and its resume: cadence, length, input
 # throughput, checkpoint handling and the device mesh (a checkpoint restores onto any
 # device count and FSDP layout). They change neither what a step computes nor
@@ -304,7 +415,7 @@ RESUMABLE = (
     "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "eval_every_epochs",
     "checkpoint_every_epochs", "total_steps", "num_epochs",
     "keep_checkpoints", "async_checkpointing", "data.read_threads", "data.prefetch",
-    "data.eval_batch_size", "profile_steps", "distributed.*", "mesh.*", "target_accuracy",
+    "data.eval_batch_size", "data.identity", "profile_steps", "distributed.*", "mesh.*", "target_accuracy",
 )
 
 
@@ -366,12 +477,7 @@ def check_config(workdir: str, config_dict: dict, accept: tuple[str, ...] = (),
   old = saved_config(workdir)
   if old is None:
     return {}
-  old = config_lib.upgrade_saved(old)
-  # Keys a newer jaxnet added, at their defaults (the model's options among them), are no change.
-  base = config_lib.base_config()
-  base.model.name = config_dict["model"]["name"]
-  defaults = json.loads(config_lib.with_model_options(base).to_json_best_effort())
-  changes = config_changes(old, config_dict, config_lib.flatten(defaults))
+  changes = saved_config_changes(old, config_dict)
   unused = unused_by_eval(config_dict)
   refused = {k: v for k, v in changes.items()
              if matters(k) and k not in unused and "all" not in accept and k not in accept}
@@ -382,6 +488,15 @@ def check_config(workdir: str, config_dict: dict, accept: tuple[str, ...] = (),
         f"Use a new --workdir, or accept the changes for this workdir with "
         f"--accept_config_changes={','.join(refused)}")
   return changes
+
+
+def saved_config_changes(saved: dict, config_dict: dict) -> dict:
+  """config_changes from a saved config (config.json, a checkpoint's) to `config_dict`; keys a
+  newer jaxnet added, at their defaults (the model's options among them), are no change."""
+  base = config_lib.base_config()
+  base.model.name = config_dict["model"]["name"]
+  defaults = json.loads(config_lib.with_model_options(base).to_json_best_effort())
+  return config_changes(config_lib.upgrade_saved(saved), config_dict, config_lib.flatten(defaults))
 
 
 # Sources that store whole images already at image_size: their eval crops nothing, so the eval

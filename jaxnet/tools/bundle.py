@@ -4,7 +4,8 @@ records that say what it is and how it was made, laid out as a workdir, so `api.
 
   BUNDLE/checkpoints/STEP/   the checkpoint (orbax: arrays, JSON; per-array checksums)
   BUNDLE/config.json, classes.json, environment.json, data_identity.json, code.diff,
-         config_file.py, preprocessing.json   (those the workdir has)
+         config_file.py, preprocessing.json, init_weights.json, config_history.jsonl
+         (those the workdir has)
   BUNDLE/metrics.jsonl       the run's records up to STEP
   BUNDLE/MODEL_CARD.md       what it is, how it was trained, its numbers, how to load it
   BUNDLE/bundle.json         the sha256 of every file above, checked when it is loaded
@@ -21,14 +22,15 @@ import uuid
 from jaxnet.core import checkpoint as ckpt
 from jaxnet.core import config as config_lib
 from jaxnet.core import provenance
+from jaxnet.core import workdir as workdir_lib
 from jaxnet.core.errors import InvalidValueError, UserError
 from jaxnet.core.metrics import read_jsonl
 
-MANIFEST = "bundle.json"
+MANIFEST, CARD = workdir_lib.BUNDLE_FILES
 FORMAT = "jaxnet-bundle"
 RECORDS = ("config.json", "classes.json", "environment.json", provenance.DATA_IDENTITY_FILE,
            provenance.CODE_DIFF_FILE, provenance.CONFIG_TEXT_FILE, "preprocessing.json",
-           provenance.INIT_WEIGHTS_FILE)
+           provenance.INIT_WEIGHTS_FILE, workdir_lib.HISTORY_FILE)
 
 
 class BundleError(InvalidValueError):
@@ -67,7 +69,7 @@ def write_bundle(workdir: str, out: str, step: int | None = None) -> dict:
     records = [r for r in read_jsonl(workdir) if r["step"] <= step]
     with open(os.path.join(staging, "metrics.jsonl"), "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in records)
-    with open(os.path.join(staging, "MODEL_CARD.md"), "w") as f:
+    with open(os.path.join(staging, CARD), "w") as f:
       f.write(model_card(staging, step, records, os.path.basename(os.path.abspath(out))))
     manifest = {"format": FORMAT, "version": 1, "step": step,
                 "files": {name: provenance.file_sha256(os.path.join(staging, name)) for name in _files(staging)}}
@@ -83,29 +85,44 @@ def write_bundle(workdir: str, out: str, step: int | None = None) -> dict:
 
 
 def is_bundle(path: str) -> bool:
-  return os.path.isfile(os.path.join(path, MANIFEST))
+  """A bundle has its manifest; one whose manifest was deleted still has its model card."""
+  return any(os.path.isfile(os.path.join(path, name)) for name in (MANIFEST, CARD))
 
 
 def check_bundle(path: str) -> dict | None:
-  """The manifest of the bundle at `path`, each file it lists checked against its sha256
-  (None for a workdir that is no bundle). A missing or changed file is one line naming it.
-  Files added since (an eval's lock, its records) are not the bundle's and not checked."""
+  """The manifest of the bundle at `path` (None for a workdir that is no bundle), the bundle
+  being exactly what it lists: each file there with its sha256, and no other (another run's
+  checkpoint copied in, an eval's records). Anything else is one line naming it; nothing
+  reads or writes a bundle that does not pass."""
   if not is_bundle(path):
     return None
+  where = os.path.join(path, MANIFEST)
+  if not os.path.isfile(where):
+    raise BundleError(f"{path} has a {CARD} but no {MANIFEST}: a bundle without its manifest cannot be "
+                      f"checked. Get the bundle again")
   try:
-    with open(os.path.join(path, MANIFEST)) as f:
+    with open(where) as f:
       manifest = json.load(f)
-    files = manifest["files"]
+    files, step = manifest["files"], manifest["step"]
+    if not isinstance(files, dict) or not files or not isinstance(step, int):
+      raise ValueError("its file list is empty" if isinstance(files, dict) else "no file list")
   except (OSError, ValueError, KeyError, TypeError) as e:
-    raise BundleError(f"{os.path.join(path, MANIFEST)} is not a bundle's manifest ({e}): get the bundle again") from None
+    raise BundleError(f"{where} is not a bundle's manifest ({e}): get the bundle again") from None
   for name, sha in files.items():
     full = os.path.join(path, name)
     if os.path.isabs(name) or os.path.normpath(name).startswith(".."):
-      raise BundleError(f"{os.path.join(path, MANIFEST)} names {name!r}, outside the bundle: get the bundle again")
+      raise BundleError(f"{where} names {name!r}, outside the bundle: get the bundle again")
     if not os.path.isfile(full):
       raise BundleError(f"{full} is missing from the bundle: get the bundle again")
     if provenance.file_sha256(full) != sha:
       raise BundleError(f"{full} is not the file the bundle was made with (its sha256 differs): get the bundle again")
+  unlisted = [name for name in _files(path) if name != MANIFEST and name not in files]
+  if unlisted:
+    shown = ", ".join(unlisted[:3]) + (f" (+{len(unlisted) - 3} more)" if len(unlisted) > 3 else "")
+    raise BundleError(f"{path} holds files its {MANIFEST} does not list: {shown}. A bundle is exactly its "
+                      f"manifest: remove them, or get the bundle again")
+  if not any(n.startswith(f"{ckpt.CHECKPOINTS_DIR}/{step}/") for n in files):
+    raise BundleError(f"{where} lists no checkpoint of its step {step}: get the bundle again")
   return manifest
 
 

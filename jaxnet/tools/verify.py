@@ -17,6 +17,7 @@ import tempfile
 from jaxnet.core import checkpoint as ckpt
 from jaxnet.core import config as config_lib
 from jaxnet.core import provenance, tasks
+from jaxnet.core import workdir as workdir_lib
 from jaxnet.core.errors import UserError
 from jaxnet.core.metrics import read_jsonl
 
@@ -44,27 +45,39 @@ def all_hold(checks: list[Check]) -> bool:
 
 
 def open_workdir(workdir: str) -> dict:
-  """The workdir's records verify reads; one line naming what is missing otherwise."""
+  """The workdir's records verify reads, each {content} or None where it is missing, and
+  `unreadable`: {file: why} for those that do not read (each a finding, not a traceback).
+  One line naming what is missing where it is no trained workdir."""
   if not os.path.isdir(workdir):
     raise UserError(f"{workdir} is not a directory: give the workdir of a training run")
-  missing = [name for name in ("config.json", "environment.json", "metrics.jsonl")
-             if not os.path.isfile(os.path.join(workdir, name))]
-  if missing:
+  names = ("config.json", "environment.json", "metrics.jsonl")
+  missing = [name for name in names if not os.path.isfile(os.path.join(workdir, name))]
+  if "config.json" in missing or "metrics.jsonl" in missing:
     raise UserError(f"{workdir} is not a trained jaxnet workdir (it lacks {', '.join(missing)}): "
                     f"give the --workdir a training run wrote")
-  with open(os.path.join(workdir, "environment.json")) as f:
-    environment = json.load(f)
-  return {"environment": environment, "metrics": read_jsonl(workdir),
-          "data_identity": _read_json(os.path.join(workdir, provenance.DATA_IDENTITY_FILE)),
-          "init_weights": _read_json(os.path.join(workdir, provenance.INIT_WEIGHTS_FILE))}
+  records, unreadable = {"metrics": read_jsonl(workdir)}, {}
+  for key, name in (("environment", "environment.json"), ("data_identity", provenance.DATA_IDENTITY_FILE),
+                    ("init_weights", provenance.INIT_WEIGHTS_FILE)):
+    records[key], why = _read_json(os.path.join(workdir, name))
+    if why:
+      unreadable[name] = why
+  records["unreadable"] = unreadable
+  return records
 
 
-def _read_json(path: str) -> dict | None:
-  """A record's content, None where the workdir has none (a run older than it)."""
+def _read_json(path: str) -> tuple[dict | None, str]:
+  """(a record's content, ""), (None, "") where the workdir has none (a run older than it),
+  or (None, why) where it does not read as a JSON object."""
   if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+    return None, ""
+  try:
+    with open(path) as f:
+      content = json.load(f)
+  except (OSError, ValueError) as e:
+    return None, f"unreadable ({e})"
+  if not isinstance(content, dict):
+    return None, "unreadable (no JSON object)"
+  return content, ""
 
 
 def on_the_runs_devices(config, environment: dict, now: dict):
@@ -112,21 +125,98 @@ def _diff_shown(sha: str, diff: str | None = None) -> str:
 
 def code_checks(workdir: str, recorded: dict, now: dict) -> list[Check]:
   """jaxnet's version, the git revision and the uncommitted changes (code.diff) of the run
-  against the code imported now."""
+  against the code imported now. The stored code.diff must be the one recorded: present
+  where the run had a diff, absent where it had none."""
   now_sha = provenance.text_sha256(now["diff"]) if now["diff"] else ""
   recorded_sha = recorded.get("code_diff_sha256", "")
   diff_path = os.path.join(workdir, provenance.CODE_DIFF_FILE)
-  if recorded_sha and os.path.isfile(diff_path):  # the stored diff must be the one recorded
-    with open(diff_path) as f:
-      stored = f.read()
-    if provenance.text_sha256(stored) != recorded_sha:
-      return [Check("code.diff", _diff_shown(recorded_sha), "the stored code.diff does not match it", False)]
+  stored_sha = provenance.file_sha256(diff_path) if os.path.isfile(diff_path) else ""
+  if "code_diff_sha256" in recorded and stored_sha != recorded_sha:
+    now_stored = ("missing" if not stored_sha else "a code.diff the run did not write" if not recorded_sha
+                  else "the stored code.diff does not match it")
+    return [Check("code.diff", _diff_shown(recorded_sha), now_stored, False)]
   return [Check("version of jaxnet", recorded.get("jaxnet", "(not recorded)"), now["jaxnet"],
                 recorded.get("jaxnet") == now["jaxnet"]),
           Check("git revision", recorded.get("git_revision", "") or "(none)", now["git_revision"] or "(none)",
                 recorded.get("git_revision", "") == now["git_revision"]),
           Check("uncommitted changes", _diff_shown(recorded_sha), _diff_shown(now_sha, now["diff"]),
                 recorded_sha == now_sha)]
+
+
+# --- the records of what the model is ------------------------------------------------
+
+def _sha_shown(sha: str | None) -> str:
+  return f"sha256 {sha[:12]}" if sha else "(none)"
+
+
+def record_checks(workdir: str, recorded: dict) -> list[Check]:
+  """classes.json and config_file.py against the sha256 the run recorded when it wrote them
+  (environment.json's records_sha256): edited, deleted or added since, each is its row's DIFFERS."""
+  digests = recorded.get("records_sha256")
+  if digests is None:
+    return [Check("records' sha256", "(not recorded: a workdir older than it)", "-", None, "note")]
+  checks = []
+  for name in provenance.DIGESTED_RECORDS:
+    path = os.path.join(workdir, name)
+    was, now = digests.get(name), provenance.file_sha256(path) if os.path.isfile(path) else None
+    shown = (_sha_shown(now) if was == now else "missing" if now is None
+             else f"{_sha_shown(now)}: not written by the run" if was is None
+             else f"{_sha_shown(now)}: edited since the run wrote it")
+    checks.append(Check(name, _sha_shown(was), shown, was == now))
+  return checks
+
+
+def config_checks(workdir: str, kept: list[int]) -> list[Check]:
+  """config.json against the config each kept checkpoint was saved with: a difference is a
+  DIFFERS unless config_history.jsonl records it as a change accepted on a resume after that
+  checkpoint (a checkpoint being rotated away while read is passed over)."""
+  config_dict = config_lib.upgrade_saved(config_lib.read_json(os.path.join(workdir, workdir_lib.CONFIG_FILE)))
+  history = _history(workdir)
+  checks = []
+  for step in kept:
+    saved = ckpt.saved_config(workdir, step)
+    if saved is None:
+      continue
+    unexplained = {k: v for k, v in workdir_lib.saved_config_changes(saved, config_dict).items()
+                   if not any(e.get("resumed_from_step", -1) >= step and
+                              k in e.get("changes", {}) and e["changes"][k][1] == v[1] for e in history)}
+    if unexplained:
+      shown = "; ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in list(unexplained.items())[:3])
+      more = f" (+{len(unexplained) - 3} more)" if len(unexplained) > 3 else ""
+      checks.append(Check(f"config.json vs checkpoint {step}", "the checkpoint's config",
+                          f"{shown}{more}, not in {workdir_lib.HISTORY_FILE}", False))
+  if not checks:
+    checks.append(Check("config.json", f"the configs of checkpoints {kept}" if kept else "(no checkpoint)",
+                        "the same" if kept else "-", True if kept else None))
+  return checks
+
+
+def _history(workdir: str) -> list[dict]:
+  """config_history.jsonl's entries (a torn line skipped)."""
+  path = os.path.join(workdir, workdir_lib.HISTORY_FILE)
+  entries = []
+  if os.path.isfile(path):
+    with open(path) as f:
+      for line in f:
+        try:
+          entry = json.loads(line)
+        except ValueError:
+          continue
+        if isinstance(entry, dict):
+          entries.append(entry)
+  return entries
+
+
+def final_checkpoint_checks(metrics: list[dict], kept: list[int]) -> list[Check]:
+  """The final eval follows the final save: where the newest record is an eval, its
+  checkpoint must be kept (deleted, it would silently drop out of the eval checks)."""
+  evaluated = [r["step"] for r in metrics if any(k.startswith("eval/") for k in r)]
+  if not evaluated or evaluated[-1] != max(r["step"] for r in metrics) or evaluated[-1] in kept:
+    return []
+  step = evaluated[-1]
+  return [Check(f"checkpoint {step}", "the final eval's checkpoint",
+                f"missing (deleted, or the run was stopped before saving it); kept: {kept or 'none'}", False,
+                "MISSING")]
 
 
 # --- the data ---------------------------------------------------------------------------
@@ -141,7 +231,7 @@ def data_checks(config, recorded: dict | None) -> list[Check]:
   checks = []
   for split in sorted(recorded):
     try:
-      now = provenance.identity_of(task.make_source(config, split))
+      now = provenance.identity_of(task.make_source(config, split), provenance.kind_of(recorded[split]))
     except UserError as e:  # the data is not here (a bundle on another machine, say)
       checks.append(Check(f"data {split}", _identity_summary(recorded[split]), f"cannot read it: {e}", False,
                           "NOT READ"))
@@ -153,10 +243,16 @@ def data_checks(config, recorded: dict | None) -> list[Check]:
   return checks
 
 
+# What each kind of identity compares (docs/reproducibility.md).
+_KIND_SHOWN = {"listing": "paths and sizes", "sampled": "paths, sizes, sampled blocks", "content": "every byte"}
+
+
 def _identity_summary(identity: dict) -> str:
   count = next((identity[k] for k in ("examples", "files", "images") if k in identity), "?")
-  digest = next((v for k, v in identity.items() if k.endswith("sha256")), "")
-  return f"{count} examples" + (f", {digest[:12]}" if digest else "")
+  kind = provenance.kind_of(identity)
+  digest = identity.get(f"{kind}_sha256") or next((v for k, v in identity.items() if k.endswith("sha256")), "")
+  shown = f" ({_KIND_SHOWN[kind]})" if any(k.endswith("_sha256") for k in identity if k != "annotations_sha256") else ""
+  return f"{count} examples" + (f", {digest[:12]}{shown}" if digest else "")
 
 
 # --- the init weights ------------------------------------------------------------------
@@ -183,16 +279,20 @@ def init_weights_checks(record: dict | None, spec: str) -> list[Check]:
 
 # --- the metrics --------------------------------------------------------------------------
 
+def kept_steps(workdir: str) -> list[int]:
+  if not os.path.isdir(os.path.join(workdir, ckpt.CHECKPOINTS_DIR)):
+    return []
+  checkpoints = ckpt.Checkpoints(workdir, read_only=True)
+  try:
+    return checkpoints.steps()
+  finally:
+    checkpoints.close()
+
+
 def reported_steps(workdir: str, metrics: list[dict], step: int | None = None) -> list[int]:
   """The steps whose eval metrics.jsonl records and whose checkpoint is still there (or `step`)."""
   evaluated = {r["step"] for r in metrics if any(k.startswith("eval/") for k in r)}
-  kept = set()
-  if os.path.isdir(os.path.join(workdir, ckpt.CHECKPOINTS_DIR)):
-    checkpoints = ckpt.Checkpoints(workdir, read_only=True)
-    try:
-      kept = set(checkpoints.steps())
-    finally:
-      checkpoints.close()
+  kept = set(kept_steps(workdir))
   if step is not None:
     if step not in evaluated or step not in kept:
       raise UserError(f"{workdir} has no recorded eval of a kept checkpoint {step} "
@@ -305,19 +405,40 @@ def verify(workdir: str, *, evaluate: bool = True, step: int | None = None, retr
   from jaxnet.tools.weights import pretrained
   manifest = bundle.check_bundle(workdir)  # a bundle: every file as it was made, or one line
   records = open_workdir(workdir)
+  unreadable = records["unreadable"]
   config = pretrained.with_recorded_preprocessing(config_lib.load(workdir), workdir)
   if retrain and config.init.weights:  # rereads them: refused at once where they are not the run's
     pretrained.check_weights_record(records["init_weights"], config.init.weights)
+  checks = []
+  holder = workdir_lib.held_by(workdir)
+  if holder:  # its checkpoints may rotate away while they are read
+    checks.append(Check("workdir", "-", f"held by a training run ({holder})", None, "held"))
   now = provenance.environment()
-  config, exact = on_the_runs_devices(config, records["environment"], now)
-  checks = environment_checks(records["environment"], now)
+  environment = records["environment"]
+  if environment is None:
+    checks.append(Check("environment.json", unreadable.get("environment.json", "missing"),
+                        "versions, devices and code not compared", False, "NOT READ"))
+    environment = {}
+  config, exact = on_the_runs_devices(config, environment, now)
+  if records["environment"] is not None:
+    checks += environment_checks(environment, now)
   checks.append(Check("numbers compared", "-", f"bit for bit, on the run's {config.mesh.num_devices} device(s)"
                       if exact else f"to a tolerance ({ABS_TOLERANCE} + {REL_TOLERANCE:.0e} x value): "
                       f"other devices than the run's", None, "note"))
-  checks += code_checks(workdir, records["environment"], provenance.code_state())
+  if records["environment"] is not None:
+    checks += code_checks(workdir, environment, provenance.code_state())
+    checks += record_checks(workdir, environment)
   if manifest is not None:
     checks.append(Check("bundle files", f"{len(manifest['files'])} sha256 in {bundle.MANIFEST}", "all match", True))
-  checks += data_checks(config, records["data_identity"])
+  kept = kept_steps(workdir)
+  checks += config_checks(workdir, kept)
+  if not holder:  # a running training may be saving its newest checkpoint now
+    checks += final_checkpoint_checks(records["metrics"], kept)
+  for name in (provenance.DATA_IDENTITY_FILE, provenance.INIT_WEIGHTS_FILE):
+    if name in unreadable:
+      checks.append(Check(name, unreadable[name], "not compared", False, "NOT READ"))
+  if provenance.DATA_IDENTITY_FILE not in unreadable:
+    checks += data_checks(config, records["data_identity"])
   checks += init_weights_checks(records["init_weights"], config.init.weights)
   if evaluate:
     checks += eval_checks(workdir, config, records["metrics"], exact, step)

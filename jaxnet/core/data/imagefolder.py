@@ -161,16 +161,23 @@ class ImageFolderSource:
     themselves: jaxnet/core/data/dali.py)."""
     return list(self._paths), list(self._labels)
 
-  def identity(self) -> dict:
+  IDENTITY_KINDS = provenance.IDENTITY_KINDS
+
+  def identity(self, kind: str = "listing") -> dict:
     """The class list, the file count and the sha256 of the sorted "relative path<TAB>size"
     lines of this split's images: one stat per file, no image read (the cost for ImageNet's
     1.28M files: docs/reproducibility.md). Paths are relative to the root, so a moved copy
-    of the same folder is the same data."""
+    of the same folder is the same data. `kind` "sampled" or "content" adds a digest of
+    blocks of each file, or of all its bytes (provenance.files_sha256)."""
     prefix = len(os.path.join(self.root, ""))  # every path is os.path.join(root, split, class, file)
     # Sliced, not os.path.relpath: that alone took 15 s of 28 for 1.28M files.
-    lines = sorted(f"{path[prefix:]}\t{os.stat(path).st_size}" for path in self._paths)
-    return {"source": "imagefolder", "split": self.split, "classes": list(self.class_names),
-            "files": len(self._paths), "listing_sha256": provenance.sha256_lines(lines)}
+    names = [path[prefix:] for path in self._paths]
+    lines = sorted(f"{name}\t{os.stat(path).st_size}" for name, path in zip(names, self._paths))
+    identity = {"source": "imagefolder", "split": self.split, "classes": list(self.class_names),
+                "files": len(self._paths), "listing_sha256": provenance.sha256_lines(lines)}
+    if kind != "listing":
+      identity[f"{kind}_sha256"] = provenance.files_sha256(self._paths, names, kind)
+    return identity
 
   def __getitem__(self, index: int) -> dict:
     # A file gone since the listing is masked and counted as unreadable, named "not found".

@@ -230,6 +230,51 @@ def check_options(model_config) -> dict:
   return accepts
 
 
+def _number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _rate(v) -> bool:
+  return _number(v) and 0 <= v < 1
+
+
+def _positive(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+# The ranges of options by name (the families share their names): checked with the config,
+# before a run writes anything, so that a rate of 1.5 or a width of 0 is one line, not a run
+# that trains on nonsense or a traceback from inside the model.
+OPTION_RANGES = {
+    "stochastic_depth": (_rate, "in [0, 1)"),
+    "dropout_rate": (_rate, "in [0, 1)"),
+    "bn_epsilon": (lambda v: _number(v) and v > 0, "> 0"),
+    "bn_momentum": (lambda v: _number(v) and 0 <= v <= 1, "in [0, 1]"),
+    "layer_scale": (lambda v: _number(v) and v >= 0, ">= 0"),
+    "head_width": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                   "a whole number >= 0 (0: the family's default)"),
+    "head_convs": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a whole number >= 0"),
+    **{name: (_positive, "a whole number >= 1")
+       for name in ("anchor_base", "depth", "fpn_channels", "hidden", "mlp_dim", "num_heads", "patch_size", "width")},
+    **{name: (lambda v: isinstance(v, (tuple, list)) and len(v) > 0 and all(_positive(x) for x in v),
+              "one whole number >= 1 per stage")
+       for name in ("depths", "widths")},
+}
+
+
+def option_problems(model_config) -> list[str]:
+  """"model.KEY=VALUE must be ..." for each option `model_config` sets outside its range
+  (OPTION_RANGES); [] for a model name that is not registered (said where it is built)."""
+  if model_config.get("name") not in _registry():
+    return []
+  problems = []
+  for key, value in model_config.items():
+    ok, requirement = OPTION_RANGES.get(key, (None, None))
+    if ok is not None and not ok(value):
+      problems.append(f"model.{key}={value!r} must be {requirement}")
+  return problems
+
+
 def from_config(model_config, num_classes: int, dtype, bn_num_groups: int | None = None) -> nn.Module:
   """The model `config.model` describes: `name`, and the rest as keyword arguments.
 

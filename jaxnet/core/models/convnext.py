@@ -65,6 +65,10 @@ class ConvNeXt(nn.Module):
     if len(self.depths) != len(self.widths):
       raise InvalidValueError(f"ConvNeXt depths {tuple(self.depths)} and widths {tuple(self.widths)} "
                               "need one entry per stage each")
+    smallest = 4 * 2 ** (len(self.depths) - 1)  # the stem's and the downsamplings' strides
+    if min(x.shape[1:3]) < smallest:  # a stage of no pixels: its mean is NaN
+      raise InvalidValueError(f"ConvNeXt of {len(self.depths)} stages needs images of at least {smallest}x{smallest} "
+                              f"pixels, got {x.shape[1]}x{x.shape[2]}; raise config.image_size")
     conv = functools.partial(nn.Conv, dtype=self.dtype, param_dtype=jnp.float32, kernel_init=weight_init)
     norm = functools.partial(nn.LayerNorm, epsilon=LN_EPS, dtype=self.dtype, param_dtype=jnp.float32)
     x = conv(self.widths[0], (4, 4), (4, 4), padding="VALID", name="stem_conv")(x.astype(self.dtype))

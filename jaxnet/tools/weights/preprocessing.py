@@ -44,8 +44,36 @@ class Preprocessing:
     return cls.from_dict(json.loads(text))
 
 
-# torchvision's ImageNet weights (and timm's `tv_in1k` copies of them).
+# torchvision's ImageNet weights (and timm's `tv_in1k` copies of them): ResNet, AlexNet, ViT-B.
 TORCHVISION = Preprocessing((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 0.875, "bilinear")
+
+# The eval transform torchvision documents for its ImageNet weights of the other models (each
+# weights enum's DEFAULT: `ImageClassification(crop_size, resize_size, interpolation[, mean,
+# std])`), as (crop, resize, interpolation[, mean, std]); the crop is the model's image_size,
+# the crop fraction crop / resize. EfficientNet-B1's DEFAULT is its V2 weights (240 of 255,
+# bilinear; the V1 weights, ...rwightman-533bc792.pth, documented 240 of 256, bicubic).
+TORCHVISION_EVAL = {
+    "convnext_tiny": (224, 236, "bilinear"), "convnext_small": (224, 230, "bilinear"),
+    "convnext_base": (224, 232, "bilinear"), "convnext_large": (224, 232, "bilinear"),
+    "efficientnet_b0": (224, 256, "bicubic"), "efficientnet_b1": (240, 255, "bilinear"),
+    "efficientnet_b2": (288, 288, "bicubic"), "efficientnet_b3": (300, 320, "bicubic"),
+    "efficientnet_b4": (380, 384, "bicubic"), "efficientnet_b5": (456, 456, "bicubic"),
+    "efficientnet_b6": (528, 528, "bicubic"), "efficientnet_b7": (600, 600, "bicubic"),
+    "efficientnet_v2_s": (384, 384, "bilinear"), "efficientnet_v2_m": (480, 480, "bilinear"),
+    "efficientnet_v2_l": (480, 480, "bicubic", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    "vit_l16": (224, 242, "bilinear"),
+}
+
+
+def torchvision_eval(model: str) -> tuple[Preprocessing, str]:
+  """(what torchvision documents for its weights of `model`, said in words): TORCHVISION_EVAL,
+  or TORCHVISION for the models it does not list."""
+  if model not in TORCHVISION_EVAL:
+    return TORCHVISION, "torchvision's ImageNet eval (224 of 256, bilinear)"
+  crop, resize, interpolation, *normalisation = TORCHVISION_EVAL[model]
+  mean, std = normalisation or (TORCHVISION.mean, TORCHVISION.std)
+  return (Preprocessing(tuple(mean), tuple(std), crop / resize, interpolation),
+          f"torchvision's documented eval for {model} ({crop} of {resize}, {interpolation})")
 
 
 def from_timm(pretrained_cfg: dict) -> Preprocessing:

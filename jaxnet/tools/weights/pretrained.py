@@ -173,8 +173,10 @@ def load(spec: str, target: dict[Path, tuple], model: str = "resnet") -> Source:
   return Source(flat, unknown, _describer((family,) if flat else namings))
 
 
-def preprocessing_of(spec: str) -> tuple[Preprocessing, str]:
-  """(the preprocessing `spec`'s weights expect, where that came from); reads no tensors."""
+def preprocessing_of(spec: str, model: str = "") -> tuple[Preprocessing, str]:
+  """(the preprocessing `spec`'s weights expect, where that came from); reads no tensors.
+  Weights that record none are taken as torchvision's weights of `model` (config.model.name):
+  the eval transform torchvision documents for them (preprocessing.TORCHVISION_EVAL)."""
   if _is_workdir(spec):
     from jaxnet.core import config as config_lib
     return preprocessing.of_config(config_lib.load(spec)), f"the config of {spec}"
@@ -182,11 +184,12 @@ def preprocessing_of(spec: str) -> tuple[Preprocessing, str]:
     cfg = hub.fetch(spec)[1]
     if "mean" in cfg:
       return preprocessing.from_timm(cfg), f"timm's pretrained_cfg of {spec}"
-    return preprocessing.TORCHVISION, f"torchvision's ImageNet eval ({spec} records none)"
-  recorded = tensor_files.read_metadata(spec).get("preprocessing")
-  if recorded:
-    return Preprocessing.from_json(recorded), f"the metadata of {spec}"
-  return preprocessing.TORCHVISION, f"torchvision's ImageNet eval ({spec} records none)"
+  else:
+    recorded = tensor_files.read_metadata(spec).get("preprocessing")
+    if recorded:
+      return Preprocessing.from_json(recorded), f"the metadata of {spec}"
+  prep, documented = preprocessing.torchvision_eval(model)
+  return prep, f"{documented} ({spec} records none)"
 
 
 def _wants_weights_preprocessing(config) -> bool:
@@ -235,7 +238,7 @@ def preprocessing_for(config, workdir: str, log=print) -> tuple:
   prep, record = _recorded(config, workdir), None
   if prep is None:
     spec = config.init.weights
-    prep, origin = preprocessing_of(spec)
+    prep, origin = preprocessing_of(spec, config.model.name)
     record = {"weights": spec, "origin": origin, "preprocessing": dataclasses.asdict(prep)}
     log(f"init: preprocessing from {origin}: mean {prep.mean}, std {prep.std}, eval crop fraction "
         f"{prep.crop_fraction}, {prep.interpolation} (set init.preprocessing=config to keep data.*)")
@@ -418,6 +421,8 @@ def _import(config, workdir: str, spec: str, log) -> dict:
       finally:
         checkpoints.close()
     gate.record_config(config_json, 0)
+    gate.record_data_identity(0)  # {}: an import saw no data, a fine-tune's resume records its own
+    gate.drop_records_after(0)  # another run's metrics (a workdir without checkpoints) are not these weights'
     gate.write_run_info(total_steps=exp.total_steps, steps_per_epoch=exp.steps_per_epoch,
                         num_classes=exp.num_classes, class_names=exp.class_names)
   return loaded
