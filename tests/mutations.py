@@ -826,6 +826,7 @@ def main(argv=None) -> int:
   if args.list:
     for m in selected:
       print(f"{m.name}{' [ci]' if m.ci else ''}: {m.path}\n  " + "\n  ".join(m.tests))
+    print(f"{len(selected)} mutations, {sum(m.ci for m in selected)} of them in the --ci subset")
     return 0
 
   errors = check_texts(selected, REPO)
