@@ -1,7 +1,7 @@
 """Object detection: RetinaNet's anchors, matching, box coding, NMS and losses checked against
 their definitions; the COCO-format source and its transforms; COCO mAP; a short training run on
-the generated shapes dataset (loss falls, the eval runs over the whole split, resume is exact);
-the shapes recipe's bar in a slow test."""
+the generated shapes dataset (loss falls, the eval runs over the whole split; resume is exact in
+a slow test); the shapes recipe's bar in a slow test."""
 
 import importlib.util
 import json
@@ -68,7 +68,8 @@ def test_matching_thresholds_and_best_anchor_of_each_box():
 
 
 def _greedy_nms(boxes, scores, labels, threshold):
-  """The textbook algorithm, per class, in Python."""
+  """The textbook algorithm, per class, in Python (the IoUs of every pair computed at once)."""
+  ious = np.asarray(detection.box_iou(jnp.asarray(boxes), jnp.asarray(boxes)))
   keep = []
   for i in np.argsort(-scores, kind="stable"):
     if not np.isfinite(scores[i]):
@@ -76,8 +77,7 @@ def _greedy_nms(boxes, scores, labels, threshold):
     ok = True
     for j in keep:
       if labels[j] == labels[i]:
-        iou = float(detection.box_iou(jnp.asarray(boxes[i][None]), jnp.asarray(boxes[j][None]))[0, 0])
-        ok &= iou <= threshold
+        ok &= float(ious[i, j]) <= threshold
     if ok:
       keep.append(i)
   return keep
@@ -314,9 +314,11 @@ def test_a_small_detector_learns_scores_every_val_image_once_and_predicts_as_the
                                                                                           capsys):
   """The default set's version of the test below, in this process: 16 steps of the tiny detector
   on 8 devices; the loss falls, the eval scores every val image once (40, in batches of 16),
-  the predict command prints the boxes api.predict gives, report plots the mAP, and the
-  workdir's gate refuses an eval that changes a detection key unless it is accepted (then
-  recorded apart)."""
+  the predict command prints and draws the boxes api.predict gives, export writes torchvision's
+  names, report plots the mAP, and the workdir's gate refuses an eval that changes a detection
+  key unless it is accepted (then recorded apart). Resume and the ONNX graph's detections are
+  the slow test's (and resume is exact in test_train.py, the detector's graph in
+  test_onnx_export.py)."""
   from jaxnet import api
   from jaxnet.cli import predict, report
   from jaxnet.core.workdir import ConfigChangedError
@@ -333,7 +335,7 @@ def test_a_small_detector_learns_scores_every_val_image_once_and_predicts_as_the
 
   images = [os.path.join(shapes, "val", f"val_{i:06d}.jpg") for i in range(8)]
   capsys.readouterr()
-  assert predict.main([f"--workdir={run}", "--min-score=0", *images]) == 0
+  assert predict.main([f"--workdir={run}", "--min-score=0", f"--draw={tmp_path / 'drawn'}", *images]) == 0
   printed = capsys.readouterr().out
   found = api.predict(str(run), images, min_score=0.0)
   for image, detections in zip(images, found):
@@ -341,7 +343,30 @@ def test_a_small_detector_learns_scores_every_val_image_once_and_predicts_as_the
     assert len(detections) == int(rows[0].removesuffix(" detections"))
     for (name, score, box), row in zip(detections, rows[1:]):
       assert row.split()[:2] == [f"{score:.4f}", name] and len(box) == 4
+    width, height = Image.open(image).size
+    drawn = tmp_path / "drawn" / os.path.basename(image).replace(".jpg", ".png")
+    from jaxnet.tools.predictor import draw_scale
+    assert Image.open(drawn).size == (width * draw_scale(width, height), height * draw_scale(width, height))
   assert sum(map(len, found)) > 0
+
+  # Weights out under torchvision's RetinaNet names, and back in: the same variables; ONNX
+  # --int8 is refused in one line, writing nothing.
+  from flax.traverse_util import flatten_dict
+  from jaxnet.cli import export
+  from jaxnet.tools.weights import pretrained, tensor_files
+  out = tmp_path / "retinanet.safetensors"
+  assert export.main([f"--workdir={run}", "--format=torch", f"--out={out}"]) == 0
+  tensors, _ = tensor_files.read(str(out))
+  assert {"head.classification_head.cls_logits.weight", "backbone.fpn.extra_blocks.p7.bias",
+          "backbone.body.layer4.0.conv1.weight"} <= set(tensors)
+  a, _ = ckpt.load_arrays(run)
+  saved = flatten_dict({"params": a["params"], "batch_stats": a["batch_stats"]})
+  back = pretrained.load(str(out), {p: v.shape for p, v in saved.items()}, "retinanet_tiny")
+  assert not back.unknown and max(float(np.abs(back.variables[p] - v).max()) for p, v in saved.items()) == 0
+  capsys.readouterr()
+  with pytest.raises(SystemExit, match="1"):
+    export.main([f"--workdir={run}", "--format=onnx", "--int8", f"--out={tmp_path / 'q.onnx'}"])
+  assert "--int8 is not built for it yet" in capsys.readouterr().err and not (tmp_path / "q.onnx").exists()
 
   assert report.main([str(run)]) == 0
   assert f"best eval mAP {final['eval/mAP']:.4f} at step 16" in capsys.readouterr().out
