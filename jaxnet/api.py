@@ -25,7 +25,7 @@ import sys
 from jaxnet.core import config as config_lib
 from jaxnet.core.errors import UserError
 from jaxnet.core.metrics import read_jsonl as read_metrics  # noqa: F401  (re-exported)
-from jaxnet.tools.predictor import Detector, Predictor  # noqa: F401  (re-exported)
+from jaxnet.tools.predictor import Predictor  # noqa: F401  (re-exported)
 
 ConfigOverrideError = config_lib.ConfigOverrideError
 
@@ -134,17 +134,18 @@ def evaluate(workdir: str, config=None, step: int | None = None, accept_config_c
   return train_lib.evaluate_checkpoint(config, str(workdir), step, accept_config_changes, record=not is_bundle)
 
 
-def restore(workdir: str, step: int | None = None, config=None) -> "Predictor | Detector":
-  """The workdir's model in eval mode with the checkpoint's variables, as its task's predictor:
-  a Predictor (classes) for a classifier, a Detector (boxes) for a detector."""
+def restore(workdir: str, step: int | None = None, config=None) -> Predictor:
+  """The workdir's model in eval mode with the checkpoint's variables, whatever its task: its
+  `predict(images)` gives each image's result as the task says (a classifier's top-k classes,
+  a detector's boxes)."""
   from jaxnet.tools import predictor
   return predictor.restore(str(workdir), step, config)
 
 
-def predict(model, images, top_k: int = 5, min_score: float = 0.3) -> list[list[tuple]]:
-  """Per image: a classifier's top-k (class name, probability), a detector's (class name,
-  score, (x0, y0, x1, y1) in the image's pixels) scoring at least `min_score`. `model` is a
-  restored model (Predictor or Detector) or a workdir."""
+def predict(model, images, **options) -> list:
+  """Per image, the restored model's result: a classifier's top-k (class name, probability)
+  (option top_k=5), a detector's (class name, score, (x0, y0, x1, y1) in the image's pixels)
+  scoring at least min_score=0.3. `model` is a restored model (a Predictor) or a workdir."""
   if isinstance(model, (str, os.PathLike)):
     model = restore(model)
-  return model.predict(images, top_k=top_k, min_score=min_score)
+  return model.predict(images, **options)

@@ -469,9 +469,8 @@ def test_predicts_unreadable_image_error_names_the_file_and_why(tmp_path, caplog
   assert str(e.value).startswith(f"could not decode {bad} as an image (cannot decode 10 bytes as an image")
   assert "record ?" not in caplog.text and caplog.records == []
   # A detector's predict too: it said "could not decode image PATH" without why, after a warning.
-  detector = object.__new__(preprocess.Detector)  # preprocess needs only the config
-  detector.config = config_io.load("configs/retinanet.py:shapes", {"image_size": 32})
+  detector = config_io.load("configs/retinanet.py:shapes", {"image_size": 32})
   with caplog.at_level("WARNING", logger="jaxnet"), pytest.raises(preprocess.ImageReadError) as e:
-    detector.preprocess([str(bad)])
+    preprocess.load_image(str(bad), detector, 3)
   assert str(e.value).startswith(f"could not decode {bad} as an image (cannot decode 10 bytes as an image")
   assert caplog.records == []

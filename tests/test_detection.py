@@ -287,8 +287,7 @@ def test_a_tfds_detection_dataset_gives_the_coco_folders_records_and_trains(shap
   final = read_jsonl(tmp_path / "run")[-1]
   assert final["eval/examples"] == 40 and "eval/mAP" in final, proc.stdout[-2000:]
   from jaxnet import api
-  from jaxnet.tools.predictor import Detector
-  assert isinstance(api.restore(str(tmp_path / "run")), Detector)  # the model says so, not data.source
+  assert api.restore(str(tmp_path / "run")).task.name == "detection"  # the model says so, not data.source
 
 
 def test_config_that_detection_does_not_build_is_one_clear_error(shapes, tmp_path):
@@ -488,7 +487,7 @@ def test_shapes_training_loss_falls_eval_is_exact_and_resume_matches(shapes, tmp
                           cwd=REPO)
     assert "outputs class_logits, box_deltas and anchors" in proc.stdout
     detector = api.restore(straight)
-    batch, _ = detector.preprocess(images)
+    batch = detector.preprocess(images)
     session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     class_logits, box_deltas, anchors = session.run(None, {"images": batch})
     size, options = batch.shape[1], detector.config.detection
@@ -499,7 +498,7 @@ def test_shapes_training_loss_falls_eval_is_exact_and_resume_matches(shapes, tmp
       boxes, scores, classes = detection.detect(class_logits[i], box_deltas[i], anchors, counts, size,
                                                 candidates_per_level=options.candidates_per_level,
                                                 max_detections=options.max_detections)
-      want_boxes, want_scores, want_classes = jax.device_get(detector._detect(detector.variables, batch[i:i + 1]))
+      want_boxes, want_scores, want_classes = detector.outputs(batch[i:i + 1])
       kept = np.isfinite(np.asarray(scores))
       assert kept.sum() == np.isfinite(want_scores[0]).sum()
       decoded += kept.sum()

@@ -241,12 +241,12 @@ def test_a_detectors_graph_gives_its_head_outputs_and_anchors(size):
   from jaxnet.core import config as config_base
   from jaxnet.core import models, steps
   from jaxnet.core.models import retinanet
-  from jaxnet.tools.predictor import Detector
+  from jaxnet.tools.predictor import Predictor
   config = _with(config_base.base_config(), **{"model.name": "retinanet_tiny", "image_size": size,
                                                  "precision": "fp32"})
   model = models.from_config(config.model, 5, jnp.float32)
   variables = random_variables(model, size)
-  detector = Detector(config, model, variables, num_classes=5, step=0, workdir="random")
+  detector = Predictor(config, model, variables, num_classes=5, step=0, workdir="random")
   graph = onnx_export.to_onnx(detector)
   assert [o.name for o in graph.graph.output] == ["class_logits", "box_deltas", "anchors"]
   images = eval_split(size)

@@ -226,8 +226,8 @@ def test_eval_in_every_precision_matches_fp32():
   for name in ("fp32", "bf16", "fp16"):
     policy = precision.get_policy(name)
     model = models.create("resnet_tiny", num_classes=H.NUM_CLASSES, dtype=policy.compute_dtype)
-    eval_step = jax.jit(classification.make_eval_step(model, policy, num_classes=H.NUM_CLASSES,
-                                             mean=(0.2,), std=(0.35,)))
+    eval_step = jax.jit(steps.make_eval_step(model, policy, classification.eval_sums(H.NUM_CLASSES),
+                                             steps.StepOptions((0.2,), (0.35,))))
     sums = jax.device_get(eval_step(state, batch))
     assert sums["count"] == n
     results[name] = (float(sums["loss"]) / n, float(sums["top1"]) / n)

@@ -35,8 +35,8 @@ def test_the_coco_source_clips_nothing(tmp_path):
 
 def test_detections_are_drawn_magnified_with_labels_above_their_boxes(tmp_path):
   from PIL import Image
-  from jaxnet.tools import predictor
-  pixels = np.full((136, 149, 3), 200, np.uint8)  # the size of a shapes image the issue drew
+  from jaxnet.core.tasks import detection as predictor
+  pixels = Image.fromarray(np.full((136, 149, 3), 200, np.uint8))  # the size of a shapes image the issue drew
   detections = [("circle", 0.91, [20.0, 30.0, 60.0, 70.0]), ("triangle", 0.55, [64.0, 0.0, 100.0, 40.0])]
   predictor.draw_detections(pixels, detections, str(tmp_path / "a.png"))
   drawn = np.asarray(Image.open(tmp_path / "a.png"))
@@ -49,5 +49,5 @@ def test_detections_are_drawn_magnified_with_labels_above_their_boxes(tmp_path):
   assert (band == 255).all(axis=-1).sum() > 30  # with white text on it
   green = tuple(int(255 * c) for c in predictor._PALETTE[1])
   assert tuple(drawn[5, 64 * 4 + 2]) == green  # no room above the second box: its label inside
-  predictor.draw_detections(np.zeros((600, 800, 3), np.uint8), detections, str(tmp_path / "b.png"))
+  predictor.draw_detections(Image.fromarray(np.zeros((600, 800, 3), np.uint8)), detections, str(tmp_path / "b.png"))
   assert Image.open(tmp_path / "b.png").size == (800, 600)  # large images keep their size

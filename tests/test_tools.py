@@ -171,7 +171,7 @@ def test_restore_uses_the_ema_params_the_run_kept(workdir, test_set):
   params = jax.device_get(model.variables["params"])
   assert max_abs_diff(params, tree["ema_params"]) == 0
   assert max_abs_diff(params, tree["params"]) > 1e-4    # the EMA lags the live params
-  live = model.logits_fn({"params": tree["params"], "batch_stats": tree["batch_stats"]}, images[:16])
+  live = model.predict_fn({"params": tree["params"], "batch_stats": tree["batch_stats"]}, images[:16])
   assert np.max(np.abs(model.logits(images[:16]) - np.asarray(live))) > 1e-3
 
 
@@ -263,7 +263,7 @@ def test_export_round_trips_logits(workdir, test_set, tmp_path):
   exported = np.asarray(loaded(images[:16]))
   for params, stats in ((tree60["params"], tree60["batch_stats"]),
                         (tree120["ema_params"], tree120["batch_stats"])):
-    other = np.asarray(model.logits_fn({"params": params, "batch_stats": stats}, images[:16]))
+    other = np.asarray(model.predict_fn({"params": params, "batch_stats": stats}, images[:16]))
     assert np.max(np.abs(exported - other)) > 1e-3
   with pytest.raises(TypeError, match="uint8"):
     loaded(images[:2].astype(np.float32))

@@ -62,11 +62,8 @@ def main(argv=None):
   with process.one_line_errors():
     process.setup()
     from jaxnet import api
-    from jaxnet.core.errors import UserError
     images = _expand_folders(args.images)
     model = api.restore(args.workdir, step=args.step)
-    if args.draw and not model.draws:
-      raise UserError(f"--draw is for a detection workdir; {args.workdir} holds a classifier")
     outputs = _draw_paths(args.draw, images) if args.draw else None  # checked before the work
     drawn = dict(zip(images, outputs or []))
     given = len(images)

@@ -99,11 +99,10 @@ class Experiment:
     c = self.config
     mean, std = tuple(c.data.mean), tuple(c.data.std)
     loss = self.task.loss(self.model, c, self.num_classes, sharding.batch_devices(self.mesh))
-    train_step = steps.make_train_step(
-        self.model, self.tx, self.schedule, self.policy, loss,
-        steps.StepOptions(mean, std, c.ema_decay, c.grad_accum_steps, self.fsdp_gather))
-    eval_step = self.task.make_eval_step(self.model, self.policy, c, num_classes=self.num_classes,
-                                         mean=mean, std=std, fsdp=self.fsdp_gather)
+    options = steps.StepOptions(mean, std, c.ema_decay, c.grad_accum_steps, self.fsdp_gather)
+    train_step = steps.make_train_step(self.model, self.tx, self.schedule, self.policy, loss, options)
+    eval_step = steps.make_eval_step(self.model, self.policy,
+                                     self.task.eval_outputs(self.model, c, self.num_classes), options)
     replicated = sharding.replicated(self.mesh)
     self.train_step = jax.jit(train_step, in_shardings=(self.state_sharding, self.batch_sharding),
                               out_shardings=(self.state_sharding, replicated), donate_argnums=0)

@@ -195,12 +195,8 @@ def eval_variables(params, ema_params, batch_stats, use_ema: bool) -> dict:
 
 
 def make_logits_fn(model, policy: Policy, *, mean, std):
-  """Returns `logits_fn(variables, images) -> float32 logits`, the model in eval mode.
-
-  `images` are uint8 NHWC, as the pipeline delivers them; normalization is inside.
-  The eval step, the Python API's Predictor and the exports (jaxnet/tools) all call this
-  one function, so their logits agree by construction.
-  """
+  """Returns `logits_fn(variables, images)`: the model in eval mode on uint8 NHWC images,
+  normalised inside (a classifier's logits; a detector's head outputs)."""
 
   def logits_fn(variables, images):
     x = normalize(images, mean, std, policy.compute_dtype)
@@ -209,3 +205,30 @@ def make_logits_fn(model, policy: Policy, *, mean, std):
   return logits_fn
 
 
+def make_predict_fn(model, policy: Policy, outputs, *, mean, std):
+  """Returns `predict_fn(variables, images)`: what a restored model computes for uint8 NHWC
+  images, `outputs(apply, images)` (the task's predict_outputs) with `apply(images)` the
+  model in eval mode, normalised inside. The eval step, the Python API's predictor and the
+  exports (jaxnet/tools) all run the model through this one function."""
+  logits_fn = make_logits_fn(model, policy, mean=mean, std=std)
+
+  def predict_fn(variables, images):
+    return outputs(lambda x: logits_fn(variables, x), images)
+
+  return predict_fn
+
+
+def make_eval_step(model, policy: Policy, outputs, options: StepOptions):
+  """Returns `eval_step(state, batch) -> outputs(apply, batch)` (the task's eval_outputs),
+  `apply(images)` being the model in eval mode with the params eval uses: the EMA's when the
+  run keeps one (`options.ema_decay`), gathered whole under FSDP (`options.fsdp`), on images
+  normalised with `options.mean` and `options.std`."""
+  logits_fn = make_logits_fn(model, policy, mean=options.mean, std=options.std)
+  gather = options.fsdp.params if options.fsdp else (lambda params: params)
+
+  def eval_step(state: TrainState, batch):
+    variables = eval_variables(state.params, state.ema_params, state.batch_stats, options.ema_decay > 0)
+    variables = {**variables, "params": gather(variables["params"])}
+    return outputs(lambda images: logits_fn(variables, images), batch)
+
+  return eval_step

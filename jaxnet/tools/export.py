@@ -1,10 +1,11 @@
 """A trained model out of jaxnet as a jax function: the serialized function and its int8 version.
 (ONNX, and its int8 version: jaxnet/tools/onnx/.)
 
-The exported function is `logits = f(images)`:
-  images  uint8 (batch, H, W, C), the preprocessed images (jaxnet/tools/predictor.py:
-          resize, center crop); batch is symbolic, so any batch size runs the same file
-  logits  float32 (batch, num_classes)
+The exported function is `outputs = f(images)`:
+  images   uint8 (batch, H, W, C), the preprocessed images (the task's preprocess: a
+           classifier's resize and center crop); batch is symbolic, so any batch size runs
+           the same file
+  outputs  the task's (jaxnet/core/tasks): a classifier's logits float32 (batch, num_classes)
 Normalization and the model in eval mode (BN running statistics, EMA params when the run
 kept an EMA) are inside: it is the task's predict function, the one the eval step runs.
 
@@ -36,11 +37,10 @@ INSTALL = "pip install -e '.[onnx]'"
 
 def export(predictor, platforms=None) -> "jax.export.Exported":
   """The Predictor's eval-mode function with its variables baked in, batch-polymorphic."""
-  variables = predictor.variables
-  logits_fn = predictor.logits_fn
+  variables, predict_fn = predictor.variables, predictor.predict_fn
 
   def infer(images):
-    return logits_fn(variables, images)
+    return predict_fn(variables, images)
 
   batch = jax.export.symbolic_shape("b")[0]
   spec = jax.ShapeDtypeStruct((batch, *predictor.image_shape), jnp.uint8)

@@ -1,16 +1,19 @@
-"""A trained model restored from a workdir, and image files made into its input.
+"""A trained model restored from a workdir, whatever its task, and image files made into its input.
 
-`Predictor.logits_fn` is `steps.make_logits_fn`, the same function the eval step runs, so
-predictions, eval metrics and the exports (jaxnet/tools/export.py, jaxnet/tools/onnx/) agree. The checkpoint is
-read without the optimizer or the dataset (classes.json, written at train time, says how
-many classes there are and their names).
+`Predictor.predict_fn` is steps.make_predict_fn of the task's predict_outputs, the function the
+eval step runs the model through, so predictions, eval metrics and the exports
+(jaxnet/tools/export.py, jaxnet/tools/onnx/) agree. The checkpoint is read without the
+optimizer or the dataset (classes.json, written at train time, says how many classes there
+are and their names). What an image becomes, what the outputs mean, how a result is printed
+and drawn: the task's (jaxnet/core/tasks); this module reads the files.
 
-Prediction must see images the way eval saw them (`load_image`): every file, whatever the data
-source, goes through the input pipeline's own eval transform (decode, resize the shorter side to
-image_size / config.data.eval_crop_fraction with config.data.eval_interpolation, center crop):
-the one eval preprocessing that config.json, preprocessing.json, the ONNX metadata and int8
-calibration record and use. (Digits, stored upsampled whole, record a crop fraction of 1.0.)
-Normalization (mean/std) is not done here: it is part of the model function.
+Prediction must see images the way eval saw them (`load_image`, the task's preprocess): a
+classifier's files, whatever the data source, go through the input pipeline's own eval
+transform (decode, resize the shorter side to image_size / config.data.eval_crop_fraction with
+config.data.eval_interpolation, center crop): the one eval preprocessing that config.json,
+preprocessing.json, the ONNX metadata and int8 calibration record and use. (Digits, stored
+upsampled whole, record a crop fraction of 1.0.) Normalization (mean/std) is not done here: it
+is part of the model function.
 """
 
 import io
@@ -37,6 +40,11 @@ def head_class_names(class_names, num_classes: int) -> list[str]:
 
 
 class Predictor:
+  """A restored model, whatever its task: `predict(images)` gives each image's result (a
+  classifier's top-k classes, a detector's boxes: the task's postprocess), `lines` prints one
+  and `draw` draws one, as the task does. `predict_fn(variables, images)` is the task's
+  function of the model (steps.make_predict_fn), the one the eval step and the exports run."""
+
   def __init__(self, config, model, variables, *, num_classes: int, class_names=None, step=None,
                workdir=None):
     self.config, self.model, self.step, self.workdir = config, model, step, workdir
@@ -46,145 +54,59 @@ class Predictor:
     self.image_shape = (config.image_size, config.image_size, self.channels)
     self.variables = jax.device_put(variables)
     self.task = tasks.for_model(config.model.name)
-    self.logits_fn = self.task.make_predict_fn(model, get_policy(config.precision), config)
-    self._logits = jax.jit(self.logits_fn)
+    self.predict_fn = steps.make_predict_fn(model, get_policy(config.precision),
+                                            self.task.predict_outputs(model, config),
+                                            mean=tuple(config.data.mean), std=tuple(config.data.std))
+    self._outputs = jax.jit(self.predict_fn)
 
-  def logits(self, images) -> np.ndarray:
-    """uint8 images, (N, H, W, C) as in self.image_shape -> float32 logits (N, classes)."""
+  def outputs(self, images):
+    """uint8 images, (N, H, W, C) as in self.image_shape -> predict_fn's outputs as host
+    arrays (a classifier's float32 logits (N, classes))."""
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.shape[1:] != self.image_shape:
       raise InvalidValueError(f"expected uint8 images of shape (N, {', '.join(map(str, self.image_shape))}), "
                               f"got {images.dtype} {images.shape}; use preprocess() for files")
-    return np.asarray(self._logits(self.variables, images), np.float32)
+    return jax.tree.map(np.asarray, jax.device_get(self._outputs(self.variables, images)))
 
-  def probabilities(self, images) -> np.ndarray:
-    return np.asarray(jax.nn.softmax(self.logits(images), axis=-1))
+  logits = outputs  # a classifier's word for them
 
-  def preprocess(self, images) -> np.ndarray:
-    """Files, PIL images or arrays -> the uint8 batch eval would have seen."""
-    return load_batch(images, self.config, self.channels)
-
-  def predict(self, images, top_k: int = 5, **unused) -> list[list[tuple[str, float]]]:
-    """Top-k (class name, probability) for each image; images are files/PIL images or a uint8 batch."""
-    is_batch = isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.ndim == 4
-    batch = images if is_batch else self.preprocess(images)
-    probs = self.probabilities(batch)
-    top = np.argsort(-probs, axis=-1)[:, :min(top_k, self.num_classes)]
-    return [[(self.class_names[i], float(p[i])) for i in row] for p, row in zip(probs, top)]
-
-  draws = False  # no picture to draw: `draw` is a detector's
-
-  def lines(self, path, result) -> list[str]:
-    """One image's prediction as `python -m jaxnet.cli.predict` prints it."""
-    return [str(path)] + [f"  {prob:8.4f}  {name}" for name, prob in result]
-
-
-class Detector:
-  """A detector (a detection workdir's model): `detect(images)` gives each image's boxes in
-  its own pixels, classes and scores. Images are resized and padded as the eval data
-  (jaxnet/core/data/coco.py); `detect_fn` is the eval step's (detection.make_detect_fn)."""
-
-  def __init__(self, config, model, variables, *, num_classes: int, class_names=None, step=None,
-               workdir=None):
-    self.config, self.model, self.step, self.workdir = config, model, step, workdir
-    self.num_classes = num_classes
-    self.class_names = head_class_names(class_names, num_classes)
-    self.image_shape = (config.image_size, config.image_size, len(config.data.mean))
-    self.variables = jax.device_put(variables)
-    self.task = tasks.for_model(config.model.name)
-    self.detect_fn = self.task.make_predict_fn(model, get_policy(config.precision), config)
-    self._detect = jax.jit(self.detect_fn)
-
-  def preprocess(self, images) -> tuple[np.ndarray, np.ndarray]:
-    """Files, bytes, PIL images or arrays -> (the uint8 batch eval would have seen, each
-    image's (scale from its own pixels to the batch's, its (height, width)))."""
-    from jaxnet.core.data.coco import DetectionTransform
-    transform = DetectionTransform(self.config.image_size, 1, train=False, warn=False)
-    examples = []
+  def examples(self, images) -> list[dict]:
+    """Files, bytes, PIL images or arrays -> the examples eval would have made of them (the
+    task's preprocess)."""
+    out = []
     for image in images:
       data = _to_bytes(image)
-      example = transform.map({"image": data, "boxes": np.zeros((0, 4), np.float32),
-                               "classes": np.zeros((0,), np.int32), "image_id": 0, "path": ""})
+      example = self.task.preprocess(data, self.config, self.channels)
       if not example["mask"]:
         raise _unreadable(image, data)
-      examples.append(example)
-    return np.stack([e["image"] for e in examples]), [(e["scale"], e["source_size"]) for e in examples]
+      out.append(example)
+    return out
 
-  def detect(self, images, min_score: float = 0.3) -> list[list[tuple[str, float, tuple]]]:
-    """Per image [(class name, score, (x0, y0, x1, y1) in the image's pixels)], best first,
-    those scoring at least `min_score`."""
-    from jaxnet.core.data.coco import to_source_pixels
-    batch, sizes = self.preprocess(images)
-    boxes, scores, classes = jax.device_get(self._detect(self.variables, batch))
-    return [[(self.class_names[c], float(s), tuple(float(v) for v in b))
-             for b, s, c in zip(to_source_pixels(boxes[i], *sizes[i]), scores[i], classes[i]) if s >= min_score]
-            for i in range(len(sizes))]
+  def preprocess(self, images) -> np.ndarray:
+    """Files, bytes, PIL images or arrays -> the uint8 batch eval would have seen."""
+    return np.stack([e["image"] for e in self.examples(images)])
 
-  def predict(self, images, min_score: float = 0.3, **unused) -> list[list[tuple[str, float, tuple]]]:
-    """`detect`, under the name every restored model answers to (jaxnet.api.predict)."""
-    return self.detect(images, min_score=min_score)
-
-  draws = True
+  def predict(self, images, **options) -> list:
+    """Each image's result (files/PIL images/arrays, or a uint8 batch): the task's postprocess
+    of the model's outputs, with `options` (top_k for a classifier, min_score for a detector)."""
+    if isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.ndim == 4:
+      examples = [{"image": image} for image in images]
+    else:
+      examples = self.examples(images)
+    outputs = self.outputs(np.stack([e["image"] for e in examples]))
+    return self.task.postprocess(outputs, examples, self.class_names, **options)
 
   def lines(self, path, result) -> list[str]:
-    """One image's detections as `python -m jaxnet.cli.predict` prints them."""
-    return [f"{path}: {len(result)} detections"] + [
-        f"  {score:8.4f}  {name:<16} {' '.join(f'{v:7.1f}' for v in box)}" for name, score, box in result]
+    """One image's result as `python -m jaxnet.cli.predict` prints it."""
+    return self.task.lines(path, result)
 
   def draw(self, image, result, path: str) -> None:
-    draw_detections(image, result, path)
+    """Writes `image` (a path, bytes, PIL image or array) with its result drawn, as PNG at `path`."""
+    self.task.draw(_to_pil(image), result, path)
 
 
-# A small image is drawn magnified, by a whole factor up to this shorter side, so that the
-# labels (a fixed 14 px font) neither hide its objects nor run into one another.
-DRAW_MIN_SIDE = 512
-_LABEL_FONT_PX = 14
-
-
-def draw_scale(width: int, height: int) -> int:
-  """The whole factor draw_detections magnifies a width x height image by (1: none)."""
-  return max(1, -(-DRAW_MIN_SIDE // min(width, height)))
-
-
-def draw_detections(image, detections, path: str) -> None:
-  """Writes `image` (a path, bytes, PIL image or array) with `detections` (Detector.detect's
-  for it) drawn, as PNG at `path`, whole or not at all: magnified by draw_scale (pixels kept
-  square, nearest-neighbour), each box with its label on a band of its colour above it."""
-  from PIL import ImageDraw, ImageFont
-  from jaxnet.core.metrics import write_file_atomically
-  picture = _to_pil(image).convert("RGB")
-  scale = draw_scale(*picture.size)
-  if scale > 1:
-    picture = picture.resize((picture.width * scale, picture.height * scale), Image.NEAREST)
-  try:
-    font = ImageFont.load_default(size=_LABEL_FONT_PX)
-  except TypeError:  # Pillow < 10.1: its one bitmap font, ~11 px
-    font = ImageFont.load_default()
-  pen = ImageDraw.Draw(picture)
-  for k, (name, score, box) in enumerate(detections):
-    colour = tuple(int(255 * c) for c in _PALETTE[k % len(_PALETTE)])
-    x0, y0, x1, y1 = (float(v) * scale for v in box)
-    pen.rectangle((x0, y0, x1, y1), outline=colour, width=3)
-    text = f"{name} {score:.2f}"
-    left, top, right, bottom = pen.textbbox((0, 0), text, font=font)
-    height = bottom - top + 4
-    y = y0 - height if y0 >= height else y0  # above the box where there is room
-    pen.rectangle((x0, y, x0 + right - left + 6, y + height), fill=colour)
-    pen.text((x0 + 3, y + 2 - top), text, fill=(255, 255, 255), font=font)
-  write_file_atomically(path, lambda tmp: picture.save(tmp, format="PNG"))
-
-
-_PALETTE = ((0.9, 0.1, 0.1), (0.1, 0.6, 0.1), (0.1, 0.3, 0.9), (0.9, 0.6, 0.0), (0.6, 0.1, 0.7))
-
-
-# What a restored model is, by what its task says it returns (jaxnet.core.tasks.Task.returns).
-PREDICTORS = {"classes": Predictor, "boxes": Detector}
-
-
-def restore(workdir: str, step: int | None = None, config=None) -> "Predictor | Detector":
-  """The model of WORKDIR's latest (or given) checkpoint, ready for inference: its task's
-  predictor (a Predictor for a classifier, a Detector for a detector). Each has
-  `predict(images)`, `lines(result)` and `draw(image, result, path)`."""
+def restore(workdir: str, step: int | None = None, config=None) -> Predictor:
+  """The model of WORKDIR's latest (or given) checkpoint, ready for inference, whatever its task."""
   if not os.path.isdir(workdir):
     raise MissingFileError(f"workdir {workdir} not found: give the --workdir of a training run")
   from jaxnet.tools import bundle
@@ -195,9 +117,8 @@ def restore(workdir: str, step: int | None = None, config=None) -> "Predictor | 
   model = models.from_config(config.model, info["num_classes"], get_policy(config.precision).compute_dtype)
   _check_matches_model(model, variables, (1, config.image_size, config.image_size,
                                           len(config.data.mean)), workdir)
-  kind = PREDICTORS[tasks.for_model(config.model.name).returns]
-  return kind(config, model, variables, num_classes=info["num_classes"],
-              class_names=info.get("class_names"), step=step, workdir=workdir)
+  return Predictor(config, model, variables, num_classes=info["num_classes"],
+                   class_names=info.get("class_names"), step=step, workdir=workdir)
 
 
 def load_eval_variables(workdir: str, config, step: int | None = None) -> tuple[dict, int]:
@@ -231,27 +152,15 @@ def _check_matches_model(model, variables, input_shape, workdir):
 # --- image files -> the eval input ----------------------------------------------------
 
 def load_image(image, config, channels: int) -> np.ndarray:
-  """A path, bytes, PIL image or HxW[xC] array -> uint8 (image_size, image_size, channels):
-  the pipeline's eval transform (EvalDecodeCrop: the shorter side to image_size /
-  data.eval_crop_fraction with data.eval_interpolation, the center crop), whatever the
-  workdir's data source. It is what config.json, preprocessing.json and the exports' metadata
-  record; array sources (digits, synthetic) once resized files straight to image_size instead,
-  so weights imported with data.source=synthetic saw other pixels than their record said.
-  (Digits record eval_crop_fraction=1.0: the shorter side to image_size, which for their square
-  images is the resize their stored images had.)"""
-  size = config.image_size
-  from jaxnet.core.data.transforms import EvalDecodeCrop  # the pipeline's own eval transform
-  # warn=False: the error below names the file and why; the transform's own warning knows
-  # neither (it said "record ?").
-  op = EvalDecodeCrop(size, config.data.eval_crop_fraction, config.data.eval_interpolation, warn=False)
+  """A path, bytes, PIL image or HxW[xC] array -> the uint8 image of `channels` channels eval
+  would have seen: the task's preprocess (a classifier's: the pipeline's eval transform,
+  EvalDecodeCrop, whatever the workdir's data source: what config.json, preprocessing.json and
+  the exports' metadata record)."""
   data = _to_bytes(image)
-  example = op.map({"image": data, "label": np.int32(0)})
+  example = tasks.for_model(config.model.name).preprocess(data, config, channels)
   if not example["mask"]:
     raise _unreadable(image, data)
-  out = np.asarray(example["image"], np.uint8)
-  if channels == 1 and out.shape[-1] == 3:
-    out = np.asarray(Image.fromarray(out).convert("L"), np.uint8)[..., None]
-  return out
+  return np.asarray(example["image"], np.uint8)
 
 
 def _unreadable(image, data: bytes) -> "ImageReadError":
@@ -265,10 +174,6 @@ def _unreadable(image, data: bytes) -> "ImageReadError":
     why = f" ({e})"
   where = os.fspath(image) if isinstance(image, (str, os.PathLike)) else "an image given as bytes or pixels"
   return ImageReadError(f"could not decode {where} as an image{why}")
-
-
-def load_batch(images, config, channels: int) -> np.ndarray:
-  return np.stack([load_image(im, config, channels) for im in images])
 
 
 class ImageReadError(InvalidValueError):

@@ -19,16 +19,23 @@ import numpy as np
 from jaxnet.core.metrics import (prepare_output, read_jsonl_counted, write_atomically,
                                  write_file_atomically)
 
-# figure name -> (y label, [(metric, line style, legend suffix)])
+# figure name -> (y label, [(metric, line style, legend suffix)]): every run's; each task adds
+# its own (Task.plots), drawn like loss_scale only when some run logged them.
 PLOTS = {
     "loss": ("loss", [("train/loss", "-", "train"), ("eval/loss", "o--", "eval")]),
-    "accuracy": ("accuracy", [("train/accuracy", "-", "train"), ("eval/top1", "o--", "eval top-1")]),
-    "mAP": ("COCO box AP", [("eval/mAP", "o--", "mAP"), ("eval/AP50", "o:", "AP50")]),
     "learning_rate": ("learning rate", [("train/learning_rate", "-", "")]),
     "throughput": ("train images/s", [("train/images_per_sec", "-", "")]),
     "loss_scale": ("fp16 loss scale", [("train/loss_scale", "-", "")]),
 }
-OPTIONAL = {"loss_scale", "accuracy", "mAP"}  # only drawn when some run logged them
+OPTIONAL = {"loss_scale"}
+
+
+def figures() -> tuple[dict, set]:
+  """PLOTS with every task's figures after the loss's, and the figures drawn only when logged."""
+  from jaxnet.core import tasks
+  own = {name: (ylabel, list(metrics)) for t in tasks.all_tasks() for name, ylabel, metrics in t.plots}
+  first, *rest = PLOTS.items()
+  return dict([first, *own.items(), *rest]), OPTIONAL | set(own)
 
 
 def labels_for(workdirs: list[str]) -> list[str]:
@@ -45,8 +52,9 @@ def plot(runs: dict[str, list[dict]], out_dir: str, schedules: dict | None = Non
   import matplotlib.figure  # a Figure of its own: no pyplot state, no display needed
   os.makedirs(out_dir, exist_ok=True)
   written = []
-  for name, (ylabel, metrics) in PLOTS.items():
-    if name in OPTIONAL and not any(m in r for recs in runs.values() for r in recs for m, _, _ in metrics):
+  plots, optional = figures()
+  for name, (ylabel, metrics) in plots.items():
+    if name in optional and not any(m in r for recs in runs.values() for r in recs for m, _, _ in metrics):
       continue
     fig = matplotlib.figure.Figure(figsize=(11, 4))
     by_step, by_time = fig.subplots(1, 2)
@@ -82,11 +90,15 @@ def plot(runs: dict[str, list[dict]], out_dir: str, schedules: dict | None = Non
   return written
 
 
+def _best_key(metric: str) -> str:
+  return "best_" + metric.replace("/", "_")  # best_eval_top1 | best_eval_mAP
+
+
 def format_summary(label: str, s: dict) -> str:
   fmt = lambda v, spec: "n/a" if v is None else format(v, spec)
-  metric, key = ("mAP", "eval_mAP") if "best_eval_mAP" in s else ("top-1", "eval_top1")
-  return (f"{label}: final eval {metric} {fmt(s['final_' + key], '.4f')} at step "
-          f"{fmt(s['final_eval_step'], 'd')}; best eval {metric} {fmt(s['best_' + key], '.4f')} at step "
+  metric, label_words = s["metric"].replace("/", "_"), s["headline"]
+  return (f"{label}: final {label_words} {fmt(s['final_' + metric], '.4f')} at step "
+          f"{fmt(s['final_eval_step'], 'd')}; best {label_words} {fmt(s['best_' + metric], '.4f')} at step "
           f"{fmt(s['best_eval_step'], 'd')} after {fmt(s['time_to_best_sec'], '.1f')} s; "
           f"median {fmt(s['median_images_per_sec'], ',.0f')} train images/s; "
           f"last step {s['final_step']}")
@@ -163,12 +175,12 @@ def summary(records: list[dict]) -> dict:
   eval/top1, a detector's eval/mAP) with their steps, the best's wall time, median train
   throughput, last step."""
   from jaxnet.core import tasks
-  found = [h for h in tasks.headlines() if any(h in r for r in records)]
-  metric = found[0] if found else tasks.headlines()[0]
-  key = "best_" + metric.replace("/", "_")  # best_eval_top1 | best_eval_mAP
+  task = tasks.for_records(records)
+  metric, key = task.headline, _best_key(task.headline)
   evals = series(records, metric)
   rate = series(records, "train/images_per_sec")
   out = {"final_step": max((r["step"] for r in records), default=0),
+         "metric": metric, "headline": task.headline_label,
          "final_" + metric.replace("/", "_"): None, "final_eval_step": None,
          key: None, "best_eval_step": None, "time_to_best_sec": None,
          "median_images_per_sec": float(np.median(rate.values)) if len(rate.values) else None}

@@ -24,7 +24,7 @@ compiles against abstract arguments. Numbers:
                    the batch-dependent part of the vjp closure, found as
                    residuals(2B) - residuals(B) so params and their casts drop out.
   train-step temp  `memory_analysis().temp_size_in_bytes` of the compiled train
-                   step (steps.make_train_step with the model's task's loss, SGD): XLA's peak scratch for
+                   step (steps.make_train_step with the model's task's loss and batch, SGD): XLA's peak scratch for
                    forward + backward + update on *this* backend, excluding the
                    arguments (params, optimizer state, batch) and outputs.
 """
@@ -152,16 +152,15 @@ def summarize(name: str, *, image_size: int = 224, batch_size: int = 32, num_cla
   if train_step:
     tx = optax.sgd(0.1, momentum=0.9)
     config = config_lib.base_config()
-    config.model.name = name
-    loss = tasks.for_model(name).loss(model, config, num_classes)
-    step = steps.make_train_step(model, tx, lambda s: 0.1, policy, loss,
+    config.model.name, config.image_size = name, image_size
+    task = tasks.for_model(name)
+    step = steps.make_train_step(model, tx, lambda s: 0.1, policy, task.loss(model, config, num_classes),
                                  steps.StepOptions((0.5,) * channels, (0.25,) * channels))
     ls = ConfigDict({"initial_scale": 2.0**15, "growth_interval": 2000})
     state = jax.eval_shape(lambda: init_state(model, tx, image, 0, ls))
-    batch = {"image": jax.ShapeDtypeStruct((batch_size,) + image, jnp.uint8),
-             "label": jax.ShapeDtypeStruct((batch_size,), jnp.int32),
-             "mask": jax.ShapeDtypeStruct((batch_size,), jnp.bool_),
-             "corrupt": jax.ShapeDtypeStruct((batch_size,), jnp.int32)}
+    fields = {"image": (image, "uint8"), "mask": ((), "bool"), "corrupt": ((), "int32"),
+              **task.batch_fields(config)}  # the batch the task's loss reads
+    batch = {k: jax.ShapeDtypeStruct((batch_size, *shape), dtype) for k, (shape, dtype) in fields.items()}
     compiled = jax.jit(step).lower(state, batch).compile()
     mem = compiled.memory_analysis()
     out["train_step_temp_bytes"] = int(mem.temp_size_in_bytes) if mem is not None else None

@@ -82,6 +82,12 @@ class RetinaNet(nn.Module):
   bn_num_groups: int = 1
   freeze_bn_stats: bool = True        # the backbone's BN: its running statistics, as torchvision's
 
+  def anchor_boxes(self, image_size: int, levels) -> tuple[np.ndarray, list[int]]:
+    """(the (A, 4) anchors the outputs of an image_size image are relative to, the anchors per
+    level), for the detection task: `levels` is the output's "levels"."""
+    per_location = len(ANCHOR_RATIOS) * len(anchor_sizes(self.anchor_base)[0])
+    return anchors(image_size, levels, self.anchor_base), [h * w * per_location for h, w in levels]
+
   @nn.compact
   def __call__(self, x, train: bool):
     c3, c4, c5 = ResNet(self.stage_sizes, self.block, width=self.width, stem=self.stem, dtype=self.dtype,

@@ -1,35 +1,50 @@
 """Tasks: what differs between training a classifier and a detector, behind one interface.
 
-A task owns the data it reads (its sources and the examples they make), its loss (the one
-train step in steps.py takes it: mixed precision, loss scaling, micro-batches, FSDP's gathers,
-EMA and the optimizer stay there, the same for every task), its eval step and the evaluator
-that turns the eval step's outputs into metrics, its headline metric, and what a restored
-model computes for an image. A model's registry entry names its task (`TASK` on its module
-class, jaxnet/core/models); everything else asks the task object, never its name.
+A task is the whole vertical slice of what a model does: the data it reads (its sources and
+the examples they make), its config block, its loss (the one train step in steps.py takes it:
+mixed precision, loss scaling, micro-batches, FSDP's gathers, EMA and the optimizer stay
+there, the same for every task), what its eval step computes and the evaluator that turns
+that into metrics, its headline metric and plots, and what a restored model does with an
+image (preprocess, postprocess, print, draw). A model's registry entry names its task
+(`TASK` on its module class, jaxnet/core/models); everything else asks the task object,
+never its name.
 
   classification.py   labels: cross-entropy (label smoothing, mixup/CutMix), top-1/top-5
-  detection.py        boxes: RetinaNet's focal and box losses, COCO's mAP
+  detection.py        boxes: focal and box losses over the model's anchors, COCO's mAP
 
-A new task (segmentation, keypoints, ...) is one module here with a class like these, added
-to TASKS.
+A new task (segmentation, keypoints, ...) is one module (or package) here whose `TASK` is a
+Task: every module of this package is imported, as models are. A task defined elsewhere (a
+test's, a user's) is added with `register`.
 """
 
 import dataclasses
+import importlib
+import pkgutil
 from typing import Callable
 
 from jaxnet.core import models
+from jaxnet.core.errors import InvalidValueError, UserError
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
   """The interface. `name` is what a model's TASK says; `headline` the eval metric a run is
-  judged by; `exports` the --format values (and "int8") its models can be exported to;
-  `returns` what a restored model gives for an image ("classes" or "boxes": the Python API's
-  predictor for it, jaxnet/tools/predictor.py)."""
+  judged by and `headline_label` its words in a report; `plots` the report's figures of its
+  own (((figure, y label, ((metric, line style, legend suffix), ...)), ...): drawn when a
+  run logged them); `exports` the --format values (and "int8") its models can be exported
+  to; `eval_keys` the keys of its config block (`config_block`) that change what an eval
+  sees (dotted; "block." for a whole block)."""
   name: str = ""
   headline: str = ""
+  headline_label: str = ""
   exports: tuple = ()
-  returns: str = ""
+  plots: tuple = ()
+  eval_keys: tuple = ()
+
+  def config_block(self) -> dict:
+    """The config keys this task adds to every config, with their defaults ({key: value, or
+    {key: value} for a block}: config.base_config adds them; their names are public)."""
+    return {}
 
   def check_config(self, config) -> None:
     """Refuses, in one line, what this task does not build (before anything runs)."""
@@ -54,7 +69,9 @@ class Task:
     count. `batch_devices`: the devices the batch is split over."""
     raise NotImplementedError
 
-  def make_eval_step(self, model, policy, config, *, num_classes: int, mean, std, fsdp=None):
+  def eval_outputs(self, model, config, num_classes: int) -> Callable:
+    """`outputs(apply, batch)` for steps.make_eval_step: what the eval step returns for a
+    batch (`apply(images)`: the model in eval mode, normalised inside), for `evaluate`."""
     raise NotImplementedError
 
   def evaluate(self, outputs, eval_source) -> dict:
@@ -66,26 +83,67 @@ class Task:
     """The eval metrics in a few words, for the progress lines."""
     raise NotImplementedError
 
-  def make_predict_fn(self, model, policy, config):
-    """`predict_fn(variables, images)`: what a restored model computes for uint8 images
-    (classification: logits; detection: boxes, scores, classes)."""
+  def predict_outputs(self, model, config) -> Callable:
+    """`outputs(apply, images)` for steps.make_predict_fn: what a restored model computes for
+    uint8 images (classification: logits; detection: boxes, scores, classes)."""
     raise NotImplementedError
 
+  # What a restored model does for an image (jaxnet/tools/predictor.py).
+  def preprocess(self, data: bytes, config, channels: int) -> dict:
+    """An encoded image -> the example eval would have made of it: {"image": uint8 HWC with
+    `channels` channels, "mask": whether it decoded, ...: what `postprocess` needs of it}."""
+    raise NotImplementedError
 
-def _registry() -> dict:
-  from jaxnet.core.tasks import classification, detection
-  return {t.name: t for t in (classification.TASK, detection.TASK)}
+  def postprocess(self, outputs, examples: list, class_names: list, **options) -> list:
+    """The predict function's outputs for a batch (host arrays) -> each image's result."""
+    raise NotImplementedError
+
+  def lines(self, path, result) -> list[str]:
+    """One image's result as `python -m jaxnet.cli.predict` prints it."""
+    return [f"{path}: {result}"]
+
+  def draw(self, image, result, path: str) -> None:
+    """Writes `image` with its result drawn as PNG at `path`."""
+    raise UserError(f"--draw: a {self.name} model's results are not drawn; leave --draw out")
 
 
-def headlines() -> list[str]:
-  """Every task's headline metric (a run's metrics.jsonl holds its own task's)."""
-  return [t.headline for t in _registry().values()]
+def _modules() -> dict:
+  """{name: task} of every module of this package that defines TASK (a new task is a new
+  module, listed nowhere else)."""
+  found = {}
+  for module in pkgutil.iter_modules(__path__):
+    task = getattr(importlib.import_module(f"{__name__}.{module.name}"), "TASK", None)
+    if isinstance(task, Task):
+      found[task.name] = task
+  return found
+
+
+_ADDED: dict[str, Task] = {}
+
+
+def register(task: Task) -> Task:
+  """Adds a task defined outside this package (a model's TASK then names it)."""
+  _ADDED[task.name] = task
+  return task
+
+
+def all_tasks() -> list[Task]:
+  return list({**_modules(), **_ADDED}.values())
 
 
 def get(name: str) -> Task:
-  return _registry()[name]
+  found = {t.name: t for t in all_tasks()}
+  if name not in found:
+    raise InvalidValueError(f"no task {name!r} (a model's TASK): the tasks are {', '.join(sorted(found))}")
+  return found[name]
 
 
 def for_model(model_name: str) -> Task:
   """The task of registered model `model_name`."""
   return get(models.task(model_name))
+
+
+def for_records(records: list[dict]) -> Task:
+  """The task whose headline metric a run's metrics records hold (the first task's if none)."""
+  tasks = all_tasks()
+  return next((t for t in tasks if any(t.headline in r for r in records)), tasks[0])

@@ -26,12 +26,14 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+from PIL import Image
 
 from jaxnet.core import steps
 from jaxnet.core.data import sources
+from jaxnet.core.data.transforms import EvalDecodeCrop
 from jaxnet.core.errors import InvalidValueError
-from jaxnet.core.state import Policy, TrainState
 from jaxnet.core.tasks import Task
 
 
@@ -50,6 +52,9 @@ def cross_entropy(logits, labels, num_classes, label_smoothing=0.0):
 
 
 class Classification(Task):
+  def config_block(self) -> dict:
+    return {}
+
   def check_config(self, config) -> None:
     if config.data.source == "coco":
       raise InvalidValueError(
@@ -67,9 +72,8 @@ class Classification(Task):
     mix = Mix(**{**config.mix, "groups": config.mix.groups or batch_devices})
     return classification_loss(num_classes, config.label_smoothing, mix)
 
-  def make_eval_step(self, model, policy, config, *, num_classes: int, mean, std, fsdp=None):
-    return make_eval_step(model, policy, num_classes=num_classes, mean=mean, std=std,
-                          use_ema=config.ema_decay > 0, fsdp=fsdp)
+  def eval_outputs(self, model, config, num_classes: int):
+    return eval_sums(num_classes)
 
   def evaluate(self, outputs, eval_source) -> dict:
     sums = None
@@ -84,12 +88,33 @@ class Classification(Task):
     return (f"top-1 {metrics['eval/top1']:.4f}  top-5 {metrics['eval/top5']:.4f}  "
             f"loss {metrics['eval/loss']:.4f}")
 
-  def make_predict_fn(self, model, policy, config):
-    return steps.make_logits_fn(model, policy, mean=tuple(config.data.mean), std=tuple(config.data.std))
+  def predict_outputs(self, model, config):
+    return lambda apply, images: apply(images)  # the logits
+
+  def preprocess(self, data: bytes, config, channels: int) -> dict:
+    # The pipeline's own eval transform; warn=False: the predictor's error names the file and why.
+    size = config.image_size
+    op = EvalDecodeCrop(size, config.data.eval_crop_fraction, config.data.eval_interpolation, warn=False)
+    example = op.map({"image": data, "label": np.int32(0)})
+    image = np.asarray(example["image"], np.uint8)
+    if channels == 1 and image.shape[-1] == 3:  # a grayscale model
+      image = np.asarray(Image.fromarray(image).convert("L"), np.uint8)[..., None]
+    return {"image": image, "mask": example["mask"]}
+
+  def postprocess(self, logits, examples, class_names, top_k: int = 5, **unused) -> list:
+    """Top-k (class name, probability) for each image."""
+    probs = np.asarray(jax.nn.softmax(np.asarray(logits, np.float32), axis=-1))
+    top = np.argsort(-probs, axis=-1)[:, :min(top_k, probs.shape[-1])]
+    return [[(class_names[i], float(p[i])) for i in row] for p, row in zip(probs, top)]
+
+  def lines(self, path, result) -> list[str]:
+    return [str(path)] + [f"  {prob:8.4f}  {name}" for name, prob in result]
 
 
-TASK = Classification(name="classification", headline="eval/top1", exports=("jax", "onnx", "torch", "int8"),
-                      returns="classes")
+TASK = Classification(name="classification", headline="eval/top1", headline_label="eval top-1",
+                      exports=("jax", "onnx", "torch", "int8"),
+                      plots=(("accuracy", "accuracy", (("train/accuracy", "-", "train"),
+                                                       ("eval/top1", "o--", "eval top-1"))),))
 
 
 def classification_loss(num_classes: int, label_smoothing: float = 0.0, mix: "Mix | None" = None):
@@ -120,18 +145,12 @@ def make_train_step(model, tx, schedule, policy, *, num_classes: int, mean, std,
                                steps.StepOptions(tuple(mean), tuple(std), ema_decay, grad_accum_steps, fsdp))
 
 
-def make_eval_step(model, policy: Policy, *, num_classes: int, mean, std,
-                   use_ema: bool = False, fsdp=None):
-  """Returns `eval_step(state, batch) -> sums`: metric *sums* and the example count,
-  so that batches (including the padded last one) add up exactly.
-  `fsdp`: as make_train_step's."""
+def eval_sums(num_classes: int):
+  """The eval step's outputs for a batch: metric *sums* and the example count, so that
+  batches (including the padded last one) add up exactly."""
 
-  logits_fn = steps.make_logits_fn(model, policy, mean=mean, std=std)
-  gather = fsdp.params if fsdp else (lambda params: params)
-
-  def eval_step(state: TrainState, batch):
-    variables = steps.eval_variables(state.params, state.ema_params, state.batch_stats, use_ema)
-    logits = logits_fn({**variables, "params": gather(variables["params"])}, batch["image"])
+  def outputs(apply, batch):
+    logits = apply(batch["image"])
     mask = batch["mask"].astype(jnp.float32)
     loss = cross_entropy(logits, batch["label"], num_classes)
     top5 = jax.lax.top_k(logits, min(5, num_classes))[1]
@@ -143,8 +162,7 @@ def make_eval_step(model, policy: Policy, *, num_classes: int, mean, std,
         "count": jnp.sum(mask),
     }
 
-  return eval_step
-
+  return outputs
 
 
 @dataclasses.dataclass(frozen=True)

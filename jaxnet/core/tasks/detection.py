@@ -1,6 +1,8 @@
-"""Object detection (RetinaNet, Lin et al. 2017, as torchvision's `retinanet_resnet50_fpn`):
-anchors, matching, the box encoding, the focal loss, decoding and non-maximum suppression,
-and the task built from them (the loss for steps.make_train_step, the eval step, COCO's mAP). Every shape is static: an image's ground-truth
+"""Object detection (RetinaNet's, Lin et al. 2017, as torchvision's `retinanet_resnet50_fpn`):
+matching against the model's anchors (its `anchor_boxes`), the box encoding, the focal loss,
+decoding and non-maximum suppression, and the task built from them (the loss for
+steps.make_train_step, the eval outputs, COCO's mAP, a restored detector's boxes and their
+drawing). Every shape is static: an image's ground-truth
 boxes are padded to a fixed count with a mask, and the detections of an image are a fixed
 number with scores (-inf where there is none), so the steps jit once and shard over the batch.
 
@@ -17,10 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxnet.core.data import coco
 from jaxnet.core.errors import InvalidValueError
-from jaxnet.core.models.retinanet import ANCHOR_RATIOS, anchors
-from jaxnet.core.state import Policy, TrainState
-from jaxnet.core.steps import normalize
+from jaxnet.core.metrics import write_file_atomically
 from jaxnet.core.tasks import Task
 
 # torchvision's RetinaNet defaults.
@@ -182,14 +183,54 @@ def check_config(config) -> None:
     raise InvalidValueError("config.detection.max_boxes and max_detections must be at least 1")
 
 
-def detection_loss(anchor_base: int):
+# A small image is drawn magnified, by a whole factor up to this shorter side, so that the
+# labels (a fixed 14 px font) neither hide its objects nor run into one another.
+DRAW_MIN_SIDE = 512
+_LABEL_FONT_PX = 14
+_PALETTE = ((0.9, 0.1, 0.1), (0.1, 0.6, 0.1), (0.1, 0.3, 0.9), (0.9, 0.6, 0.0), (0.6, 0.1, 0.7))
+
+
+def draw_scale(width: int, height: int) -> int:
+  """The whole factor draw_detections magnifies a width x height image by (1: none)."""
+  return max(1, -(-DRAW_MIN_SIDE // min(width, height)))
+
+
+def draw_detections(image, detections, path: str) -> None:
+  """Writes `image` (a PIL image) with `detections` (a restored detector's result for it)
+  drawn, as PNG at `path`, whole or not at all: magnified by draw_scale (pixels kept square,
+  nearest-neighbour), each box with its label on a band of its colour above it."""
+  from PIL import Image, ImageDraw, ImageFont
+  picture = image.convert("RGB")
+  scale = draw_scale(*picture.size)
+  if scale > 1:
+    picture = picture.resize((picture.width * scale, picture.height * scale), Image.NEAREST)
+  try:
+    font = ImageFont.load_default(size=_LABEL_FONT_PX)
+  except TypeError:  # Pillow < 10.1: its one bitmap font, ~11 px
+    font = ImageFont.load_default()
+  pen = ImageDraw.Draw(picture)
+  for k, (name, score, box) in enumerate(detections):
+    colour = tuple(int(255 * c) for c in _PALETTE[k % len(_PALETTE)])
+    x0, y0, x1, y1 = (float(v) * scale for v in box)
+    pen.rectangle((x0, y0, x1, y1), outline=colour, width=3)
+    text = f"{name} {score:.2f}"
+    left, top, right, bottom = pen.textbbox((0, 0), text, font=font)
+    height = bottom - top + 4
+    y = y0 - height if y0 >= height else y0  # above the box where there is room
+    pen.rectangle((x0, y, x0 + right - left + 6, y + height), fill=colour)
+    pen.text((x0 + 3, y + 2 - top), text, fill=(255, 255, 255), font=font)
+  write_file_atomically(path, lambda tmp: picture.save(tmp, format="PNG"))
+
+
+def detection_loss(model):
   """The task's loss for steps.make_train_step: per image the focal loss and the L1 box loss,
-  each over its foreground anchors, summed over the batch's real images (the step divides by
-  their count: the mean over images, masked-out ones counting for nothing)."""
+  each over its foreground anchors (the model's: `anchor_boxes`), summed over the batch's real
+  images (the step divides by their count: the mean over images, masked-out ones counting for
+  nothing)."""
 
   def loss(apply, batch, key):
     out = apply(batch["image"])
-    anchor_boxes = jnp.asarray(anchors(batch["image"].shape[1], out["levels"], anchor_base))
+    anchor_boxes = jnp.asarray(model.anchor_boxes(batch["image"].shape[1], out["levels"])[0])
     cls, box = jax.vmap(losses, in_axes=(0, 0, None, 0, 0, 0))(
         out["cls"], out["box"], anchor_boxes, batch["boxes"], batch["classes"], batch["box_mask"])
     weight = batch["mask"].astype(jnp.float32)
@@ -199,49 +240,30 @@ def detection_loss(anchor_base: int):
   return loss
 
 
-def make_detect_fn(model, policy: Policy, *, mean, std, max_detections: int = 300,
-                   candidates_per_level: int = 1000):
-  """`detect_fn(variables, images) -> (boxes, scores, classes)`, the detector in eval mode:
-  per uint8 NHWC image (resized and padded as the eval data) `max_detections` boxes in its
-  pixels, their scores (-inf in unused rows) and classes. The eval step and the Python API's
-  detector (jaxnet/tools/predictor.py) both call it."""
+def detections(model, *, max_detections: int = 300, candidates_per_level: int = 1000):
+  """`outputs(apply, images) -> (boxes, scores, classes)` for steps.make_predict_fn: per uint8
+  NHWC image (resized and padded as the eval data) `max_detections` boxes in its pixels, their
+  scores (-inf in unused rows) and classes. The eval step and a restored detector both run it."""
 
-  def detect_fn(variables, images):
-    out = model.apply(variables, normalize(images, mean, std, policy.compute_dtype), train=False)
+  def outputs(apply, images):
+    out = apply(images)
     image_size = images.shape[1]
-    anchor_boxes = jnp.asarray(anchors(image_size, out["levels"], model.anchor_base))
-    counts = [h * w * len(ANCHOR_RATIOS) * 3 for h, w in out["levels"]]
-    return jax.vmap(lambda c, b: detect(c, b, anchor_boxes, counts, image_size,
+    anchor_boxes, counts = model.anchor_boxes(image_size, out["levels"])
+    return jax.vmap(lambda c, b: detect(c, b, jnp.asarray(anchor_boxes), counts, image_size,
                                         candidates_per_level=candidates_per_level,
                                         max_detections=max_detections))(out["cls"], out["box"])
 
-  return detect_fn
-
-
-def make_eval_step(model, policy: Policy, *, mean, std, fsdp=None, **detect_options):
-  """`eval_step(state, batch) -> detections`: `make_detect_fn`'s boxes (in the batch's padded
-  images' pixels), scores and classes, with the batch's image_id, scale and mask, for the
-  COCO evaluation on the host (Detection.evaluate)."""
-  gather = fsdp.params if fsdp else (lambda params: params)
-  detect_fn = make_detect_fn(model, policy, mean=mean, std=std, **detect_options)
-
-  def eval_step(state: TrainState, batch):
-    variables = {"params": gather(state.params)}
-    if state.batch_stats:
-      variables["batch_stats"] = state.batch_stats
-    boxes, scores, classes = detect_fn(variables, batch["image"])
-    return {"boxes": boxes, "scores": scores, "classes": classes, "image_id": batch["image_id"],
-            "scale": batch["scale"], "source_size": batch["source_size"], "mask": batch["mask"]}
-
-  return eval_step
+  return outputs
 
 
 class Detection(Task):
+  def config_block(self) -> dict:
+    return {}
+
   def check_config(self, config) -> None:
     check_config(config)
 
   def make_source(self, config, split: str):
-    from jaxnet.core.data import coco
     data, options = config.data, dict(max_boxes=config.detection.max_boxes,
                                        scale_jitter=config.detection.scale_jitter)
     split_name = data.train_split if split == "train" else data.eval_split
@@ -263,15 +285,21 @@ class Detection(Task):
             "source_size": ((2,), "int32")}
 
   def loss(self, model, config, num_classes: int, batch_devices: int = 1):
-    return detection_loss(model.anchor_base)
+    return detection_loss(model)
 
-  def make_eval_step(self, model, policy, config, *, num_classes: int, mean, std, fsdp=None):
-    return make_eval_step(model, policy, mean=mean, std=std, fsdp=fsdp,
-                          max_detections=config.detection.max_detections,
-                          candidates_per_level=config.detection.candidates_per_level)
+  def eval_outputs(self, model, config, num_classes: int):
+    """The detections (in the batch's padded images' pixels) with the batch's image_id, scale
+    and mask, for the COCO evaluation on the host (`evaluate`)."""
+    detect_batch = self.predict_outputs(model, config)
+
+    def outputs(apply, batch):
+      boxes, scores, classes = detect_batch(apply, batch["image"])
+      return {"boxes": boxes, "scores": scores, "classes": classes, "image_id": batch["image_id"],
+              "scale": batch["scale"], "source_size": batch["source_size"], "mask": batch["mask"]}
+
+    return outputs
 
   def evaluate(self, outputs, eval_source) -> dict:
-    from jaxnet.core.data import coco
     found = []
     for out in outputs:
       out = jax.device_get(out)
@@ -285,10 +313,33 @@ class Detection(Task):
     return (f"mAP {metrics['eval/mAP']:.4f}  AP50 {metrics['eval/AP50']:.4f}  "
             f"AP75 {metrics['eval/AP75']:.4f}")
 
-  def make_predict_fn(self, model, policy, config):
-    return make_detect_fn(model, policy, mean=tuple(config.data.mean), std=tuple(config.data.std),
-                          max_detections=config.detection.max_detections,
-                          candidates_per_level=config.detection.candidates_per_level)
+  def predict_outputs(self, model, config):
+    return detections(model, max_detections=config.detection.max_detections,
+                      candidates_per_level=config.detection.candidates_per_level)
+
+  def preprocess(self, data: bytes, config, channels: int) -> dict:
+    """The eval data's resize and padding (jaxnet/core/data/coco.py), with each image's scale
+    from its own pixels to the batch's and its (height, width)."""
+    transform = coco.DetectionTransform(config.image_size, 1, train=False, warn=False)
+    return transform.map({"image": data, "boxes": np.zeros((0, 4), np.float32),
+                          "classes": np.zeros((0,), np.int32), "image_id": 0, "path": ""})
+
+  def postprocess(self, outputs, examples, class_names, min_score: float = 0.3, **unused) -> list:
+    """Per image [(class name, score, (x0, y0, x1, y1) in the image's pixels)], best first,
+    those scoring at least `min_score`."""
+    boxes, scores, classes = outputs
+    return [[(class_names[c], float(s), tuple(float(v) for v in b))
+             for b, s, c in zip(coco.to_source_pixels(boxes[i], e["scale"], e["source_size"]), scores[i], classes[i])
+             if s >= min_score] for i, e in enumerate(examples)]
+
+  def lines(self, path, result) -> list[str]:
+    return [f"{path}: {len(result)} detections"] + [
+        f"  {score:8.4f}  {name:<16} {' '.join(f'{v:7.1f}' for v in box)}" for name, score, box in result]
+
+  def draw(self, image, result, path: str) -> None:
+    draw_detections(image, result, path)
 
 
-TASK = Detection(name="detection", headline="eval/mAP", exports=("onnx", "torch"), returns="boxes")
+TASK = Detection(name="detection", headline="eval/mAP", headline_label="eval mAP", exports=("onnx", "torch"),
+                 plots=(("mAP", "COCO box AP", (("eval/mAP", "o--", "mAP"), ("eval/AP50", "o:", "AP50"))),),
+                 eval_keys=("detection.",))

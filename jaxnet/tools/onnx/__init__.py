@@ -5,7 +5,8 @@
   the model's metadata_props record how to make the input (image size, channels, mean/std,
   the eval crop and interpolation) and the class names (METADATA_KEYS). Each model family
   has its writer, a module of this package naming the model class it writes (`MODEL`), its
-  `write(predictor)` and optionally its `notes(predictor)` (metadata of its own): the graph
+  `write(predictor)` and optionally its `notes(predictor)` (metadata of its own) and
+  `OUTPUTS` (its graph's outputs in a few words, when not logits): the graph
   op by op in the form runtimes run fastest (NCHW, BN folded, MatMul, LayerNormalization,
   fusable GELU; graph.py is the builder they share). A new family is a new module here.
 - ONNX int8 (int8.py, `save_onnx_int8`): onnxruntime's quantize_static in the QDQ format,
@@ -83,9 +84,8 @@ def family(predictor):
 
 
 def onnx_outputs(predictor) -> str:
-  """The outputs of the predictor's ONNX graph, in a few words."""
-  return ("outputs class_logits, box_deltas and anchors" if "jaxnet.outputs" in family(predictor)[1](predictor)
-          else "output logits")
+  """The outputs of the predictor's ONNX graph, in a few words: its writer's OUTPUTS."""
+  return getattr(writers()[type(predictor.model)], "OUTPUTS", "output logits")
 
 
 def to_onnx(predictor):

@@ -10,6 +10,7 @@ from jaxnet.tools.onnx.graph import Graph
 from jaxnet.tools.onnx.resnet import resnet_layers
 
 MODEL = RetinaNet
+OUTPUTS = "outputs class_logits, box_deltas and anchors"
 
 
 def notes(predictor) -> dict:
