@@ -546,8 +546,8 @@ MUTATIONS = [
              "self.task = tasks.for_model(config.model.name)",
              'self.task = tasks.get("detection" if config.data.source == "coco" else "classification")',
              (DETECTION + "test_a_tfds_detection_dataset_gives_the_coco_folders_records_and_trains",)),
-    Mutation("detector_class_layer_reinitialised", "jaxnet/tools/weights/pretrained.py",
-             'CLASS_LAYERS = {"head": 1, "cls_logits": 9}', 'CLASS_LAYERS = {"head": 1}',
+    Mutation("detector_class_layer_reinitialised", "jaxnet/tools/weights/retinanet_names.py",
+             'class_layer=("cls_logits", 9)', 'class_layer=("head", 1)',
              (DETECTION + "test_a_detectors_weights_of_another_class_count_fine_tune_with_a_fresh_class_layer",)),
     # --- tasks as plug-ins, the workdir's gate (issue 41) ------------------------------
     Mutation("a_task_branch_outside_the_tasks", "jaxnet/tools/predictor.py",

@@ -46,6 +46,7 @@ class Source:
   variables: dict[Path, np.ndarray]     # flat jaxnet variables, jaxnet layouts, float32
   unknown: list[str]                    # source tensors that map to no jaxnet variable
   describe: Callable[[Path], str]       # a variable's name in the source's own terms
+  class_layer: tuple[str, int] = ("head", 1)  # the model family's (torch_names.Family.class_layer)
 
 
 @functools.cache
@@ -165,12 +166,21 @@ def load(spec: str, target: dict[Path, tuple], model: str = "resnet") -> Source:
     from jaxnet.tools import predictor
     variables, _ = predictor.load_eval_variables(spec, config_lib.load(spec))
     flat = {p: np.asarray(x, np.float32) for p, x in flatten_dict(variables).items()}
-    return Source(flat, [], _describe_jaxnet)
+    return Source(flat, [], _describe_jaxnet, _family(model).class_layer)
   namings = namings_of(model)
   path = hub.fetch(spec)[0] if hub.is_hub_spec(spec) else spec
   tensors, _ = tensor_files.read(path)
   family, flat, unknown = _naming_used(tensors, target, namings)
-  return Source(flat, unknown, _describer((family,) if flat else namings))
+  return Source(flat, unknown, _describer((family,) if flat else namings), family.class_layer)
+
+
+def _family(model: str) -> torch_names.Family:
+  """Model `model`'s family's default naming; a plain Family (class layer "head", no backbone)
+  for a model without PyTorch names (a jaxnet workdir loads into any model)."""
+  try:
+    return namings_of(model)[0]
+  except InvalidValueError:
+    return torch_names.Family("", model, lambda path: None)
 
 
 def preprocessing_of(spec: str, model: str = "") -> tuple[Preprocessing, str]:
@@ -255,26 +265,23 @@ def with_recorded_preprocessing(config, workdir: str):
   return _with(config, _recorded(config, workdir))
 
 
-# The layer whose width is the class count, and its outputs per class: a classifier's head; a
-# detector's class logits, 9 anchors x classes (models/retinanet.py).
-CLASS_LAYERS = {"head": 1, "cls_logits": 9}
+def _class_layer(target, source: Source) -> str | None:
+  """The module of `target` whose outputs are per class (its family's: Family.class_layer)."""
+  layer = source.class_layer[0]
+  return layer if any(p[1] == layer for p in target) else None
 
 
-def _class_layer(target) -> str | None:
-  return next((layer for layer in CLASS_LAYERS if any(p[1] == layer for p in target)), None)
-
-
-def _head_reason(layer: str | None, target: dict[Path, tuple], source: dict[Path, np.ndarray],
+def _head_reason(layer: str | None, per_class: int, target: dict[Path, tuple], source: dict[Path, np.ndarray],
                  keep_head: bool) -> str | None:
-  """Why the fresh head `layer` (a classifier's, or a detector's class logits: `_class_layer`)
-  stays (None: the source's is loaded). `target` maps paths to shapes."""
+  """Why the fresh class layer `layer` (`_class_layer`, `per_class` outputs per class) stays
+  (None: the source's is loaded). `target` maps paths to shapes."""
   if layer is None:
     return None
   if not keep_head:
     return "init.keep_head=False"
   if not any(p[1] == layer for p in source):
     return "the weights have no classifier"
-  bias, per_class = ("params", layer, "bias"), CLASS_LAYERS[layer]
+  bias = ("params", layer, "bias")
   if bias in source and bias in target and source[bias].shape != tuple(target[bias]):
     return (f"the weights have {source[bias].shape[0] // per_class} classes, "
             f"this run {target[bias][0] // per_class}")
@@ -287,8 +294,8 @@ def fill(target: dict[Path, tuple], source: Source, keep_head: bool, spec: str =
   `target` maps paths to shapes. Paths of a re-initialised head are left out
   of the result. Raises WeightsMismatchError listing every problem at once.
   """
-  layer = _class_layer(target)
-  reason = _head_reason(layer, target, source.variables, keep_head)
+  layer = _class_layer(target, source)
+  reason = _head_reason(layer, source.class_layer[1], target, source.variables, keep_head)
   skip = {p for p in (*target, *source.variables) if reason and p[1] == layer}
   missing = [p for p in target if p not in source.variables and p not in skip]
   unused = [p for p in source.variables if p not in target and p not in skip]
@@ -332,14 +339,14 @@ def initialiser(config, log=print, loaded: dict | None = None):
     target = flatten_dict(variables)
     shapes = {p: x.shape for p, x in target.items()}
     source = load(spec, shapes, config.model.name)
-    in_backbone = lambda paths: any(p[1] == "backbone" for p in paths)
-    if in_backbone(target) and not in_backbone(source.variables):
-      return init_backbone(target)  # a plain network's weights for the backbone of a model
+    backbone = _family(config.model.name).backbone
+    if backbone and not any(p[1] == backbone[0] for p in source.variables):
+      return init_backbone(target, *backbone)  # a plain network's weights for the backbone of a model
     try:
       values, reason = fill(shapes, source, config.init.keep_head, f"init.weights={spec}")
     except WeightsMismatchError as e:  # the import and init.weights in training: one line
       raise InvalidValueError(_another_architecture(spec, config, str(e))) from None
-    layer = _class_layer(shapes)
+    layer = _class_layer(shapes, source)
     loaded.update(arrays=len(values), of=len(target), head=reason,
                   head_arrays=sum(1 for p in shapes if reason and p[1] == layer))
     if jax.process_index() == 0:
@@ -347,17 +354,18 @@ def initialiser(config, log=print, loaded: dict | None = None):
       log(f"init: {len(values)} of {len(target)} variables from {spec}{head}")
     return _variables({p: _place(values[p], x) if p in values else x for p, x in target.items()})
 
-  def init_backbone(target):
-    """A detector (models/retinanet.py): its backbone from a classifier's weights (ImageNet's,
-    under the backbone's own names), the classifier's head left out, the rest fresh."""
-    shapes = {p[:1] + p[2:]: x.shape for p, x in target.items() if p[1] == "backbone"}
-    source = load(spec, shapes, "resnet")  # every RetinaNet's backbone is a ResNet
-    head = {p for p in source.variables if p[1] == "head"}
-    head_names = {names_of("resnet").torch_name(("params", "head", leaf)) for leaf in ("kernel", "bias")}
+  def init_backbone(target, module: str, family: str):
+    """A model with a backbone (its family's Family.backbone: RetinaNet's ResNet) from a plain
+    network's weights (ImageNet's, under the backbone's own names): that network's class layer
+    left out, the rest fresh."""
+    shapes = {p[:1] + p[2:]: x.shape for p, x in target.items() if p[1] == module}
+    source = load(spec, shapes, family)
+    head = {p for p in source.variables if p[1] == source.class_layer[0]}
+    head_names = {names_of(family).torch_name(("params", source.class_layer[0], leaf)) for leaf in ("kernel", "bias")}
     source = dataclasses.replace(source, variables={p: v for p, v in source.variables.items() if p not in head},
                                  unknown=[n for n in source.unknown if n not in head_names])
     values, _ = fill(shapes, source, keep_head=False, spec=f"init.weights={spec}")
-    values = {p[:1] + ("backbone",) + p[1:]: v for p, v in values.items()}
+    values = {p[:1] + (module,) + p[1:]: v for p, v in values.items()}
     loaded.update(arrays=len(values), of=len(target), head="only the backbone is in the weights",
                   head_arrays=len(target) - len(values))
     if jax.process_index() == 0:
@@ -474,11 +482,11 @@ def architecture_of(spec: str, image_size: int, model: str) -> str | None:
                                                     np.zeros((1, image_size, image_size, 3), np.float32),
                                                     train=False))
       shapes = {p: tuple(x.shape) for p, x in flatten_dict(abstract).items()}
-      _, flat, unknown = _naming_used(tensors, shapes, namings)
+      family, flat, unknown = _naming_used(tensors, shapes, namings)
       if not flat:
         foreign.add(namings)
         continue
-      fill(shapes, Source(flat, unknown, _describe_jaxnet), keep_head=False)
+      fill(shapes, Source(flat, unknown, _describe_jaxnet, family.class_layer), keep_head=False)
     except (WeightsMismatchError, KeyError, ValueError, TypeError):  # not this one
       continue
     return name

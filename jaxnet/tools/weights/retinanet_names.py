@@ -47,4 +47,5 @@ def torch_name(path: Path) -> str | None:
 
 
 FAMILY = torch_names.Family("torchvision", "torchvision RetinaNet", torch_name,
-                            extras=resnet_names.FAMILY.extras)
+                            extras=resnet_names.FAMILY.extras, class_layer=("cls_logits", 9),
+                            backbone=("backbone", "resnet"))

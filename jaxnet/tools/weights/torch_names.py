@@ -59,6 +59,12 @@ class Family:
   # Tensors PyTorch keeps beside a named one that jaxnet has no counterpart of
   # (BN's counter): written on the way out, skipped on the way in.
   extras: Callable[[str], dict[str, np.ndarray]] = lambda name: {}
+  # The module whose outputs are per class (a fresh one where the class counts differ), and its
+  # outputs per class: a classifier's head, a detector's class logits (9 anchors x classes).
+  class_layer: tuple[str, int] = ("head", 1)
+  # (the module holding a backbone, the model family whose plain network's weights it takes):
+  # RetinaNet's ("backbone", "resnet"). None: the whole model is one network.
+  backbone: tuple[str, str] | None = None
 
   def to_torch_layout(self, path: Path, array: np.ndarray) -> np.ndarray:
     layout = self.layout(path, array.shape)
