@@ -41,7 +41,6 @@ def base_config() -> ml_collections.ConfigDict:
   # Empty: always image_size. Evaluation always uses image_size.
   c.progressive_resizing = ()
   c.precision = "fp32"             # fp32 | bf16 | fp16
-  c.label_smoothing = 0.0          # cross-entropy's target smoothing, in [0, 1)
   c.target_accuracy = 0.0          # eval/top1 that makes the MLPerf log's run_stop "success"
                                    # (WORKDIR/mlperf.log); 0: completing the run does
   c.ema_decay = 0.0                # 0: no EMA of params (and no copy of them in the state); eval uses EMA params when on
@@ -104,23 +103,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.randaug_num_ops = 0       # RandAugment: ops per train image (0: off); in the Grain
   c.data.randaug_magnitude = 10    # workers, on uint8 images; magnitude of 0..10
 
-  # Object detection (data.source=coco, a retinanet_* model; jaxnet/core/tasks/detection.py).
-  c.detection = ml_collections.ConfigDict()
-  c.detection.max_boxes = 100      # ground-truth boxes per image the batch holds (more: the first)
-  c.detection.scale_jitter = (1.0, 1.0)  # train: the resize's random factor, (low, high)
-  c.detection.max_detections = 300  # per image, after NMS: torchvision RetinaNet's detections_per_img
-                                   # (COCO's AP counts the best 100 of them)
-  c.detection.candidates_per_level = 1000  # best scores per pyramid level that reach NMS
-
-  # Mixup / CutMix, on the device inside the train step (soft targets); off by default.
-  c.mix = ml_collections.ConfigDict()
-  c.mix.mixup_alpha = 0.0          # Beta(alpha, alpha) mixing ratio; 0 turns mixup off
-  c.mix.cutmix_alpha = 0.0         # 0 turns CutMix off
-  c.mix.prob = 1.0                 # chance that a batch is mixed
-  c.mix.switch_prob = 0.5          # with both on: chance of CutMix instead of mixup
-  c.mix.groups = 0                 # examples pair within this many groups of the batch; 0: one per
-                                   # device (no traffic between devices; the pairs then depend on
-                                   # the device count), 1: the whole batch
+  # Each task's own keys (jaxnet/core/tasks: Task.config_block): classification's label_smoothing
+  # and mix (mixup / CutMix), detection's detection.* (data.source=coco, a retinanet_* model).
+  from jaxnet.core import tasks
+  for task in tasks.all_tasks():
+    for key, value in task.config_block().items():
+      c[key] = ml_collections.ConfigDict(value) if isinstance(value, dict) else value
 
   c.optim = ml_collections.ConfigDict()
   c.optim.name = "sgd"             # sgd | lars | adamw

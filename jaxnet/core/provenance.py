@@ -41,8 +41,8 @@ WARN_IF_CHANGED = ("jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin")
 
 # The config keys the tasks make their sources from (their make_source): an accepted change of
 # one of these (another data.dir, image_size for the generated digits) accepts the change of
-# the data's identity it makes.
-SOURCE_KEYS = ("data.", "image_size", "detection.")
+# the data's identity it makes. A task adds its own (Task.source_keys: detection.*).
+SOURCE_KEYS = ("data.", "image_size")
 
 
 class DataChangedError(UserError):
@@ -50,7 +50,9 @@ class DataChangedError(UserError):
 
 
 def makes_the_sources(config_key: str) -> bool:
-  return any(config_key == k or (k.endswith(".") and config_key.startswith(k)) for k in SOURCE_KEYS)
+  from jaxnet.core import tasks
+  keys = SOURCE_KEYS + tuple(k for task in tasks.all_tasks() for k in task.source_keys)
+  return any(config_key == k or (k.endswith(".") and config_key.startswith(k)) for k in keys)
 
 
 # --- the data ------------------------------------------------------------------------

@@ -516,11 +516,14 @@ def unused_by_eval(config_dict: dict) -> set:
 # it sees it. A change to one of these makes another experiment's number.
 EVAL_INPUTS = ("model.", "image_size", "precision", "ema_decay", "data.source", "data.name", "data.dir",
                "data.eval_split", "data.eval_crop_fraction", "data.eval_interpolation", "data.mean",
-               "data.std", "data.num_classes", "data.synthetic_size", "init.preprocessing", "detection.")
+               "data.std", "data.num_classes", "data.synthetic_size", "init.preprocessing")
 
 
 def changes_what_eval_sees(key: str) -> bool:
-  return any(key == k or (k.endswith(".") and key.startswith(k)) for k in EVAL_INPUTS)
+  """Whether `key` is one of EVAL_INPUTS or of a task's (Task.eval_keys: detection.*)."""
+  from jaxnet.core import tasks
+  inputs = EVAL_INPUTS + tuple(k for task in tasks.all_tasks() for k in task.eval_keys)
+  return any(key == k or (k.endswith(".") and key.startswith(k)) for k in inputs)
 
 
 def saved_config(workdir: str) -> dict | None:

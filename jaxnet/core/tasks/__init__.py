@@ -33,13 +33,15 @@ class Task:
   own (((figure, y label, ((metric, line style, legend suffix), ...)), ...): drawn when a
   run logged them); `exports` the --format values (and "int8") its models can be exported
   to; `eval_keys` the keys of its config block (`config_block`) that change what an eval
-  sees (dotted; "block." for a whole block)."""
+  sees and `source_keys` those its sources are made from (dotted; "block." for a whole
+  block)."""
   name: str = ""
   headline: str = ""
   headline_label: str = ""
   exports: tuple = ()
   plots: tuple = ()
   eval_keys: tuple = ()
+  source_keys: tuple = ()
 
   def config_block(self) -> dict:
     """The config keys this task adds to every config, with their defaults ({key: value, or

@@ -258,7 +258,13 @@ def detections(model, *, max_detections: int = 300, candidates_per_level: int = 
 
 class Detection(Task):
   def config_block(self) -> dict:
-    return {}
+    return {"detection": {
+        "max_boxes": 100,            # ground-truth boxes per image the batch holds (more: the first)
+        "scale_jitter": (1.0, 1.0),  # train: the resize's random factor, (low, high)
+        "max_detections": 300,       # per image, after NMS: torchvision RetinaNet's detections_per_img
+                                     # (COCO's AP counts the best 100 of them)
+        "candidates_per_level": 1000,  # best scores per pyramid level that reach NMS
+    }}
 
   def check_config(self, config) -> None:
     check_config(config)
@@ -342,4 +348,4 @@ class Detection(Task):
 
 TASK = Detection(name="detection", headline="eval/mAP", headline_label="eval mAP", exports=("onnx", "torch"),
                  plots=(("mAP", "COCO box AP", (("eval/mAP", "o--", "mAP"), ("eval/AP50", "o:", "AP50"))),),
-                 eval_keys=("detection.",))
+                 eval_keys=("detection.",), source_keys=("detection.",))
