@@ -318,7 +318,6 @@ _RULES = (
     ("eval_every_epochs", lambda v: v >= 0, ">= 0"),
     ("checkpoint_every_epochs", lambda v: v >= 0, ">= 0"),
     ("keep_checkpoints", lambda v: v >= 1, ">= 1"),
-    ("label_smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("ema_decay", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("data.workers", lambda v: v >= -1, ">= 0, or -1 (a worker per core, less one)"),
     ("data.read_threads", lambda v: v >= 0, ">= 0"),
@@ -333,7 +332,8 @@ _RULES = (
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises InvalidConfigError listing every out-of-range value (one line each)."""
   problems = []
-  for key, ok, requirement in _RULES:
+  from jaxnet.core import tasks  # and each task's, for its own keys (Task.rules)
+  for key, ok, requirement in _RULES + tuple(r for task in tasks.all_tasks() for r in task.rules):
     value = get(config, key)
     if not ok(value):
       problems.append(f"{key}={value!r} must be {requirement}")

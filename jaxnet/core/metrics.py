@@ -334,8 +334,11 @@ def read_jsonl_counted(workdir: str) -> tuple[list[dict], int]:
 class Progress:
   """Measures images/s between log steps and prints step, loss, throughput, ETA."""
 
-  def __init__(self, total_steps: int, batch_size: int, start_step: int, enabled: bool = True):
+  def __init__(self, total_steps: int, batch_size: int, start_step: int, enabled: bool = True,
+               describe=lambda metrics: ""):
+    """`describe(metrics)`: the task's train metrics in a few words (Task.describe_train)."""
     self.total_steps, self.batch_size, self.enabled = total_steps, batch_size, enabled
+    self.describe = describe
     self._last_step, self._last_time = start_step, time.perf_counter()
     self._start_time = self._last_time
 
@@ -354,10 +357,9 @@ class Progress:
     eta = (self.total_steps - step) * self.batch_size / max(images_per_sec, 1e-9)
     steps = metrics.get("train/window_steps", window)
     note = f"  (mean of {steps} steps)" if window and steps < window else ""
-    # Accuracy where the task's step reports one (a classifier's).
-    acc = f"acc {metrics['train/accuracy']:.3f}  " if "train/accuracy" in metrics else ""
+    own = self.describe(metrics)  # the task's: a classifier's accuracy
     _REPORT.info(f"step {step:>7}/{self.total_steps}  loss {metrics['train/loss']:.4f}  "
-                 f"{acc}lr {metrics['train/learning_rate']:.4g}  "
+                 f"{own + '  ' if own else ''}lr {metrics['train/learning_rate']:.4g}  "
                  f"{images_per_sec:,.0f} img/s  ETA {_fmt_time(eta)}{note}")
 
   def elapsed(self) -> float:

@@ -152,7 +152,8 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
                  train_samples=len(exp.train_source), eval_samples=len(exp.eval_source))
   return _Run(config=config, config_dict=config_dict, exp=exp, checkpoints=checkpoints, batches=batches,
               writer=writer, control=control, state=state, start_step=start_step, step=start_step,
-              progress=Progress(exp.total_steps, config.batch_size, start_step, enabled=is_chief),
+              progress=Progress(exp.total_steps, config.batch_size, start_step, enabled=is_chief,
+                                describe=exp.task.describe_train),
               input_watch=InputWatch(config.batch_size, exp.data_workers,
                                      warn=jax.default_backend() != "cpu"), mllog=mllog,
               profiler=StepProfiler(config.profile_steps, os.path.join(gate.path, "tensorboard"),

@@ -34,7 +34,7 @@ class Task:
   run logged them); `exports` the --format values (and "int8") its models can be exported
   to; `eval_keys` the keys of its config block (`config_block`) that change what an eval
   sees and `source_keys` those its sources are made from (dotted; "block." for a whole
-  block)."""
+  block); `rules` their ranges, as config._RULES: ((key, test, what the value must be), ...)."""
   name: str = ""
   headline: str = ""
   headline_label: str = ""
@@ -42,6 +42,7 @@ class Task:
   plots: tuple = ()
   eval_keys: tuple = ()
   source_keys: tuple = ()
+  rules: tuple = ()
 
   def config_block(self) -> dict:
     """The config keys this task adds to every config, with their defaults ({key: value, or
@@ -84,6 +85,10 @@ class Task:
   def describe(self, metrics: dict) -> str:
     """The eval metrics in a few words, for the progress lines."""
     raise NotImplementedError
+
+  def describe_train(self, metrics: dict) -> str:
+    """The loss's own train metrics in a few words, for the progress lines ("": none)."""
+    return ""
 
   def predict_outputs(self, model, config) -> Callable:
     """`outputs(apply, images)` for steps.make_predict_fn: what a restored model computes for

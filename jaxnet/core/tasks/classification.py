@@ -100,6 +100,9 @@ class Classification(Task):
     return (f"top-1 {metrics['eval/top1']:.4f}  top-5 {metrics['eval/top5']:.4f}  "
             f"loss {metrics['eval/loss']:.4f}")
 
+  def describe_train(self, metrics: dict) -> str:
+    return f"acc {metrics['train/accuracy']:.3f}"
+
   def predict_outputs(self, model, config):
     return lambda apply, images: apply(images)  # the logits
 
@@ -125,6 +128,7 @@ class Classification(Task):
 
 TASK = Classification(name="classification", headline="eval/top1", headline_label="eval top-1",
                       exports=("jax", "onnx", "torch", "int8"),
+                      rules=(("label_smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),),
                       plots=(("accuracy", "accuracy", (("train/accuracy", "-", "train"),
                                                        ("eval/top1", "o--", "eval top-1"))),))
 
