@@ -40,11 +40,9 @@ def save(predictor, path: str, names: str | None = None) -> dict[str, np.ndarray
   """Writes a Predictor's (jaxnet.api.restore) variables to `path` under `names`' names (by
   default the family's first: torch_tensors); returns the tensors."""
   model = predictor.config.model.name
-  if model.startswith("vit") and predictor.config.model.flavour != "timm":
-    raise InvalidValueError(f"a {model} of flavour={predictor.config.model.flavour!r} has no timm "
-                            f"counterpart (timm's ViTs have a class token and learned position "
-                            f"embeddings); export it with --format=jax")
   family = pretrained.names_of(model, names)  # an unknown naming fails before any conversion
+  if family.refuses(predictor.config.model):
+    raise InvalidValueError(f"{family.refuses(predictor.config.model)}; export it with --format=jax")
   tensors = torch_tensors(predictor.variables, model, family.NAMES)
   metadata = {
       "format": "torch", "names": family.NAMES, "model": model,

@@ -9,7 +9,7 @@ the model produces is unknown to that model, whatever the family would call it.
 """
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -65,6 +65,8 @@ class Family:
   # (the module holding a backbone, the model family whose plain network's weights it takes):
   # RetinaNet's ("backbone", "resnet"). None: the whole model is one network.
   backbone: tuple[str, str] | None = None
+  # Why a model of these options (config.model) has no counterpart under these names (None: it has).
+  refuses: Callable[[Any], str | None] = lambda model: None
 
   def to_torch_layout(self, path: Path, array: np.ndarray) -> np.ndarray:
     layout = self.layout(path, array.shape)

@@ -47,4 +47,11 @@ def torch_name(path: Path) -> str | None:
 
 
 # Only kernels change layout.
-FAMILY = torch_names.Family("timm", "timm ViT", torch_name)
+def _refuses(model) -> str | None:
+  if model.flavour != "timm":
+    return (f"a {model.name} of flavour={model.flavour!r} has no timm counterpart (timm's ViTs have a "
+            f"class token and learned position embeddings)")
+  return None
+
+
+FAMILY = torch_names.Family("timm", "timm ViT", torch_name, refuses=_refuses)
