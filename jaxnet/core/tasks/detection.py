@@ -332,11 +332,12 @@ class Detection(Task):
 
   def postprocess(self, outputs, examples, class_names, min_score: float = 0.3, **unused) -> list:
     """Per image [(class name, score, (x0, y0, x1, y1) in the image's pixels)], best first,
-    those scoring at least `min_score`."""
+    those scoring at least `min_score` (an image given as the eval input itself: in its pixels)."""
     boxes, scores, classes = outputs
+    in_image = [coco.to_source_pixels(boxes[i], e.get("scale", 1.0), e.get("source_size", e["image"].shape[:2]))
+                for i, e in enumerate(examples)]
     return [[(class_names[c], float(s), tuple(float(v) for v in b))
-             for b, s, c in zip(coco.to_source_pixels(boxes[i], e["scale"], e["source_size"]), scores[i], classes[i])
-             if s >= min_score] for i, e in enumerate(examples)]
+             for b, s, c in zip(in_image[i], scores[i], classes[i]) if s >= min_score] for i in range(len(examples))]
 
   def lines(self, path, result) -> list[str]:
     return [f"{path}: {len(result)} detections"] + [

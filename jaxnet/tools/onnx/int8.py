@@ -35,7 +35,7 @@ def calibration_images(predictor, num_images: int, seed: int = 0) -> np.ndarray:
   """num_images uint8 images of the train split, preprocessed as eval does: drawn in a fixed
   random order (seed), unreadable files passed over (and named, in one line) until there are
   enough. A UserError with the number that would work when the split has too few."""
-  from jaxnet.core.data import pipeline, sources
+  from jaxnet.core.data import pipeline
   config = predictor.config
   if num_images < 1:
     raise UserError(f"--calibration-images={num_images}: give at least 1")
@@ -45,7 +45,7 @@ def calibration_images(predictor, num_images: int, seed: int = 0) -> np.ndarray:
     raise UserError(f"--calibration-images={num_images} calibrates on train images, and the workdir "
                     f"{predictor.workdir} has data.source=synthetic (random pixels): pass "
                     f"--calibration-images=DIR, a folder of images like those the model will see")
-  source = sources.make_source(config.data, "train", config.image_size)
+  source = predictor.task.make_source(config, "train")  # the task's train data
   if len(source) < num_images:
     raise UserError(f"--calibration-images={num_images}, but the train split of "
                     f"{predictor.workdir} has only {len(source)} images; pass "
