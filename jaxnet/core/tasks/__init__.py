@@ -18,6 +18,7 @@ test's, a user's) is added with `register`.
 """
 
 import dataclasses
+import functools
 import importlib
 import pkgutil
 from typing import Callable
@@ -114,6 +115,7 @@ class Task:
     raise UserError(f"--draw: a {self.name} model's results are not drawn; leave --draw out")
 
 
+@functools.cache
 def _modules() -> dict:
   """{name: task} of every module of this package that defines TASK (a new task is a new
   module, listed nowhere else)."""
