@@ -442,7 +442,7 @@ def test_shapes_training_loss_falls_eval_is_exact_and_resume_matches(shapes, tmp
       assert name in ("rectangle", "circle", "triangle", "ellipse") and 0 <= float(score) <= 1
       assert 0 <= x0 <= x1 <= width + 0.1 and 0 <= y0 <= y1 <= height + 0.1
     drawn = tmp_path / "drawn" / os.path.basename(image).replace(".jpg", ".png")
-    from jaxnet.tools.predictor import draw_scale
+    from jaxnet.core.tasks.detection import draw_scale
     assert Image.open(drawn).size == (width * draw_scale(width, height), height * draw_scale(width, height))
   proc = subprocess.run([sys.executable, "-m", "jaxnet.cli.report", str(straight)], capture_output=True,
                         text=True, check=True, cwd=REPO)
