@@ -59,6 +59,14 @@ TASK_BRANCH = re.compile(
 KIND_FLAG = re.compile(r"\.(draws|returns)\b")
 
 
+def _config_keys(task) -> list[str]:
+  """The top-level config keys `task` adds (Task.add_config)."""
+  import ml_collections
+  c = ml_collections.ConfigDict()
+  task.add_config(c)
+  return list(c)
+
+
 def task_names() -> set[str]:
   """The names one task owns and no other has: its headline and plotted metrics (and the
   report's best_ key of its headline), its batch's fields, its config block's keys."""
@@ -68,7 +76,7 @@ def task_names() -> set[str]:
   owned = []
   for task in tasks.all_tasks():
     names = {task.headline, "best_" + task.headline.replace("/", "_"), *task.batch_fields(config),
-             *task.config_block()}
+             *_config_keys(task)}
     names |= {metric for _, _, metrics in task.plots for metric, _, _ in metrics}
     owned.append(names)
   shared = {n for i, a in enumerate(owned) for b in owned[i + 1:] for n in a & b}
@@ -78,7 +86,7 @@ def task_names() -> set[str]:
 def key_tests(names: set[str]) -> re.Pattern:
   from jaxnet.core import tasks
   alternatives = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
-  blocks = "|".join(sorted({k for t in tasks.all_tasks() for k in t.config_block()} & names))
+  blocks = "|".join(sorted({k for t in tasks.all_tasks() for k in _config_keys(t)} & names))
   quoted = rf"""["']({alternatives})["']"""
   return re.compile(rf"""{quoted}\s*(==|!=|\bin\b|\bnot\s+in\b)"""
                     rf"""|(==|!=)\s*{quoted}"""
@@ -89,8 +97,10 @@ def key_tests(names: set[str]) -> re.Pattern:
 
 
 # Where a model family's own knowledge lives, beside the tasks: its modules, its ONNX writer,
-# its weights' names (RetinaNet's ONNX writer reads config.detection).
-MODEL_FILES = (os.path.join("jaxnet", "core", "models") + os.sep, os.path.join("jaxnet", "core", "tasks") + os.sep)
+# its weights' names (RetinaNet's ONNX writer reads config.detection); and the recipes, which
+# set a model's and its task's keys.
+MODEL_FILES = tuple(os.path.join("jaxnet", *parts) + os.sep for parts in
+                    (("core", "models"), ("core", "tasks"), ("configs",)))
 
 
 def _is_model_file(path: str) -> bool:

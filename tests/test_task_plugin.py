@@ -14,6 +14,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 from PIL import Image
@@ -40,8 +41,9 @@ class DigitValueNet(nn.Module):
 
 
 class DigitValue(Task):
-  def config_block(self) -> dict:
-    return {"value": {"scale": 1.0}}
+  def add_config(self, c) -> None:
+    c.value = ml_collections.ConfigDict()
+    c.value.scale = 1.0              # the target is the digit / scale
 
   def make_source(self, config, split: str):
     return sources.make_source(config.data, split, config.image_size)
@@ -118,14 +120,15 @@ def test_a_task_written_outside_jaxnet_brings_its_config_block_rules_and_report(
   and figure in a report of its metrics."""
   from jaxnet.core import config as config_lib
   from jaxnet.tools import report
-  config = api.load_config("configs/digits.py", **{"model.name": MODEL, "value.scale": 0.0})
+  config = api.load_config("digits", **{"model.name": MODEL, "value.scale": 0.0})
   with pytest.raises(config_lib.InvalidConfigError, match=r"value.scale=0.0 must be > 0"):
     config_lib.validate(config)
   records = [{"step": 4, "time": 1.0, "eval/within1": 0.5, "eval/mse": 3.0},
              {"step": 8, "time": 2.0, "eval/within1": 0.25, "eval/mse": 2.0}]
   summary = report.summary(records)
   assert summary["best_eval_within1"] == 0.5 and summary["best_eval_step"] == 4
-  assert report.format_summary("run", summary).startswith("run: best eval within-1 0.5000 at step 4 ")
+  assert report.format_summary("run", summary).startswith(
+      "run: final eval within-1 0.2500 at step 8; best eval within-1 0.5000 at step 4 ")
   plots, drawn_when_logged = report.figures()
   assert plots["mse"] == ("squared error", [("eval/mse", "o--", "eval")]) and "mse" in drawn_when_logged
 
@@ -138,7 +141,7 @@ def test_a_task_written_outside_jaxnet_trains_evaluates_resumes_predicts_reports
   from jaxnet.cli import report as report_command
   from jaxnet.tools import export
   workdir = str(tmp_path / "run")
-  config = api.load_config("configs/digits.py", **{
+  config = api.load_config("digits", **{
       "model.name": MODEL, "batch_size": 128, "log_every_steps": 1, "eval_every_steps": 8,
       "checkpoint_every_steps": 4, "optim.name": "adamw", "optim.learning_rate": 0.4,
       "optim.warmup_epochs": 0.0, "optim.weight_decay": 0.0, "value.scale": 3.0})

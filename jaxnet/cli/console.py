@@ -157,11 +157,13 @@ def recipes(argv) -> int:
 # --- config keys -----------------------------------------------------------------------
 
 def key_help() -> dict[str, str]:
-  """{dotted key: its comment} from base_config's source: the comment on a key's line and the
-  comment lines that continue it, else the comment lines just above it."""
+  """{dotted key: its comment} from the source of base_config and the tasks' add_config: the
+  comment on a key's line and the comment lines that continue it, else the comment lines just
+  above it."""
   from jaxnet.core import config as config_lib
   helps, key, above = {}, None, []
-  for line in inspect.getsource(config_lib.base_config).splitlines():
+  source = "\n".join(inspect.getsource(define) for define in config_lib.key_definitions())
+  for line in source.splitlines():
     assigned = re.match(r"\s*c\.([\w.]+)\s*=[^#]*?(?:#\s?(.*))?$", line)
     if assigned:
       key = assigned.group(1)

@@ -103,12 +103,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.randaug_num_ops = 0       # RandAugment: ops per train image (0: off); in the Grain
   c.data.randaug_magnitude = 10    # workers, on uint8 images; magnitude of 0..10
 
-  # Each task's own keys (jaxnet/core/tasks: Task.config_block): classification's label_smoothing
+  # Each task's own keys (jaxnet/core/tasks: Task.add_config): classification's label_smoothing
   # and mix (mixup / CutMix), detection's detection.* (data.source=coco, a retinanet_* model).
   from jaxnet.core import tasks
   for task in tasks.all_tasks():
-    for key, value in task.config_block().items():
-      c[key] = ml_collections.ConfigDict(value) if isinstance(value, dict) else value
+    task.add_config(c)
 
   c.optim = ml_collections.ConfigDict()
   c.optim.name = "sgd"             # sgd | lars | adamw
@@ -152,6 +151,13 @@ def base_config() -> ml_collections.ConfigDict:
   # clusters, set by the command line before jax starts (docs/multihost.md); "" adds none.
   c.distributed.cluster_profile = ""
   return c
+
+
+def key_definitions() -> list:
+  """The functions whose lines define the config's keys, each commented with what it does:
+  base_config and every task's add_config (jaxnet config reads their comments)."""
+  from jaxnet.core import tasks
+  return [base_config] + [type(task).add_config for task in tasks.all_tasks()]
 
 
 class ConfigOverrideError(UserError, ValueError):

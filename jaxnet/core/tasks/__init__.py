@@ -33,7 +33,7 @@ class Task:
   judged by and `headline_label` its words in a report; `plots` the report's figures of its
   own (((figure, y label, ((metric, line style, legend suffix), ...)), ...): drawn when a
   run logged them); `exports` the --format values (and "int8") its models can be exported
-  to; `eval_keys` the keys of its config block (`config_block`) that change what an eval
+  to; `eval_keys` the keys it adds (`add_config`) that change what an eval
   sees and `source_keys` those its sources are made from (dotted; "block." for a whole
   block); `rules` their ranges, as config._RULES: ((key, test, what the value must be), ...)."""
   name: str = ""
@@ -45,10 +45,10 @@ class Task:
   source_keys: tuple = ()
   rules: tuple = ()
 
-  def config_block(self) -> dict:
-    """The config keys this task adds to every config, with their defaults ({key: value, or
-    {key: value} for a block}: config.base_config adds them; their names are public)."""
-    return {}
+  def add_config(self, c) -> None:
+    """Adds this task's keys to the config `c` with their defaults, as base_config writes its
+    own (`c.KEY = VALUE  # what it does`: jaxnet config shows the comment). base_config calls
+    it for every task: the names are public (config.json, --config.KEY)."""
 
   def check_config(self, config) -> None:
     """Refuses, in one line, what this task does not build (before anything runs)."""

@@ -26,6 +26,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 from PIL import Image
@@ -52,20 +53,17 @@ def cross_entropy(logits, labels, num_classes, label_smoothing=0.0):
 
 
 class Classification(Task):
-  def config_block(self) -> dict:
-    return {
-        "label_smoothing": 0.0,
-        # Mixup / CutMix, on the device inside the train step (soft targets); off by default.
-        "mix": {
-            "mixup_alpha": 0.0,   # Beta(alpha, alpha) mixing ratio; 0 turns mixup off
-            "cutmix_alpha": 0.0,  # 0 turns CutMix off
-            "prob": 1.0,          # chance that a batch is mixed
-            "switch_prob": 0.5,   # with both on: chance of CutMix instead of mixup
-            "groups": 0,          # examples pair within this many groups of the batch; 0: one per
-                                  # device (no traffic between devices; the pairs then depend on
-                                  # the device count), 1: the whole batch
-        },
-    }
+  def add_config(self, c) -> None:
+    c.label_smoothing = 0.0          # cross-entropy's target smoothing, in [0, 1)
+    # Mixup / CutMix, on the device inside the train step (soft targets); off by default.
+    c.mix = ml_collections.ConfigDict()
+    c.mix.mixup_alpha = 0.0          # Beta(alpha, alpha) mixing ratio; 0 turns mixup off
+    c.mix.cutmix_alpha = 0.0         # 0 turns CutMix off
+    c.mix.prob = 1.0                 # chance that a batch is mixed
+    c.mix.switch_prob = 0.5          # with both on: chance of CutMix instead of mixup
+    c.mix.groups = 0                 # examples pair within this many groups of the batch; 0: one per
+                                     # device (no traffic between devices; the pairs then depend on
+                                     # the device count), 1: the whole batch
 
   def check_config(self, config) -> None:
     if config.data.source == "coco":

@@ -16,6 +16,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 
@@ -257,14 +258,14 @@ def detections(model, *, max_detections: int = 300, candidates_per_level: int = 
 
 
 class Detection(Task):
-  def config_block(self) -> dict:
-    return {"detection": {
-        "max_boxes": 100,            # ground-truth boxes per image the batch holds (more: the first)
-        "scale_jitter": (1.0, 1.0),  # train: the resize's random factor, (low, high)
-        "max_detections": 300,       # per image, after NMS: torchvision RetinaNet's detections_per_img
+  def add_config(self, c) -> None:
+    # Object detection (data.source=coco, a retinanet_* model).
+    c.detection = ml_collections.ConfigDict()
+    c.detection.max_boxes = 100      # ground-truth boxes per image the batch holds (more: the first)
+    c.detection.scale_jitter = (1.0, 1.0)  # train: the resize's random factor, (low, high)
+    c.detection.max_detections = 300  # per image, after NMS: torchvision RetinaNet's detections_per_img
                                      # (COCO's AP counts the best 100 of them)
-        "candidates_per_level": 1000,  # best scores per pyramid level that reach NMS
-    }}
+    c.detection.candidates_per_level = 1000  # best scores per pyramid level that reach NMS
 
   def check_config(self, config) -> None:
     check_config(config)
