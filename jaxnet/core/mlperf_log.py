@@ -82,13 +82,14 @@ class MlperfLog:
                          ("opt_momentum", o.momentum), ("opt_weight_decay", o.weight_decay)):
         self.event(key, value)
 
-  def eval(self, metrics: dict, step: int, samples: int, epoch: float, target: float) -> None:
-    """An eval's accuracy (eval/top1); "success" from the first one at or past `target`."""
-    if "eval/top1" not in metrics:
+  def eval(self, accuracy: float | None, step: int, samples: int, epoch: float, target: float) -> None:
+    """An eval's accuracy (the task's headline metric, a classifier's eval/top1; None: the
+    eval gave none); "success" from the first one at or past `target`."""
+    if accuracy is None:
       return
     where = {"epoch_num": round(epoch, 4), "samples_count": samples, "step": step}
-    self.event("eval_accuracy", float(metrics["eval/top1"]), where)
-    if target and metrics["eval/top1"] >= target:
+    self.event("eval_accuracy", float(accuracy), where)
+    if target and accuracy >= target:
       self.status = "success"
 
   def close(self) -> None:

@@ -271,8 +271,8 @@ class _Run:
     self.mllog.start("eval_start", metadata={"epoch_num": round(epoch, 4), **self._samples()})
     eval_metrics = evaluate(self.exp, self.state)
     self.mllog.end("eval_stop", metadata={"epoch_num": round(epoch, 4), **self._samples()})
-    self.mllog.eval(eval_metrics, self.step, self.step * self.config.batch_size, epoch,
-                    self.config.target_accuracy)
+    self.mllog.eval(eval_metrics.get(self.exp.task.headline), self.step, self.step * self.config.batch_size,
+                    epoch, self.config.target_accuracy)
     return eval_metrics
 
   def save(self) -> None:
