@@ -344,7 +344,7 @@ def test_a_small_detector_learns_scores_every_val_image_once_and_predicts_as_the
       assert row.split()[:2] == [f"{score:.4f}", name] and len(box) == 4
     width, height = Image.open(image).size
     drawn = tmp_path / "drawn" / os.path.basename(image).replace(".jpg", ".png")
-    from jaxnet.tools.predictor import draw_scale
+    from jaxnet.core.tasks.detection import draw_scale
     assert Image.open(drawn).size == (width * draw_scale(width, height), height * draw_scale(width, height))
   assert sum(map(len, found)) > 0
 
