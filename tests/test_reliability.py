@@ -789,7 +789,7 @@ def test_only_jaxnet_errors_become_one_line(tmp_path, capsys):
   assert issubclass(errors.MissingFileError, FileNotFoundError)
 
   config = tmp_path / "shape_bug.py"
-  config.write_text(_SHAPE_BUG_CONFIG.replace("{digits!r}", repr(os.path.join(REPO, "configs/digits.py"))))
+  config.write_text(_SHAPE_BUG_CONFIG.replace("{digits!r}", repr(os.path.join(REPO, "jaxnet", "configs", "digits.py"))))
   proc = run_main(tmp_path / "w", "total_steps=2", config=str(config), check=False)
   assert proc.returncode != 0
   assert "Traceback" in proc.stderr and "ValueError: array split does not result" in proc.stderr, proc.stderr[-3000:]
