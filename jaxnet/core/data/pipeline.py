@@ -118,20 +118,19 @@ class InputWatch:
     self.start = time.perf_counter()
 
   @contextlib.contextmanager
-  def waiting(self):
+  def _timed(self, total: str):
+    """Adds the time spent in the `with` block to the attribute `total`."""
     start = time.perf_counter()
     try:
       yield
     finally:
-      self.wait += time.perf_counter() - start
+      setattr(self, total, getattr(self, total) + time.perf_counter() - start)
 
-  @contextlib.contextmanager
+  def waiting(self):
+    return self._timed("wait")
+
   def synced(self):
-    start = time.perf_counter()
-    try:
-      yield
-    finally:
-      self.sync += time.perf_counter() - start
+    return self._timed("sync")
 
   def window(self, steps: int) -> tuple[dict, list[str]]:
     """The window's metrics (`train/data_wait_fraction`) and the lines to show: on the second
