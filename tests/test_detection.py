@@ -587,6 +587,7 @@ def test_a_detection_workdir_written_by_an_earlier_jaxnet_evaluates_resumes_and_
 
 
 @pytest.mark.slow
+@pytest.mark.bar  # 12 minutes of one core on the loaded VM: out of CI's slow run (pytest -m bar)
 def test_shapes_recipe_reaches_map50_of_half_in_ten_minutes(tmp_path):
   """The issue's bar: configs/retinanet.py:shapes on 1,000 generated images, mAP@0.5 >= 0.5
   on the 200 val images within 10 minutes on 2 CPU cores (the run's own clock)."""
@@ -594,7 +595,7 @@ def test_shapes_recipe_reaches_map50_of_half_in_ten_minutes(tmp_path):
   data = make_shapes(str(tmp_path / "shapes"), verbose=False)
   run_main(tmp_path / "run", f"data.dir={data}", "mesh.num_devices=1", config="configs/retinanet.py:shapes",
            timeout=900)
-  final = read_jsonl(tmp_path / "run")[-1]
+  final = [r for r in read_jsonl(tmp_path / "run") if "eval/AP50" in r][-1]
   print({k: round(v, 4) for k, v in final.items() if k.startswith("eval/") or k == "train/elapsed_sec"})
   assert final["eval/AP50"] >= 0.5
   assert final["train/elapsed_sec"] <= 600

@@ -156,7 +156,8 @@ def test_peak_table_picks_the_device_and_precision():
   assert bench_train.peak_for("cpu", "fp32", Args)[0] is None
 
 
-@pytest.mark.slow  # 1.5 minutes; the other benchmarks' quick runs stay in the default run
+@pytest.mark.slow  # 1.5 minutes idle, 3.7 loaded; the other benchmarks' quick runs stay in the default run
+@pytest.mark.bar
 def test_time_to_accuracy_quick_reaches_both_targets(tmp_path):
   out = run_script("time_to_accuracy.py", "--quick", "--json", str(tmp_path / "t.json"))
   record = json.loads((tmp_path / "t.json").read_text())
