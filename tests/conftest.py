@@ -78,7 +78,6 @@ def pytest_xdist_auto_num_workers(config):
   return max(1, min(cores, 4, int(memory_gib // 3)))
 
 
-
 # --- Trained workdirs shared by the session (tests/helpers.py, SharedRuns) ------------------
 
 @pytest.fixture(scope="session")

@@ -46,7 +46,7 @@ from jaxnet.core import provenance
 from jaxnet.core import workdir as workdir_lib
 from jaxnet.core.adapters import orbax as orbax_adapter
 from jaxnet.core.metrics import read_jsonl
-from tests.helpers import REPO, run_main
+from tests.helpers import REPO, copy_run, run_main
 
 ARGS = ("total_steps=20", "log_every_steps=5", "checkpoint_every_steps=10", "eval_every_steps=0",
         "batch_size=32")
@@ -58,11 +58,6 @@ def trained(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("trained") / "w"
   run_main(workdir, *ARGS)
   return workdir
-
-
-def _copy(trained, tmp_path):
-  shutil.copytree(trained, tmp_path / "w")
-  return tmp_path / "w"
 
 
 def _popen(workdir, *overrides):
@@ -154,7 +149,7 @@ def _flip_bytes_of_largest_file(directory):
 
 
 def test_damaged_checkpoints_are_reported_and_skipped(trained, tmp_path):
-  workdir = _copy(trained, tmp_path)
+  workdir = copy_run(trained, tmp_path)
   _flip_bytes_of_largest_file(workdir / "checkpoints" / "20" / "state")
   os.makedirs(workdir / "checkpoints" / "999")  # empty: as a half-copied directory looks
 
@@ -219,7 +214,7 @@ def test_fp16_stops_on_a_non_finite_loss_not_on_a_skipped_step():
 
 @pytest.mark.slow  # a minute; the config check is held in the default run by test_eval_refuses_a_config_that_changes_what_the_model_sees
 def test_resume_with_a_changed_config(trained, tmp_path):
-  workdir = _copy(trained, tmp_path)
+  workdir = copy_run(trained, tmp_path)
   config_before = (workdir / "config.json").read_bytes()
   def digits(*overrides):  # the config the command line builds from these overrides
     pairs = (o.split("=") for o in (*ARGS, *overrides))
@@ -280,7 +275,7 @@ def _digits(*overrides):
 
 
 def test_a_deleted_config_json_is_restored_from_the_checkpoints(trained, tmp_path):
-  workdir = _copy(trained, tmp_path)
+  workdir = copy_run(trained, tmp_path)
   original = json.load(open(workdir / "config.json"))
   os.remove(workdir / "config.json")
   # The checkpoints' config is the reference: a changed learning rate is refused...
@@ -298,7 +293,7 @@ def test_a_deleted_config_json_is_restored_from_the_checkpoints(trained, tmp_pat
 
 
 def test_an_invalid_config_json_is_one_line_naming_it(trained, tmp_path):
-  workdir = _copy(trained, tmp_path)
+  workdir = copy_run(trained, tmp_path)
   (workdir / "config.json").write_text('{\n  "seed": 0,\n}\n')
   for attempt in (lambda: api.train(_digits(), workdir), lambda: api.evaluate(workdir)):
     with pytest.raises(errors.UserError) as refused:
@@ -543,7 +538,7 @@ def test_predict_and_export_errors_are_one_line(trained, tmp_path, capsys):
 
   # A damaged newest checkpoint: predict and export stop with one line, as --mode=eval does,
   # and none of orbax's tracebacks of the other arrays' failed reads (once thousands of lines).
-  damaged = _copy(trained, tmp_path)
+  damaged = copy_run(trained, tmp_path)
   _flip_bytes_of_largest_file(damaged / "checkpoints" / "20" / "state")
   image = tmp_path / "seven.png"
   PIL.Image.fromarray(np.full((8, 8), 200, np.uint8)).save(image)
@@ -559,7 +554,7 @@ def test_predict_and_export_errors_are_one_line(trained, tmp_path, capsys):
 
 
 def test_metrics_have_one_line_per_step_after_a_resume(trained, tmp_path):
-  workdir = _copy(trained, tmp_path)
+  workdir = copy_run(trained, tmp_path)
   # As if the run was killed while writing its final checkpoint.
   shutil.rmtree(workdir / "checkpoints" / "20")
   proc = run_main(workdir, *ARGS[1:], "total_steps=20", "log_every_steps=4")
@@ -579,7 +574,7 @@ def test_a_torn_last_metrics_line_is_skipped_and_never_joined(trained, tmp_path,
   and count it; `--mode=eval` writes its record on a line of its own, which a resume keeps."""
   from jaxnet.core import metrics
   from jaxnet.tools import report
-  workdir = _copy(trained, tmp_path)
+  workdir = copy_run(trained, tmp_path)
   path = workdir / "metrics.jsonl"
   whole = read_jsonl(workdir)
   path.write_text(path.read_text() + '{"step": 25, "train/loss": 0.3')  # torn mid-record
@@ -690,7 +685,7 @@ def test_a_full_disk_under_metrics_or_tensorboard_is_one_line(tmp_path, target, 
 def test_a_full_disk_under_config_or_run_info_is_one_line(trained, tmp_path, monkeypatch, name):
   import builtins
   from jaxnet.core import metrics
-  workdir = _copy(trained, tmp_path)
+  workdir = copy_run(trained, tmp_path)
   before = (workdir / name).read_bytes()
 
   def full_open(path, mode="r", *args, **kwargs):
@@ -833,7 +828,7 @@ def test_a_workdir_written_by_jaxnet_before_the_redesign_restores_and_resumes(tm
 def test_eval_refuses_a_config_that_changes_what_the_model_sees(trained, tmp_path):
   """--mode=eval with --config.image_size=32 measured another input and overwrote the run's
   eval with it. Now it is refused, naming the change; accepted, it is recorded apart."""
-  workdir = _copy(trained, tmp_path)
+  workdir = copy_run(trained, tmp_path)
   metrics_before = (workdir / "metrics.jsonl").read_text()
   refused = run_main(workdir, *ARGS, "image_size=32", mode="eval", check=False)
   assert "differs from the one" in _assert_one_clear_line(refused)
@@ -853,7 +848,7 @@ def test_eval_refuses_a_config_that_changes_what_the_model_sees(trained, tmp_pat
 def test_a_checkpoint_rotated_away_while_it_is_read_is_not_damaged(trained, tmp_path):
   """Eval beside a training run: the newest checkpoint can be deleted by rotation while it is
   read. The reader takes the then newest one, and never calls the rotated one damaged."""
-  workdir = _copy(trained, tmp_path)
+  workdir = copy_run(trained, tmp_path)
   checkpoints = ckpt.Checkpoints(str(workdir), read_only=True)
   calls = []
 
@@ -966,7 +961,7 @@ def test_a_checkpoint_whose_deletion_is_under_way_is_rotated_not_damaged(trained
   """Rotation deletes a step directory file by file: a reader that meets it half-deleted (the
   directory still there) called it damaged, and a listing that met a vanishing directory was
   orbax's 40-line FileNotFoundError (issue 46)."""
-  workdir = _copy(trained, tmp_path)
+  workdir = copy_run(trained, tmp_path)
   directory = workdir / "checkpoints"
   checkpoints = ckpt.Checkpoints(str(workdir), read_only=True)
   calls = []
@@ -1040,7 +1035,7 @@ def test_a_data_position_follows_its_data_to_another_folder_and_nothing_else():
 def test_a_data_position_of_another_loader_names_data_loader(trained, tmp_path, monkeypatch):
   """A DALI run resumed with data.loader=grain: Grain's refusal named worker_count, not the
   loader that wrote the position (issue 46)."""
-  workdir = _copy(trained, tmp_path)
+  workdir = copy_run(trained, tmp_path)
   checkpoints = ckpt.Checkpoints(str(workdir), read_only=True)
 
   def grains_refusal(*args, **kwargs):  # what Grain says of DALI's saved position
@@ -1060,7 +1055,7 @@ def test_a_missing_or_unreadable_data_identity_is_refused_never_rewritten_from_t
   """With data_identity.json deleted or torn, a resume or an eval took any data and the record
   was written again from it. Now each is one refusal naming the file and the fix; accepted, the
   resume records this data (and says so in config_history.jsonl)."""
-  workdir = _copy(trained, tmp_path)
+  workdir = copy_run(trained, tmp_path)
   record = workdir / "data_identity.json"
   kept = record.read_text()
   for damage, said in ((lambda: record.unlink(), "is missing"), (lambda: record.write_text("{torn"), "is unreadable")):
@@ -1081,7 +1076,7 @@ def test_an_eval_takes_no_lock_while_it_reads_and_records_only_where_no_training
   """An eval held the workdir's lock while it ran: a training started beside it was refused as
   'in use by another training run'. Now the eval reads without the lock, takes it only for the
   moment it records, and records nothing (naming the holder) where a training holds it."""
-  workdir = _copy(trained, tmp_path)
+  workdir = copy_run(trained, tmp_path)
   with workdir_lib.Workdir.open(str(workdir), workdir_lib.EVAL):
     assert workdir_lib.held_by(str(workdir)) is None
     with workdir_lib.Lock(str(workdir), workdir_lib.TRAIN):  # a training starts beside the eval
@@ -1150,7 +1145,7 @@ def test_predict_beside_a_training_reads_the_newer_checkpoint_when_the_newest_is
   """predict (load_arrays) racing rotation failed: orbax's metadata of a checkpoint being
   deleted raised a NOT_FOUND traceback, or the checkpoint was called damaged. Its metadata now
   reads as damage, and a reader of the newest checkpoint takes the one saved meanwhile."""
-  workdir = _copy(trained, tmp_path)
+  workdir = copy_run(trained, tmp_path)
   directory = workdir / "checkpoints"
   saved_tree = ckpt.Checkpoints.saved_tree
 
@@ -1173,7 +1168,7 @@ def test_predict_beside_a_training_reads_the_newer_checkpoint_when_the_newest_is
 def test_the_gate_takes_another_data_dir_where_the_identity_is_unchanged_and_nothing_else(trained, tmp_path):
   """The fast check of the test below: data.dir is where the data is; the identity says whether
   it is the same. Accepting data.dir by name no longer takes other data with it."""
-  workdir = _copy(trained, tmp_path)
+  workdir = copy_run(trained, tmp_path)
   config_dict = json.loads((workdir / "config.json").read_text())
   recorded = json.loads((workdir / "data_identity.json").read_text())
 
