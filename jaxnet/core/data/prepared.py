@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from jaxnet.core import provenance
+from jaxnet.core import metrics, provenance
 from jaxnet.core.data import decode
 from jaxnet.core.errors import InvalidValueError, MissingFileError, UserError, os_error_cause
 
@@ -176,11 +176,12 @@ def _write_kept_shard(start: int, end: int, path: str, options: Options) -> dict
 
 
 def _write_json(path: str, content: dict) -> None:
-  temp = path + ".tmp"
-  with open(temp, "w") as f:
-    json.dump(content, f, indent=1)
-    f.write("\n")
-  os.replace(temp, path)
+  """`path` whole or untouched (a failed write raises its OSError and leaves no temporary file)."""
+  def write(temp):
+    with open(temp, "w") as f:
+      json.dump(content, f, indent=1)
+      f.write("\n")
+  metrics.replace_atomically(path, write)
 
 
 def _read_json(path: str):
