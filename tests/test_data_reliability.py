@@ -364,7 +364,7 @@ def _train_error(tmp_path, capsys, config="configs/resnet.py:runlocal", **overri
 
 
 def test_malformed_coco_annotations_are_one_line_naming_the_file_and_entry(tmp_path, capsys):
-  from jaxnet.core.data.coco import CocoSource
+  from jaxnet.core.tasks.detection.coco import CocoSource
   fix = 'a COCO annotation file is a JSON object with "images", "annotations" and "categories" lists'
   image = {"id": 1, "file_name": "a.jpg", "width": 32, "height": 24}
   path = _coco_folder(tmp_path, [], [], text='{"images": [}')
@@ -404,7 +404,7 @@ def test_a_coco_folder_whose_train_images_are_all_missing_stops_before_its_first
 
 
 def test_coco_sizes_that_differ_from_the_file_and_missing_images_are_counted_and_named(tmp_path, caplog):
-  from jaxnet.core.data.coco import CocoSource
+  from jaxnet.core.tasks.detection.coco import CocoSource
   images = [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 48},   # the file is 32x24
             {"id": 2, "file_name": "b.jpg", "width": 32, "height": 24},
             {"id": 3, "file_name": "gone.jpg", "width": 32, "height": 24}]

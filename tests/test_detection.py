@@ -136,7 +136,7 @@ def _jpeg(path, pixels):
 
 
 def test_coco_source_counts_what_it_changes_and_refuses_unknown_categories(tmp_path):
-  from jaxnet.core.data.coco import CocoSource
+  from jaxnet.core.tasks.detection.coco import CocoSource
   from jaxnet.core.errors import InvalidValueError, MissingFileError
   root = str(tmp_path)
   images = [{"id": 5, "file_name": "a.jpg", "width": 40, "height": 30},
@@ -168,7 +168,7 @@ def test_coco_source_counts_what_it_changes_and_refuses_unknown_categories(tmp_p
 def test_transform_moves_boxes_with_the_pixels(tmp_path):
   """A red rectangle's pixels and its box stay together through resize, pad, jitter and flip;
   an unreadable image is masked and counted."""
-  from jaxnet.core.data.coco import CocoSource, to_source_pixels
+  from jaxnet.core.tasks.detection.coco import CocoSource, to_source_pixels
   root = str(tmp_path)
   pixels = np.full((90, 150, 3), 255, np.uint8)
   pixels[20:50, 100:140] = (255, 0, 0)
@@ -203,7 +203,7 @@ def test_transform_moves_boxes_with_the_pixels(tmp_path):
 
 
 def test_coco_map_is_one_for_the_ground_truth_and_less_for_moved_boxes(shapes):
-  from jaxnet.core.data.coco import CocoSource, evaluate
+  from jaxnet.core.tasks.detection.coco import CocoSource, evaluate
   source = CocoSource(shapes, "val")
   # The annotations as written (the source's boxes are clipped to their images; these are not).
   coco = json.load(open(source.annotations))
@@ -228,7 +228,7 @@ def test_a_tfds_detection_dataset_gives_the_coco_folders_records_and_trains(shap
   TfdsDetections gives CocoSource's boxes and classes for every image, its ground truth scores
   the true boxes at mAP 1, and a detector trains and evaluates on it (data.source=tfds)."""
   tfds = pytest.importorskip("tensorflow_datasets")
-  from jaxnet.core.data.coco import CocoSource, TfdsDetections, evaluate
+  from jaxnet.core.tasks.detection.coco import CocoSource, TfdsDetections, evaluate
   splits = {"train": "train", "validation": "val"}
   coco = {split: json.load(open(os.path.join(shapes, "annotations", f"instances_{folder}.json")))
           for split, folder in splits.items()}
@@ -519,7 +519,7 @@ def test_a_detection_workdir_written_by_an_earlier_jaxnet_evaluates_resumes_and_
   """tests/data/workdir_6a228ef_retinanet: a shapes run of main 6a228ef (tests/make_workdir_fixture.py
   wrote it: 30 steps on 8 devices, its one checkpoint at step 30, its eval recorded). Today's
   jaxnet evaluates it to its recorded mAP, resumes it and predicts with it."""
-  from jaxnet.core.data.coco import CocoSource
+  from jaxnet.core.tasks.detection.coco import CocoSource
   from jaxnet.tools.make_shapes import make_shapes
   from tests import make_workdir_fixture as fixture
   workdir = tmp_path / "w"

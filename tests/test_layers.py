@@ -161,7 +161,7 @@ def test_the_branch_finder_finds_a_decision_by_flag_or_key():
 def test_the_branch_finder_finds_a_branch_added_outside_the_tasks():
   sources = {"jaxnet/core/train.py": 'if exp.task.name == "detection":\n  pass\n',
              "jaxnet/tools/export.py": "x = isinstance(model, Detector)\n",
-             "jaxnet/core/tasks/detection.py": 'if name == "detection": pass\n'}
+             "jaxnet/core/tasks/detection/__init__.py": 'if name == "detection": pass\n'}
   assert task_branches(sources) == ['jaxnet/core/train.py:1: if exp.task.name == "detection":',
                                     "jaxnet/tools/export.py:1: x = isinstance(model, Detector)"]
 

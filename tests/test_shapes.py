@@ -24,7 +24,7 @@ def test_every_box_lies_inside_its_image_and_shapes_at_the_edge_keep_their_insid
 
 
 def test_the_coco_source_clips_nothing(tmp_path):
-  from jaxnet.core.data.coco import CocoSource
+  from jaxnet.core.tasks.detection.coco import CocoSource
   root = make_shapes(str(tmp_path), train_images=40, val_images=4, seed=1, verbose=False)
   with open(os.path.join(root, "annotations", "instances_train.json")) as f:
     assert len(json.load(f)["annotations"]) >= 40

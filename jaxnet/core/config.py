@@ -294,11 +294,11 @@ def config_file_error(path: str, error: BaseException) -> ConfigFileError:
 
 
 def data_name(config) -> str:
-  """What a run's data is called: a tfds dataset's name, a folder's name (an image folder's,
+  """What a run's data is called: a tfds dataset's name, else its folder's (an image folder's,
   a COCO-format one's: `shapes`, not `coco`), else the generated source's (digits, synthetic)."""
-  folder = os.path.basename(os.path.normpath(str(config.data.dir or ""))) or config.data.source
-  return {"tfds": config.data.name, "imagefolder": folder, "coco": folder}.get(
-      config.data.source, config.data.source)
+  if config.data.source == "tfds":
+    return config.data.name
+  return os.path.basename(os.path.normpath(str(config.data.dir or ""))) or config.data.source
 
 
 def get(config, dotted: str):

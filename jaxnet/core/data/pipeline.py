@@ -6,7 +6,7 @@ Every batch is a dict of host numpy arrays for this process's share of the globa
 batch: `image` uint8 NHWC, `label` int32, `mask` bool (False for padding and for
 images that failed to decode) and `corrupt` int32 (1 where a JPEG was unreadable);
 a task may make other examples with a transform of its own (`transform=`: a detector's,
-jaxnet/core/tasks/detection.py, has boxes in place of `label`).
+jaxnet/core/tasks/detection/__init__.py, has boxes in place of `label`).
 Normalisation and the cast to the compute dtype happen on the device, in the step.
 """
 

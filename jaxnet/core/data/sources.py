@@ -10,9 +10,10 @@ processes; `encoded=False` sources hold uint8 HWC arrays of the final size.
   tfds         tfds ArrayRecord, e.g. imagenet2012   (jaxnet/core/data/tfds_source.py)
   prepared     DIR made by `jaxnet prepare`: bounded re-encoded JPEGs in ArrayRecord shards
                (jaxnet/core/data/prepared.py)
-  coco         DIR/annotations/instances_SPLIT.json, DIR/SPLIT/*.jpg: boxes, for a detector
-               (jaxnet/core/data/coco.py; its records hold boxes, and it makes its own
-               examples: `source.transform`)
+
+These are the image-and-label sources (classification's: jaxnet/core/tasks/classification/).
+A task's own sources live in its package (detection's COCO-format boxes:
+jaxnet/core/tasks/detection/coco.py).
 """
 
 import hashlib
@@ -137,7 +138,7 @@ def ignored_note(sources) -> str | None:
 
 def make_source(data_config, split: str, image_size: int):
   """The image-and-label source named by `config.data.source` for `split` ("train" or
-  "eval"). (A detector's sources, with boxes: jaxnet/core/tasks/detection.py.)"""
+  "eval")."""
   name = data_config.source
   split_name = data_config.train_split if split == "train" else data_config.eval_split
   if name == "digits":
@@ -158,4 +159,4 @@ def make_source(data_config, split: str, image_size: int):
     from jaxnet.core.data.prepared import PreparedSource
     return PreparedSource(data_config.dir, split_name)
   raise InvalidValueError(f"config.data.source={name!r}: use one of digits, synthetic, imagefolder, tfds, "
-                          f"prepared, coco")
+                          f"prepared")

@@ -5,7 +5,7 @@ upsampling, P6 a stride-2 3x3 convolution of P5 and P7 one of relu(P6)), and two
 by the levels: four 3x3 convolutions with ReLU, then 9 anchors x classes logits (bias at
 -log((1 - 0.01) / 0.01), so every anchor starts at probability 0.01) and 9 anchors x 4 box
 deltas; the anchors the deltas are relative to (`anchors`, torchvision's AnchorGenerator).
-Losses and decoding: jaxnet/core/tasks/detection.py.
+Losses and decoding: jaxnet/core/tasks/detection/__init__.py.
 
 Returns {"cls": (N, A, classes) float32, "box": (N, A, 4) float32, "levels": ((h, w), ...)},
 the anchors ordered by level, row, column, anchor (torchvision's order).
@@ -66,7 +66,7 @@ def _upsample_nearest(x, shape):
 
 
 class RetinaNet(nn.Module):
-  TASK = "detection"  # models.task: trained on boxes (jaxnet/core/tasks/detection.py)
+  TASK = "detection"  # models.task: trained on boxes (jaxnet/core/tasks/detection/__init__.py)
 
   stage_sizes: Sequence[int]
   block: type

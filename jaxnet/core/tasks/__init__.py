@@ -9,12 +9,15 @@ image (preprocess, postprocess, print, draw). A model's registry entry names its
 (`TASK` on its module class, jaxnet/core/models); everything else asks the task object,
 never its name.
 
-  classification.py   labels: cross-entropy (label smoothing, mixup/CutMix), top-1/top-5
-  detection.py        boxes: focal and box losses over the model's anchors, COCO's mAP
+  classification/   labels: cross-entropy (label smoothing, mixup/CutMix), top-1/top-5; the
+                    image sources' examples (decode and crop, the label carried)
+  detection/        boxes: focal and box losses over the model's anchors, COCO's mAP;
+                    coco.py: its sources (COCO-format folders, tfds, synthetic boxes)
 
-A new task (segmentation, keypoints, ...) is one module (or package) here whose `TASK` is a
-Task: every module of this package is imported, as models are. A task defined elsewhere (a
-test's, a user's) is added with `register`.
+A new task (segmentation, keypoints, ...) is one package (or module) here whose `TASK` is a
+Task: every package and module of this package is imported, as models are, and nothing
+outside it names the task. A task defined elsewhere (a test's, a user's) is added with
+`register`.
 """
 
 import dataclasses
@@ -35,7 +38,8 @@ class Task:
   run logged them); `exports` the --format values (and "int8") its models can be exported
   to; `eval_keys` the keys it adds (`add_config`) that change what an eval
   sees and `source_keys` those its sources are made from (dotted; "block." for a whole
-  block); `rules` their ranges, as config._RULES: ((key, test, what the value must be), ...)."""
+  block); `rules` their ranges, as config._RULES: ((key, test, what the value must be), ...);
+  `sources` the config.data.source values its make_source reads (empty: not checked here)."""
   name: str = ""
   headline: str = ""
   headline_label: str = ""
@@ -44,6 +48,7 @@ class Task:
   eval_keys: tuple = ()
   source_keys: tuple = ()
   rules: tuple = ()
+  sources: tuple = ()
 
   def add_config(self, c) -> None:
     """Adds this task's keys to the config `c` with their defaults, as base_config writes its
@@ -52,6 +57,16 @@ class Task:
 
   def check_config(self, config) -> None:
     """Refuses, in one line, what this task does not build (before anything runs)."""
+
+  def check_source(self, config) -> None:
+    """Refuses a config.data.source this task does not read, naming the tasks that do."""
+    source = config.data.source
+    if not self.sources or source in self.sources:
+      return
+    readers = [t.name for t in all_tasks() if source in t.sources]
+    whose = f"; {source} is read by {' and '.join(readers)} models" if readers else ""
+    raise InvalidValueError(f"config.data.source={source!r}: a {self.name} model "
+                            f"(config.model.name={config.model.name}) reads {', '.join(self.sources)}{whose}")
 
   def make_source(self, config, split: str):
     """The data source of `split` ("train" or "eval") for config.data."""
@@ -115,16 +130,20 @@ class Task:
     raise UserError(f"--draw: a {self.name} model's results are not drawn; leave --draw out")
 
 
-@functools.cache
-def _modules() -> dict:
-  """{name: task} of every module of this package that defines TASK (a new task is a new
-  module, listed nowhere else)."""
+def found_in(path: list, package: str) -> dict:
+  """{name: task} of every package and module directly in `path` (the folders of `package`)
+  that defines TASK: a new task is a new package, listed nowhere else."""
   found = {}
-  for module in pkgutil.iter_modules(__path__):
-    task = getattr(importlib.import_module(f"{__name__}.{module.name}"), "TASK", None)
+  for module in pkgutil.iter_modules(path):
+    task = getattr(importlib.import_module(f"{package}.{module.name}"), "TASK", None)
     if isinstance(task, Task):
       found[task.name] = task
   return found
+
+
+@functools.cache
+def _modules() -> dict:
+  return found_in(__path__, __name__)
 
 
 _ADDED: dict[str, Task] = {}

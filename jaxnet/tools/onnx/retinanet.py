@@ -19,14 +19,14 @@ def notes(predictor) -> dict:
   return {
       "jaxnet.input": ("images: uint8 NHWC (batch, image_size, image_size, channels), each image "
                        "resized (bilinear, aspect kept) so its longer side is image_size, at the "
-                       "top left, zero padding after, as jaxnet/core/data/coco.py's eval "
+                       "top left, zero padding after, as jaxnet/core/tasks/detection/coco.py's eval "
                        "transform; normalization is inside"),
       "jaxnet.eval_crop_fraction": "not used", "jaxnet.eval_interpolation": "not used",
       "jaxnet.outputs": (
           "class_logits (batch, anchors, classes): sigmoid logits; box_deltas (batch, anchors, 4): "
           "dx, dy, dw, dh against anchors (x0, y0, x1, y1 in the input's pixels) as torchvision's "
           "BoxCoder with weights (1, 1, 1, 1), dw and dh clamped at log(1000/16) before exp; anchors "
-          "(anchors, 4). jaxnet's detections (jaxnet/core/tasks/detection.py detect): per pyramid level "
+          "(anchors, 4). jaxnet's detections (jaxnet/core/tasks/detection/__init__.py detect): per pyramid level "
           f"the best {c.detection.candidates_per_level} (anchor, class) sigmoid scores above 0.05, their "
           f"boxes decoded and clipped to the image, NMS per class at IoU 0.5, at most "
           f"{c.detection.max_detections} detections"),

@@ -65,12 +65,6 @@ class Classification(Task):
                                      # device (no traffic between devices; the pairs then depend on
                                      # the device count), 1: the whole batch
 
-  def check_config(self, config) -> None:
-    if config.data.source == "coco":
-      raise InvalidValueError(
-          f"config.model.name={config.model.name} with config.data.source=coco: a detector "
-          f"(retinanet_*) trains on COCO-format data, a classifier on the other sources")
-
   def make_source(self, config, split: str):
     return sources.make_source(config.data, split, config.image_size)
 
@@ -126,6 +120,7 @@ class Classification(Task):
 
 TASK = Classification(name="classification", headline="eval/top1", headline_label="eval top-1",
                       exports=("jax", "onnx", "torch", "int8"),
+                      sources=("digits", "synthetic", "imagefolder", "tfds", "prepared"),
                       rules=(("label_smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),),
                       plots=(("accuracy", "accuracy", (("train/accuracy", "-", "train"),
                                                        ("eval/top1", "o--", "eval top-1"))),))

@@ -6,7 +6,7 @@ drawing). Every shape is static: an image's ground-truth
 boxes are padded to a fixed count with a mask, and the detections of an image are a fixed
 number with scores (-inf where there is none), so the steps jit once and shard over the batch.
 
-The batch (jaxnet/core/data/coco.py) holds `image` uint8 NHWC, padded to one size, `boxes`
+The batch (jaxnet/core/tasks/detection/coco.py) holds `image` uint8 NHWC, padded to one size, `boxes`
 float32 (N, M, 4) as (x0, y0, x1, y1) in that image's pixels, `classes` int32 (N, M),
 `box_mask` bool (N, M), and `mask` / `corrupt` per image as for classification.
 """
@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from jaxnet.core.data import coco
+from jaxnet.core.tasks.detection import coco
 from jaxnet.core.errors import InvalidValueError
 from jaxnet.core.metrics import write_file_atomically
 from jaxnet.core.tasks import Task
@@ -161,11 +161,6 @@ def detect(cls_logits, box_deltas, anchors, level_counts, image_size: int, *,
 
 def check_config(config) -> None:
   """What detection does not build (yet), refused before anything runs."""
-  if config.data.source not in ("coco", "tfds", "synthetic"):
-    raise InvalidValueError(
-        f"config.model.name={config.model.name} with config.data.source={config.data.source}: "
-        f"a detector (retinanet_*) trains on COCO-format data (data.source=coco or a tfds "
-        f"dataset laid out as coco/2017), or synthetic boxes")
   refused = {"ema_decay": config.ema_decay > 0, "label_smoothing": config.label_smoothing > 0,
              "grad_accum_steps": config.grad_accum_steps != 1,
              "mix.mixup_alpha": config.mix.mixup_alpha > 0, "mix.cutmix_alpha": config.mix.cutmix_alpha > 0,
@@ -285,7 +280,7 @@ class Detection(Task):
   def transform(self, source, image_size: int, train: bool, config):
     return source.transform(image_size, train=train)  # boxes move with the pixels
 
-  def batch_fields(self, config) -> dict:  # jaxnet/core/data/coco.py: example
+  def batch_fields(self, config) -> dict:  # jaxnet/core/tasks/detection/coco.py: example
     boxes = config.detection.max_boxes
     return {"boxes": ((boxes, 4), "float32"), "classes": ((boxes,), "int32"),
             "box_mask": ((boxes,), "bool"), "image_id": ((), "int32"), "scale": ((), "float32"),
@@ -325,7 +320,7 @@ class Detection(Task):
                       candidates_per_level=config.detection.candidates_per_level)
 
   def preprocess(self, data: bytes, config, channels: int) -> dict:
-    """The eval data's resize and padding (jaxnet/core/data/coco.py), with each image's scale
+    """The eval data's resize and padding (jaxnet/core/tasks/detection/coco.py), with each image's scale
     from its own pixels to the batch's and its (height, width)."""
     transform = coco.DetectionTransform(config.image_size, 1, train=False, warn=False)
     return transform.map({"image": data, "boxes": np.zeros((0, 4), np.float32),
@@ -350,4 +345,7 @@ class Detection(Task):
 
 TASK = Detection(name="detection", headline="eval/mAP", headline_label="eval mAP", exports=("onnx", "torch"),
                  plots=(("mAP", "COCO box AP", (("eval/mAP", "o--", "mAP"), ("eval/AP50", "o:", "AP50"))),),
-                 eval_keys=("detection.",), source_keys=("detection.",))
+                 eval_keys=("detection.",), source_keys=("detection.",),
+                 # coco: DIR/annotations/instances_SPLIT.json and DIR/SPLIT/; tfds: datasets laid
+                 # out as coco/2017; synthetic: random boxes on random images
+                 sources=("coco", "tfds", "synthetic"))
