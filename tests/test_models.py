@@ -423,7 +423,7 @@ def test_summary_tool_on_a_small_model(capsys, monkeypatch):
 @pytest.mark.parametrize("argv,expected", [
     (["resnet5"], "error: no model 'resnet5'; did you mean resnet50"),
     (["vit_s16", "--image-size=30"],
-     "error: vit_s16 cuts images into 16x16 patches: --image-size=30 is not a multiple of 16; use e.g. --image-size=32"),
+     "error: vit_s16 takes image sides that are multiples of 16: --image-size=30 is not; use e.g. --image-size=32"),
     (["alexnet", "--image-size=16", "--no-train-step"],
      "error: alexnet at --image-size=16: AlexNet needs images of at least 63x63 pixels, got 16x16; raise --image-size"),
 ])

@@ -31,11 +31,11 @@ def main(argv=None) -> int:
       raise UserError(f"no model {a.model!r}; "
                       + (f"did you mean {' or '.join(close)}? " if close else "")
                       + f"pass one of: {', '.join(models.names())}")
-    patch = getattr(models.create(a.model, num_classes=a.num_classes), "patch_size", None)
-    if patch and a.image_size % patch:
-      fit = max(patch, round(a.image_size / patch) * patch)
-      raise UserError(f"{a.model} cuts images into {patch}x{patch} patches: --image-size={a.image_size} "
-                      f"is not a multiple of {patch}; use e.g. --image-size={fit}")
+    multiple = models.image_multiple(models.create(a.model, num_classes=a.num_classes))
+    if a.image_size % multiple:
+      fit = max(multiple, round(a.image_size / multiple) * multiple)
+      raise UserError(f"{a.model} takes image sides that are multiples of {multiple}: --image-size="
+                      f"{a.image_size} is not; use e.g. --image-size={fit}")
     try:
       s = summarize(a.model, image_size=a.image_size, batch_size=a.batch_size, num_classes=a.num_classes,
                     channels=a.channels, precision_name=a.precision, train_step=not a.no_train_step)

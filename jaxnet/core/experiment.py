@@ -25,7 +25,7 @@ class Experiment:
     self.policy = get_policy(config.precision)
     # The task (jaxnet/core/tasks) decides which data the model reads and what it learns.
     self.task = tasks.for_model(config.model.name)
-    self.task.check_source(config)
+    self.task.check_data(config)
     self.task.check_config(config)
     self._build_mesh(devices)
     self._build_data(need_train_data)

@@ -41,7 +41,8 @@ def require():
 
 def check_source(source, name: str, randaug_ops: int) -> None:
   """What DALI reads: image folders, without RandAugment. One line naming the fix otherwise."""
-  if not hasattr(source, "files_and_labels"):
+  from jaxnet.core.data.imagefolder import ImageFolderSource
+  if not isinstance(source, ImageFolderSource):
     raise InvalidValueError(f"config.data.loader=dali reads image folders (data.source=imagefolder), "
                             f"not data.source={name}: use data.loader=grain for it")
   if randaug_ops:

@@ -3,10 +3,11 @@ augment in worker processes, batch per process; and the training loop's batches 
 devices (`DeviceBatches`).
 
 Every batch is a dict of host numpy arrays for this process's share of the global
-batch: `image` uint8 NHWC, `label` int32, `mask` bool (False for padding and for
-images that failed to decode) and `corrupt` int32 (1 where a JPEG was unreadable);
+batch: `image` uint8 NHWC, `mask` bool (False for padding and for images that failed
+to decode), `corrupt` int32 (1 where a JPEG was unreadable) and the fields the source's
+records carry besides the image (the image sources' `label`, int32: transforms.carried);
 a task may make other examples with a transform of its own (`transform=`: a detector's,
-jaxnet/core/tasks/detection/__init__.py, has boxes in place of `label`).
+jaxnet/core/tasks/detection/coco.py, has boxes).
 Normalisation and the cast to the compute dtype happen on the device, in the step.
 """
 
@@ -26,10 +27,12 @@ from jaxnet.core.errors import InvalidValueError
 
 
 class ArrayToExample(grain.MapTransform):
-  """Already-decoded images: add the `mask`/`corrupt` fields of the batch layout."""
+  """Already-decoded images: add the `mask`/`corrupt` fields of the batch layout (the record's
+  other fields carried, as the decoding transforms carry them: transforms.carried)."""
 
   def map(self, record):
-    return {"image": np.asarray(record["image"], np.uint8), "label": np.int32(record["label"]),
+    from jaxnet.core.data.transforms import carried
+    return {"image": np.asarray(record["image"], np.uint8), **carried(record),
             "mask": np.bool_(True), "corrupt": np.int32(0)}
 
 

@@ -217,9 +217,20 @@ def flip_left_right(image: np.ndarray) -> np.ndarray:
   return cv2.flip(image, 1)
 
 
-def _output(image: np.ndarray, label, ok: bool) -> dict[str, np.ndarray]:
-  return {"image": image, "label": np.int32(label), "mask": np.bool_(ok),
-          "corrupt": np.int32(not ok)}
+# A record's fields that say where it came from or why it could not be read (decode.read_file,
+# the sources' `path`): for messages, never part of an example.
+_NOTES = ("image", "path", "read_error", "index")
+
+
+def carried(record: dict) -> dict:
+  """The record's fields besides its image and notes, into the example as they are (what a
+  task's sources give with the image: classification's label), integers as int32."""
+  return {k: np.int32(v) if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) else v
+          for k, v in record.items() if k not in _NOTES}
+
+
+def _output(image: np.ndarray, element: dict, ok: bool) -> dict[str, np.ndarray]:
+  return {"image": image, **carried(element), "mask": np.bool_(ok), "corrupt": np.int32(not ok)}
 
 
 _LOG = logging.getLogger("jaxnet")
@@ -230,10 +241,10 @@ def _corrupt_output(element: dict[str, Any], image_size: int, err: Exception,
   # Keep the batch shape static: the train step masks this example out
   # and counts it, instead of the whole run dying on one bad file.
   if warn:
-    where = element.get("path") or f"record {element.get('index', '?')} (label {element.get('label')})"
+    where = element.get("path") or f"record {element.get('index', '?')}"
     _LOG.warning("skipping an unreadable image, %s: %s", where, err)
   blank = np.zeros((image_size, image_size, 3), np.uint8)
-  return _output(blank, element.get("label", -1), ok=False)
+  return _output(blank, element, ok=False)
 
 
 class TrainDecodeCrop(grain.RandomMapTransform):
@@ -257,7 +268,7 @@ class TrainDecodeCrop(grain.RandomMapTransform):
       return _corrupt_output(element, self.image_size, err)
     if rng.random() < 0.5:
       image = flip_left_right(image)
-    return _output(image, element["label"], ok=True)
+    return _output(image, element, ok=True)
 
 
 class EvalDecodeCrop(grain.MapTransform):
@@ -284,4 +295,4 @@ class EvalDecodeCrop(grain.MapTransform):
     except CorruptImageError as err:
       return _corrupt_output(element, self.image_size, err, self.warn)
     image = eval_resize_crop(pixels, self.image_size, self.crop_fraction, self.interpolation)
-    return _output(image, element["label"], ok=True)
+    return _output(image, element, ok=True)

@@ -210,12 +210,27 @@ def options(name: str) -> dict:
   return out
 
 
+def _class(name: str):
+  factory = _registry().get(name)
+  return factory.func if isinstance(factory, functools.partial) else factory
+
+
+def attends(name: str) -> bool:
+  """Whether model `name` computes attention (its class says ATTENTION = True): the GPU plan
+  says how its attention was lowered."""
+  return bool(getattr(_class(name), "ATTENTION", False))
+
+
+def image_multiple(model: nn.Module) -> int:
+  """The image sides `model` takes are multiples of this (its `image_multiple`: a ViT's patch
+  size; 1: any side)."""
+  return int(getattr(model, "image_multiple", 1))
+
+
 def task(name: str) -> str:
   """What model `name` does: "classification", or "detection" (a module whose class says
   TASK = "detection"): the key of its task in jaxnet/core/tasks."""
-  factory = _registry().get(name)
-  cls = factory.func if isinstance(factory, functools.partial) else factory
-  return getattr(cls, "TASK", "classification")
+  return getattr(_class(name), "TASK", "classification")
 
 
 def check_options(model_config) -> dict:

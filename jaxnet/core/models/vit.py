@@ -98,6 +98,7 @@ class Block(nn.Module):
 
 
 class ViT(nn.Module):
+  ATTENTION = True  # models.attends: the GPU plan names how its attention was lowered
   num_classes: int = 1000
   patch_size: int = 16
   width: int = 768
@@ -106,6 +107,11 @@ class ViT(nn.Module):
   mlp_dim: int = 3072
   flavour: str = "timm"               # timm | plain
   dtype: Any = jnp.float32            # compute dtype
+
+  @property
+  def image_multiple(self) -> int:
+    """models.image_multiple: the image is cut into patch_size x patch_size patches."""
+    return self.patch_size
 
   @nn.compact
   def __call__(self, x, train: bool):

@@ -39,7 +39,8 @@ class Task:
   to; `eval_keys` the keys it adds (`add_config`) that change what an eval
   sees and `source_keys` those its sources are made from (dotted; "block." for a whole
   block); `rules` their ranges, as config._RULES: ((key, test, what the value must be), ...);
-  `sources` the config.data.source values its make_source reads (empty: not checked here)."""
+  `sources` the config.data.source values its make_source reads (empty: not checked here) and
+  `loaders` the config.data.loader values that load them (DALI makes image-and-label batches)."""
   name: str = ""
   headline: str = ""
   headline_label: str = ""
@@ -49,6 +50,7 @@ class Task:
   source_keys: tuple = ()
   rules: tuple = ()
   sources: tuple = ()
+  loaders: tuple = ("grain",)
 
   def add_config(self, c) -> None:
     """Adds this task's keys to the config `c` with their defaults, as base_config writes its
@@ -58,15 +60,18 @@ class Task:
   def check_config(self, config) -> None:
     """Refuses, in one line, what this task does not build (before anything runs)."""
 
-  def check_source(self, config) -> None:
-    """Refuses a config.data.source this task does not read, naming the tasks that do."""
-    source = config.data.source
-    if not self.sources or source in self.sources:
-      return
-    readers = [t.name for t in all_tasks() if source in t.sources]
-    whose = f"; {source} is read by {' and '.join(readers)} models" if readers else ""
-    raise InvalidValueError(f"config.data.source={source!r}: a {self.name} model "
-                            f"(config.model.name={config.model.name}) reads {', '.join(self.sources)}{whose}")
+  def check_data(self, config) -> None:
+    """Refuses a config.data.source this task does not read, naming the tasks that do, and a
+    config.data.loader that does not load its data."""
+    source, loader = config.data.source, config.data.loader
+    if self.sources and source not in self.sources:
+      readers = [t.name for t in all_tasks() if source in t.sources]
+      whose = f"; {source} is read by {' and '.join(readers)} models" if readers else ""
+      raise InvalidValueError(f"config.data.source={source!r}: a {self.name} model "
+                              f"(config.model.name={config.model.name}) reads {', '.join(self.sources)}{whose}")
+    if loader not in self.loaders and any(loader in t.loaders for t in all_tasks()):
+      raise InvalidValueError(f"config.data.loader={loader}: a {self.name} model's data loads with "
+                              f"data.loader={' or '.join(self.loaders)}")
 
   def make_source(self, config, split: str):
     """The data source of `split` ("train" or "eval") for config.data."""

@@ -121,6 +121,7 @@ class Classification(Task):
 TASK = Classification(name="classification", headline="eval/top1", headline_label="eval top-1",
                       exports=("jax", "onnx", "torch", "int8"),
                       sources=("digits", "synthetic", "imagefolder", "tfds", "prepared"),
+                      loaders=("grain", "dali"),
                       rules=(("label_smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),),
                       plots=(("accuracy", "accuracy", (("train/accuracy", "-", "train"),
                                                        ("eval/top1", "o--", "eval top-1"))),))

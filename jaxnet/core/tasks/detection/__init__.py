@@ -169,9 +169,6 @@ def check_config(config) -> None:
     if on:
       raise InvalidValueError(f"config.{key} is not built for detection (data.source=coco): "
                               f"leave it at its default")
-  if config.data.loader != "grain":
-    raise InvalidValueError("config.data.loader=dali reads image folders only: "
-                            "detection data (data.source=coco) loads with data.loader=grain")
   if importlib.util.find_spec("pycocotools") is None:
     raise InvalidValueError("a detection run scores its evals with pycocotools, which is not "
                             "installed: pip install -e '.[detection]'")
