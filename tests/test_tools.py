@@ -4,6 +4,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 
@@ -239,6 +240,30 @@ def test_predict_over_many_files_names_each_unreadable_one_and_predicts_the_othe
   errors = [line for line in err.splitlines() if line.startswith("error:")]
   assert len(errors) == 3 and str(broken) in errors[0] and str(missing) in errors[1], err
   assert errors[2] == "error: 2 of 4 images could not be read (named above); the others are predicted"
+
+
+def test_predict_draw_of_a_model_that_does_not_draw_is_refused_before_predicting(tmp_path, capsys, monkeypatch):
+  """`predict --draw` on a classifier printed every prediction, then refused the drawing: now it
+  is one line before anything is predicted, printed or written (tests/data's committed digits
+  workdir: no training)."""
+  from jaxnet.cli import predict as predict_command
+  from jaxnet.tools import predictor
+  workdir = tmp_path / "w"
+  shutil.copytree(os.path.join(REPO, "tests", "data", "workdir_ab264ba"), workdir)
+  image = tmp_path / "digit.png"
+  Image.fromarray(np.zeros((16, 16), np.uint8)).save(image)
+  predicted = []
+  monkeypatch.setattr(predictor.Predictor, "predict", lambda self, images, **o: predicted.append(images) or
+                      [[("0", 1.0)] for _ in images])
+  monkeypatch.delenv("JAXNET_DEBUG", raising=False)
+  for hook in ("excepthook", "unraisablehook"):  # one_line_errors installs filters: put them back
+    monkeypatch.setattr(sys, hook, getattr(sys, hook))
+  with pytest.raises(SystemExit) as exit_:
+    predict_command.main([f"--workdir={workdir}", f"--draw={tmp_path / 'out.png'}", str(image)])
+  out, err = capsys.readouterr()
+  assert exit_.value.code == 1 and out == "" and predicted == []
+  assert err.splitlines()[0] == "error: --draw: a classification model's results are not drawn; leave --draw out"
+  assert sorted(os.listdir(tmp_path)) == ["digit.png", "w"]
 
 
 def test_export_round_trips_logits(workdir, test_set, tmp_path):

@@ -64,7 +64,9 @@ def main(argv=None):
     from jaxnet import api
     images = _expand_folders(args.images)
     model = api.restore(args.workdir, step=args.step)
-    outputs = _draw_paths(args.draw, images) if args.draw else None  # checked before the work
+    if args.draw:  # both checked before the work
+      model.check_draw()
+    outputs = _draw_paths(args.draw, images) if args.draw else None
     drawn = dict(zip(images, outputs or []))
     given = len(images)
     images, results, unreadable = _predict_readable(model, images, args.top, args.min_score)

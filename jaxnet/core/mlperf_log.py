@@ -57,8 +57,9 @@ class MlperfLog:
   def settings(self, config, *, devices: str, train_samples: int, eval_samples: int) -> None:
     """The submission_* and hyperparameter events, MLPerf's names for the config's values."""
     o = config.optim
-    for key, value in (("submission_benchmark", "resnet" if config.model.name.startswith("resnet")
-                        else config.model.name),
+    from jaxnet.core import models
+    benchmark = models.declared(config.model.name, "MLPERF_BENCHMARK", config.model.name)
+    for key, value in (("submission_benchmark", benchmark),
                        ("submission_org", "jaxnet (not a submission)"), ("submission_division", "open"),
                        ("submission_status", "research"), ("submission_platform", devices),
                        ("cache_clear", False), ("seed", config.seed),

@@ -215,10 +215,16 @@ def _class(name: str):
   return factory.func if isinstance(factory, functools.partial) else factory
 
 
+def declared(name: str, constant: str, default=None):
+  """What model `name`'s class declares as `constant` (a family's: TASK, ATTENTION,
+  MLPERF_BENCHMARK), else `default`: what other modules ask instead of testing its name."""
+  return getattr(_class(name), constant, default)
+
+
 def attends(name: str) -> bool:
   """Whether model `name` computes attention (its class says ATTENTION = True): the GPU plan
   says how its attention was lowered."""
-  return bool(getattr(_class(name), "ATTENTION", False))
+  return bool(declared(name, "ATTENTION", False))
 
 
 def image_multiple(model: nn.Module) -> int:
@@ -230,7 +236,7 @@ def image_multiple(model: nn.Module) -> int:
 def task(name: str) -> str:
   """What model `name` does: "classification", or "detection" (a module whose class says
   TASK = "detection"): the key of its task in jaxnet/core/tasks."""
-  return getattr(_class(name), "TASK", "classification")
+  return declared(name, "TASK", "classification")
 
 
 def check_options(model_config) -> dict:

@@ -119,6 +119,7 @@ class BottleneckBlock(nn.Module):
 
 
 class ResNet(nn.Module):
+  MLPERF_BENCHMARK = "resnet"  # mlperf.log's submission_benchmark (MLPerf's image classification)
   stage_sizes: Sequence[int]
   block: type
   num_classes: int = 1000

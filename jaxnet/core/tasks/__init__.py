@@ -131,8 +131,14 @@ class Task:
     return [f"{path}: {result}"]
 
   def draw(self, image, result, path: str) -> None:
-    """Writes `image` with its result drawn as PNG at `path`."""
-    raise UserError(f"--draw: a {self.name} model's results are not drawn; leave --draw out")
+    """Writes `image` with its result drawn as PNG at `path` (a task that draws overrides it)."""
+    self.check_draw()
+
+  def check_draw(self) -> None:
+    """Refuses, in one line, to draw the results of a task that does not draw them: asked
+    before anything is predicted (python -m jaxnet.cli.predict --draw)."""
+    if type(self).draw is Task.draw:
+      raise UserError(f"--draw: a {self.name} model's results are not drawn; leave --draw out")
 
 
 def found_in(path: list, package: str) -> dict:
