@@ -133,6 +133,31 @@ def test_a_task_written_outside_jaxnet_brings_its_config_block_rules_and_report(
   assert plots["mse"] == ("squared error", [("eval/mse", "o--", "eval")]) and "mse" in drawn_when_logged
 
 
+def test_the_registry_finds_a_task_as_a_package_or_a_module(tmp_path, monkeypatch):
+  """A task is a package of jaxnet/core/tasks (classification/, detection/ with its coco.py)
+  or a module there: the registry imports every one that defines TASK, listing none of them."""
+  import importlib
+  import sys
+  root = tmp_path / "more_tasks"
+  (root / "boxes").mkdir(parents=True)
+  (root / "__init__.py").write_text("")
+  define = "from jaxnet.core.tasks import Task\nTASK = Task(name={!r})\n"
+  (root / "scalar.py").write_text(define.format("scalar"))
+  (root / "boxes" / "__init__.py").write_text("from more_tasks.boxes import data  # its own module\n"
+                                               + define.format("boxes"))
+  (root / "boxes" / "data.py").write_text("EXAMPLE = {}\n")
+  (root / "helpers.py").write_text("X = 1\n")  # no TASK: not a task
+  monkeypatch.syspath_prepend(str(tmp_path))
+  try:
+    found = tasks.found_in([str(root)], "more_tasks")
+    assert {name: type(task).__name__ for name, task in found.items()} == {"boxes": "Task", "scalar": "Task"}
+  finally:
+    for name in [m for m in sys.modules if m.split(".")[0] == "more_tasks"]:
+      del sys.modules[name]
+  packages = {t.name for t in tasks.all_tasks() if hasattr(importlib.import_module(type(t).__module__), "__path__")}
+  assert {"classification", "detection"} <= packages
+
+
 @pytest.mark.slow  # ~25 s on 2 CPU cores: two trainings, an eval, predict, report and export
 def test_a_task_written_outside_jaxnet_trains_evaluates_resumes_predicts_reports_and_exports(
     digit_value, tmp_path, capsys):
