@@ -298,6 +298,20 @@ def test_time_to_accuracy_plan_names_each_term_and_the_bottleneck(tmp_path, caps
   assert "the bottleneck: the step" in capsys.readouterr().out
 
 
+def test_mlperf_log_names_the_benchmark_its_model_family_declares(tmp_path):
+  """submission_benchmark is MLPerf's "resnet" for every ResNet (ResNet.MLPERF_BENCHMARK), the
+  model's own name for the others: asked of the model (models.declared), never its name's prefix."""
+  from jaxnet import api
+  from jaxnet.core import mlperf_log
+  for name, want in (("resnet_tiny", "resnet"), ("resnet50", "resnet"), ("vit_s16", "vit_s16")):
+    (tmp_path / name).mkdir()
+    log = mlperf_log.MlperfLog(str(tmp_path / name))
+    log.settings(api.load_config("digits", **{"model.name": name}), devices="cpu", train_samples=1, eval_samples=1)
+    log.close()
+    events = {e["key"]: e["value"] for e in mlperf_log.read(str(tmp_path / name / "mlperf.log"))}
+    assert events["submission_benchmark"] == want, name
+
+
 def test_time_to_accuracy_reads_mlperf_logs(tmp_path):
   tta = _experiment_module("time_to_accuracy")
   from jaxnet.core import mlperf_log

@@ -158,6 +158,24 @@ def test_the_registry_finds_a_task_as_a_package_or_a_module(tmp_path, monkeypatc
   assert {"classification", "detection"} <= packages
 
 
+def test_a_task_refuses_the_data_it_does_not_read_naming_the_tasks_that_do():
+  """Each task lists the data.source values it reads and the loaders of its data (Task.sources,
+  Task.loaders): the core holds no list of them. A task that lists none is not checked here."""
+  from jaxnet.core.errors import InvalidValueError
+  classifier = api.load_config("digits", **{"data.source": "coco"})
+  with pytest.raises(InvalidValueError) as e:
+    tasks.for_model(classifier.model.name).check_data(classifier)
+  assert str(e.value) == (f"config.data.source='coco': a classification model (config.model.name="
+                          f"{classifier.model.name}) reads digits, synthetic, imagefolder, tfds, prepared; "
+                          f"coco is read by detection models")
+  detector = api.load_config("retinanet:shapes", **{"data.loader": "dali"})
+  with pytest.raises(InvalidValueError, match=r"^config.data.loader=dali: a detection model's data loads "
+                                              r"with data.loader=grain$"):
+    tasks.for_model(detector.model.name).check_data(detector)
+  tasks.for_model(detector.model.name).check_data(api.load_config("retinanet:shapes"))
+  Task(name="any").check_data(classifier)
+
+
 @pytest.mark.slow  # ~25 s on 2 CPU cores: two trainings, an eval, predict, report and export
 def test_a_task_written_outside_jaxnet_trains_evaluates_resumes_predicts_reports_and_exports(
     digit_value, tmp_path, capsys):
