@@ -565,7 +565,7 @@ MUTATIONS = [
              "import hashlib\n", "import hashlib\nfrom jaxnet.core.tasks.detection import coco  # noqa: F401\n",
              ("tests/test_layers.py::test_the_layering_contracts_hold",), ci=True),
     Mutation("predict_draw_refused_before_predicting", "jaxnet/cli/predict.py",
-             "      model.check_draw()\n", "      pass\n",
+             "      model.task.check_draw()\n", "      pass\n",
              (TOOLS + "test_predict_draw_of_a_model_that_does_not_draw_is_refused_before_predicting",), ci=True),
     Mutation("a_tasks_data_sources_checked", "jaxnet/core/tasks/__init__.py",
              "    if self.sources and source not in self.sources:\n", "    if False:\n",

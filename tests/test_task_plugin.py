@@ -173,6 +173,9 @@ def test_a_task_refuses_the_data_it_does_not_read_naming_the_tasks_that_do():
                                               r"with data.loader=grain$"):
     tasks.for_model(detector.model.name).check_data(detector)
   tasks.for_model(detector.model.name).check_data(api.load_config("retinanet:shapes"))
+  with pytest.raises(InvalidValueError, match=r"^config.data.loader=spark: a classification model's data "
+                                              r"loads with data.loader=grain or dali$"):
+    tasks.get("classification").check_data(api.load_config("digits", **{"data.loader": "spark"}))
   Task(name="any").check_data(classifier)
 
 

@@ -65,7 +65,7 @@ def main(argv=None):
     images = _expand_folders(args.images)
     model = api.restore(args.workdir, step=args.step)
     if args.draw:  # both checked before the work
-      model.check_draw()
+      model.task.check_draw()
     outputs = _draw_paths(args.draw, images) if args.draw else None
     drawn = dict(zip(images, outputs or []))
     given = len(images)

@@ -298,7 +298,7 @@ def data_name(config) -> str:
   a COCO-format one's: `shapes`, not `coco`), else the generated source's (digits, synthetic)."""
   if config.data.source == "tfds":
     return config.data.name
-  return os.path.basename(os.path.normpath(str(config.data.dir or ""))) or config.data.source
+  return os.path.basename(os.path.normpath(config.data.dir)) if config.data.dir else config.data.source
 
 
 def get(config, dotted: str):

@@ -185,8 +185,6 @@ def _check_loader(config, sources_: list, channels: int, encoded: bool) -> None:
   if len(config.data.mean) != channels or len(config.data.std) != channels:
     raise InvalidValueError(f"config.data.mean/std have {len(config.data.mean)} values but images have "
                             f"{channels} channels")
-  if config.data.loader not in ("grain", "dali"):
-    raise InvalidValueError(f"config.data.loader={config.data.loader!r}: use grain or dali")
   if config.data.loader == "dali":
     from jaxnet.core.data import dali
     dali.require()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import re
 
 
@@ -619,7 +618,3 @@ def map_trace(events: list, analysis: Analysis) -> dict:
     matched += 1
     rows[layer_of(kernel)] += float(e.get("dur", 0))
   return {"events": len(events), "matched": matched, "rows": dict(rows), "unmatched": dict(unmatched)}
-
-
-def as_json(analysis: Analysis) -> str:
-  return json.dumps(summary(analysis), indent=1, sort_keys=True)

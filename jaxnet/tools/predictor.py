@@ -104,10 +104,6 @@ class Predictor:
     """Writes `image` (a path, bytes, PIL image or array) with its result drawn, as PNG at `path`."""
     self.task.draw(_to_pil(image), result, path)
 
-  def check_draw(self) -> None:
-    """Refuses, in one line, a model whose task does not draw its results (before predicting)."""
-    self.task.check_draw()
-
 
 def restore(workdir: str, step: int | None = None, config=None) -> Predictor:
   """The model of WORKDIR's latest (or given) checkpoint, ready for inference, whatever its task."""

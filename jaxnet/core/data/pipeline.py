@@ -36,19 +36,16 @@ class ArrayToExample(grain.MapTransform):
             "mask": np.bool_(True), "corrupt": np.int32(0)}
 
 
-def _train_transform(source, image_size: int):
+def _image_transform(source, image_size: int, train: bool, crop_fraction: float = 0.875,
+                     interpolation: str = "bilinear", warn_corrupt: bool = True):
+  """The pipeline's own examples of an image source's records: decoded and cropped (or taken as
+  they are, when already decoded), the records' other fields carried."""
+  from jaxnet.core.data import transforms
   if not source.encoded:
     return ArrayToExample()
-  from jaxnet.core.data.transforms import TrainDecodeCrop
-  return TrainDecodeCrop(image_size)
-
-
-def _eval_transform(source, image_size: int, crop_fraction: float, interpolation: str,
-                    warn_corrupt: bool = True):
-  if not source.encoded:
-    return ArrayToExample()
-  from jaxnet.core.data.transforms import EvalDecodeCrop
-  return EvalDecodeCrop(image_size, crop_fraction, interpolation, warn=warn_corrupt)
+  if train:
+    return transforms.TrainDecodeCrop(image_size)
+  return transforms.EvalDecodeCrop(image_size, crop_fraction, interpolation, warn=warn_corrupt)
 
 
 def check_some_example_reads(source, split: str) -> None:
@@ -194,7 +191,7 @@ def train_loader(source, *, global_batch_size: int, image_size: int, seed: int, 
   batch = per_process_batch_size(global_batch_size, process_count)
   if workers:
     grain_adapter.ensure_absl_flags_parsed()
-  operations = [transform or _train_transform(source, image_size)]
+  operations = [transform or _image_transform(source, image_size, True)]
   if randaug[0]:
     from jaxnet.core.data.randaugment import RandAugment
     operations.append(RandAugment(*randaug))
@@ -228,7 +225,7 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, workers: in
   shard = _Slice(source, start, end)
   if workers:
     grain_adapter.ensure_absl_flags_parsed()
-  transform = transform or _eval_transform(source, image_size, crop_fraction, interpolation, warn_corrupt)
+  transform = transform or _image_transform(source, image_size, False, crop_fraction, interpolation, warn_corrupt)
   loader = []  # a process with no records (more processes than records) yields only padding
   if len(shard):
     loader = grain.DataLoader(

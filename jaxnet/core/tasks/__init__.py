@@ -69,7 +69,7 @@ class Task:
       whose = f"; {source} is read by {' and '.join(readers)} models" if readers else ""
       raise InvalidValueError(f"config.data.source={source!r}: a {self.name} model "
                               f"(config.model.name={config.model.name}) reads {', '.join(self.sources)}{whose}")
-    if loader not in self.loaders and any(loader in t.loaders for t in all_tasks()):
+    if loader not in self.loaders:
       raise InvalidValueError(f"config.data.loader={loader}: a {self.name} model's data loads with "
                               f"data.loader={' or '.join(self.loaders)}")
 
