@@ -506,10 +506,10 @@ def test_the_plan_stands_in_synthetic_images_with_the_recipes_channels():
   """The quick-start recipe (grayscale digits) was refused: the plan's synthetic images had 3
   channels whatever the recipe's normalisation said."""
   from jaxnet.core import config as config_lib
-  from jaxnet.core.data import sources
+  from jaxnet.core import tasks
   from jaxnet.tools import gpu_plan
   config = gpu_plan.plan_config(config_lib.load("configs/digits.py"))
-  assert sources.make_source(config.data, "train", config.image_size)[0]["image"].shape == (16, 16, 1)
+  assert tasks.for_model(config.model.name).make_source(config, "train")[0]["image"].shape == (16, 16, 1)
 
 
 def test_the_plugin_stays_out_of_other_jax_programs(tmp_path):

@@ -173,11 +173,11 @@ def test_missing_split_names_the_split_dir(folder):
 def test_the_default_eval_split_reads_make_imagefolders_val(folder):
   # make_imagefolder writes val/; the configs' default eval split is tfds's "validation".
   from jaxnet.core import config as config_lib
-  from jaxnet.core.data import sources
+  from jaxnet.core import tasks
   config = config_lib.base_config()
   assert config.data.eval_split == "validation" and not os.path.exists(os.path.join(folder, "validation"))
   config.data.source, config.data.dir = "imagefolder", folder
-  source = sources.make_source(config.data, "eval", config.image_size)
+  source = tasks.get("classification").make_source(config, "eval")
   assert len(source) == CLASSES * VAL_PER_CLASS
   assert source.path(0) == ImageFolderSource(folder, "val").path(0)
 

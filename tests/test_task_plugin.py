@@ -46,7 +46,7 @@ class DigitValue(Task):
     c.value.scale = 1.0              # the target is the digit / scale
 
   def make_source(self, config, split: str):
-    return sources.make_source(config.data, split, config.image_size)
+    return tasks.get("classification").make_source(config, split)  # the digits, their labels
 
   def batch_fields(self, config) -> dict:
     return {"label": ((), "int32")}

@@ -134,29 +134,3 @@ def ignored_note(sources) -> str | None:
   what = (("entry", "is", "a ", "image") if len(ignored) == 1 else ("entries", "are", "", "images"))
   return (f"note: ignored {len(ignored)} {what[0]} of {root} that {what[1]} hidden or not "
           f"{what[2]}{EXTENSIONS_TEXT} {what[3]}: {shown}")
-
-
-def make_source(data_config, split: str, image_size: int):
-  """The image-and-label source named by `config.data.source` for `split` ("train" or
-  "eval")."""
-  name = data_config.source
-  split_name = data_config.train_split if split == "train" else data_config.eval_split
-  if name == "digits":
-    return digits_source(split_name, image_size)
-  if name == "synthetic":
-    size = data_config.synthetic_size if split == "train" else max(data_config.synthetic_size // 10, 1)
-    # As many channels as the normalisation has (the GPU plan stands in synthetic images
-    # for a recipe's own: the digits' are grayscale).
-    return SyntheticSource(size, image_size, data_config.num_classes, seed=0 if split == "train" else 1,
-                           channels=len(data_config.mean))
-  if name == "imagefolder":
-    from jaxnet.core.data.imagefolder import ImageFolderSource
-    return ImageFolderSource(data_config.dir, split_name)
-  if name == "tfds":
-    from jaxnet.core.data.tfds_source import TfdsSource
-    return TfdsSource(data_config.name, split_name, data_config.dir or None)
-  if name == "prepared":
-    from jaxnet.core.data.prepared import PreparedSource
-    return PreparedSource(data_config.dir, split_name)
-  raise InvalidValueError(f"config.data.source={name!r}: use one of digits, synthetic, imagefolder, tfds, "
-                          f"prepared")
