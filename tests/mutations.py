@@ -559,7 +559,7 @@ MUTATIONS = [
              "  task = tasks.all_tasks()[1 if any(\"eval/mAP\" in r for r in records) else 0]\n",
              ("tests/test_layers.py::test_no_file_outside_the_tasks_branches_on_the_task",), ci=True),
     Mutation("a_model_family_named_outside_the_model_files", "jaxnet/tools/gpu_plan.py",
-             'if models.attends(config.model.name) else ""', 'if "vit" in config.model.name else ""',
+             'if models.declared(config.model.name, "ATTENTION") else ""', 'if "vit" in config.model.name else ""',
              ("tests/test_layers.py::test_no_file_outside_the_tasks_branches_on_the_task",), ci=True),
     Mutation("the_data_never_imports_a_tasks_module", "jaxnet/core/data/sources.py",
              "import hashlib\n", "import hashlib\nfrom jaxnet.core.tasks.detection import coco  # noqa: F401\n",

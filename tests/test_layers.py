@@ -112,7 +112,7 @@ def _is_model_file(path: str) -> bool:
 def family_tests() -> re.Pattern:
   """What deciding "is this a ViT?" looks like: a model family's name (a module of
   jaxnet/core/models, found as the registry finds them) compared or looked for in a model's
-  name, where the family's own constant belongs (models.declared, models.attends)."""
+  name, where the family's own constant belongs (models.declared)."""
   import pkgutil
   from jaxnet.core import models
   families = "|".join(sorted(m.name for m in pkgutil.iter_modules(models.__path__)))

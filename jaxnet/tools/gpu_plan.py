@@ -372,7 +372,7 @@ DEFAULT_MEM_FRACTION = 0.75
 
 
 def attention_lowering(analysis) -> str:
-  """Which attention a step got (a model that attends: models.attends), and why (only its fused cuDNN form shows as a library call)."""
+  """Which attention a step got (a model whose class declares ATTENTION), and why (only its fused cuDNN form shows as a library call)."""
   if analysis.attention:
     return f"cuDNN fused attention ({', '.join(sorted({a['target'] for a in analysis.attention}))})"
   import jax
@@ -426,7 +426,7 @@ def plan(config, *, target: str = "h100", gpus: int = 8, hosts: int = 1, dump: s
                  "eval_total": evaluation.total},
       "train": hlo.summary(analysis),
       "eval": hlo.summary(eval_analysis),
-      "attention": attention_lowering(analysis) if models.attends(config.model.name) else "",
+      "attention": attention_lowering(analysis) if models.declared(config.model.name, "ATTENTION") else "",
       "xla_options": {**train.options, **evaluation.options},
       "transposes": [t for t in analysis.transposes if t["size"] == "activation"],
       "gradient_collectives": analysis.collectives,

@@ -221,12 +221,6 @@ def declared(name: str, constant: str, default=None):
   return getattr(_class(name), constant, default)
 
 
-def attends(name: str) -> bool:
-  """Whether model `name` computes attention (its class says ATTENTION = True): the GPU plan
-  says how its attention was lowered."""
-  return bool(declared(name, "ATTENTION", False))
-
-
 def image_multiple(model: nn.Module) -> int:
   """The image sides `model` takes are multiples of this (its `image_multiple`: a ViT's patch
   size; 1: any side)."""

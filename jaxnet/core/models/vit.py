@@ -98,7 +98,7 @@ class Block(nn.Module):
 
 
 class ViT(nn.Module):
-  ATTENTION = True  # models.attends: the GPU plan names how its attention was lowered
+  ATTENTION = True  # models.declared: the GPU plan names how its attention was lowered
   num_classes: int = 1000
   patch_size: int = 16
   width: int = 768
