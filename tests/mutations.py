@@ -182,8 +182,8 @@ MUTATIONS = [
              "grain.Batch(batch, drop_remainder=False)", "grain.Batch(batch, drop_remainder=True)",
              ("tests/test_pipeline.py::test_eval_covers_every_example_once",), ci=True),
     Mutation("corrupt_jpeg_masked", "jaxnet/core/data/transforms.py",
-             'return _output(blank, element.get("label", -1), ok=False)',
-             'return _output(blank, element.get("label", -1), ok=True)',
+             'return _output(blank, element, ok=False)',
+             'return _output(blank, element, ok=True)',
              ("tests/test_imagefolder.py::test_corrupt_files_are_masked_not_raised",), ci=True),
 
     # --- prediction and export ---------------------------------------------------
