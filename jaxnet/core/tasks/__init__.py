@@ -9,8 +9,8 @@ image (preprocess, postprocess, print, draw). A model's registry entry names its
 (`TASK` on its module class, jaxnet/core/models); everything else asks the task object,
 never its name.
 
-  classification/   labels: cross-entropy (label smoothing, mixup/CutMix), top-1/top-5; the
-                    image sources' examples (decode and crop, the label carried)
+  classification/   labels: cross-entropy (label smoothing, mixup/CutMix), top-1/top-5; which
+                    of jaxnet/core/data's image sources each data.source it reads is
   detection/        boxes: focal and box losses over the model's anchors, COCO's mAP;
                     coco.py: its sources (COCO-format folders, tfds, synthetic boxes)
 
