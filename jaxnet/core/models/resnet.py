@@ -26,10 +26,10 @@ from jaxnet.core.errors import InvalidValueError
 conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 
 
-def _conv(features, kernel_size, strides=(1, 1), **kwargs):
-  """nn.Conv padded k // 2 on each side (torchvision's padding), not "SAME"."""
-  pad = [(k // 2, k // 2) for k in kernel_size]
-  return nn.Conv(features, kernel_size, strides, padding=pad, **kwargs)
+def _conv(features, kernel_size, strides=(1, 1), dilation: int = 1, **kwargs):
+  """nn.Conv padded dilation * (k // 2) on each side (torchvision's padding), not "SAME"."""
+  pad = [(dilation * (k // 2),) * 2 for k in kernel_size]
+  return nn.Conv(features, kernel_size, strides, padding=pad, kernel_dilation=(dilation, dilation), **kwargs)
 
 
 def _last_bn_init(zero_init_last: bool):
@@ -87,12 +87,13 @@ class BasicBlock(nn.Module):
   conv: Callable[..., Any]
   norm: Callable[..., Any]
   zero_init_last: bool = True
+  dilation: int = 1                   # of both 3x3 convolutions (torchvision's BasicBlock has none)
 
   @nn.compact
   def __call__(self, x, train):
     s = (self.strides, self.strides)
-    y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), s)(x), train))
-    y = self.conv(self.filters, (3, 3))(y)
+    y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), s, self.dilation)(x), train))
+    y = self.conv(self.filters, (3, 3), dilation=self.dilation)(y)
     y = self.norm(scale_init=_last_bn_init(self.zero_init_last))(y, train)
     if x.shape != y.shape:
       x = self.norm(name="proj_bn")(self.conv(self.filters, (1, 1), s, name="proj_conv")(x), train)
@@ -105,12 +106,13 @@ class BottleneckBlock(nn.Module):
   conv: Callable[..., Any]
   norm: Callable[..., Any]
   zero_init_last: bool = True
+  dilation: int = 1                   # of the 3x3 convolution, as torchvision's
 
   @nn.compact
   def __call__(self, x, train):
     s = (self.strides, self.strides)
     y = nn.relu(self.norm()(self.conv(self.filters, (1, 1))(x), train))
-    y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), s)(y), train))
+    y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), s, self.dilation)(y), train))
     y = self.conv(self.filters * 4, (1, 1))(y)
     y = self.norm(scale_init=_last_bn_init(self.zero_init_last))(y, train)
     if x.shape != y.shape:
@@ -133,6 +135,9 @@ class ResNet(nn.Module):
   freeze_bn_stats: bool = False       # BN normalises with its running statistics in training too
   features_only: bool = False         # no classifier: the last 3 stages' outputs (C3, C4, C5), for
                                       # a detector's feature pyramid (models/retinanet.py)
+  dilate_stages: Sequence[bool] = ()  # per stage after the first, True: its stride is replaced by
+                                      # dilation (torchvision's replace_stride_with_dilation), for a
+                                      # segmenter's output stride 8 (models/segmentation.py); (): none
   stem_conv: str = "plain"            # how the stem's convolution is computed, the same function
                                       # and parameters: "plain", "pad4"/"pad8" (the image's channels
                                       # padded with zeros to 4/8), "space_to_depth" (2x2 blocks as
@@ -161,12 +166,18 @@ class ResNet(nn.Module):
     else:
       raise InvalidValueError(f"unknown stem {self.stem!r}; use 'imagenet' or 'small'")
 
-    stages = []
+    dilate = tuple(self.dilate_stages) or (False,) * (len(self.stage_sizes) - 1)
+    if len(dilate) != len(self.stage_sizes) - 1:
+      raise InvalidValueError(f"model.dilate_stages={tuple(self.dilate_stages)} needs one flag per stage after "
+                              f"the first ({len(self.stage_sizes) - 1})")
+    stages, dilation = [], 1
     for stage, num_blocks in enumerate(self.stage_sizes):
+      strides, previous = (2 if stage > 0 else 1), dilation
+      if stage > 0 and dilate[stage - 1]:  # as torchvision: the stage's first block keeps the
+        dilation, strides = dilation * strides, 1  # dilation before it, the others take the new one
       for b in range(num_blocks):
-        strides = 2 if stage > 0 and b == 0 else 1
-        x = self.block(self.width * 2**stage, strides, conv, norm, self.zero_init_last_bn,
-                       name=f"stage{stage + 1}_block{b + 1}")(x, train)
+        x = self.block(self.width * 2**stage, strides if b == 0 else 1, conv, norm, self.zero_init_last_bn,
+                       dilation=previous if b == 0 else dilation, name=f"stage{stage + 1}_block{b + 1}")(x, train)
       stages.append(x)
     if self.features_only:
       return stages[-3:]
