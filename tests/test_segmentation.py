@@ -254,33 +254,52 @@ TINY = {"image_size": "32", "batch_size": "8", "data.eval_batch_size": "4", "opt
         "checkpoint_every_steps": "4", "mesh.num_devices": "1", "model.aux_loss": "True"}
 
 
-def test_a_small_segmenter_learns_resumes_exactly_predicts_reports_and_exports(shapes, tmp_path, capsys):
-  """8 steps straight against 4 + resume + 4: the loss falls, the checkpoints are equal; the
-  eval counts each of the 10 val images once (batches of 4, the last padded); predict prints
-  the class fractions api.predict gives and draws the mask over the image and saves it as a
-  palette PNG; report plots mIoU; the jax export gives predict's class maps."""
+@pytest.fixture(scope="module")
+def trained(shapes, tmp_path_factory):
+  """8 steps of TINY on the shapes (checkpoints at 4 and 8): (its workdir, its config, final eval)."""
   from jaxnet import api
-  from jaxnet.cli import predict, report
-  from jaxnet.core import checkpoint as ckpt
   config = api.load_config(os.path.join(REPO, "jaxnet", "configs", "fcn.py:shapes"),
                            {**TINY, "total_steps": "8", "data.dir": shapes})
-  straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-  final = api.train(config, str(straight))
-  losses = [r["train/loss"] for r in read_jsonl(straight) if "train/loss" in r]
-  assert len(losses) == 4 and losses[-1] < 0.8 * losses[0], losses
-  assert final["eval/examples"] == 10 and 0 <= final["eval/mIoU"] <= 1 and "eval/IoU/circle" in final
-  api.train(config, str(resumed), steps=4)
-  api.train(config, str(resumed), steps=8)
-  a, b = ckpt.load_arrays(straight), ckpt.load_arrays(resumed)
-  assert a[1] == b[1] == 8
-  from tests.helpers import max_abs_diff
-  assert max_abs_diff(a[0]["params"], b[0]["params"]) == 0
+  workdir = tmp_path_factory.mktemp("seg") / "run"
+  return workdir, config, api.train(config, str(workdir))
 
+
+def test_a_small_segmenter_learns_scores_every_val_image_once_and_resumes_exactly(trained, tmp_path):
+  """The loss falls over 8 steps; the eval counts each of the 10 val images once (batches of
+  4, the last padded); the run stopped after its step-4 checkpoint and resumed ends with the
+  same params, batch statistics and losses as the run straight through."""
+  from jaxnet import api
+  from jaxnet.core import checkpoint as ckpt
+  from tests.helpers import max_abs_diff
+  straight, config, final = trained
+  losses = {r["step"]: r["train/loss"] for r in read_jsonl(straight) if "train/loss" in r}
+  assert list(losses) == [2, 4, 6, 8] and losses[8] < 0.85 * losses[2], losses
+  assert final["eval/examples"] == 10 and 0 < final["eval/mIoU"] <= 1 and "eval/IoU/circle" in final
+  resumed = tmp_path / "resumed"
+  shutil.copytree(straight, resumed)
+  shutil.rmtree(resumed / "checkpoints" / "8")
+  lines = [l for l in open(resumed / "metrics.jsonl") if json.loads(l)["step"] <= 4]
+  open(resumed / "metrics.jsonl", "w").writelines(lines)
+  api.train(config, str(resumed))
+  (a, step_a), (b, step_b) = ckpt.load_arrays(straight), ckpt.load_arrays(resumed)
+  assert step_a == step_b == 8
+  assert max_abs_diff(a["params"], b["params"]) == 0 and max_abs_diff(a["batch_stats"], b["batch_stats"]) == 0
+  assert {r["step"]: r["train/loss"] for r in read_jsonl(resumed) if "train/loss" in r} == losses
+
+
+def test_a_trained_segmenter_predicts_draws_reports_and_exports(trained, shapes, tmp_path, capsys):
+  """predict prints the class fractions api.predict gives, draws the class map over the image
+  and saves it as a palette PNG at the image's size; report plots mIoU; the jax export gives
+  the restored model's class maps."""
+  from jaxnet import api
+  from jaxnet.cli import export, predict, report
+  from jaxnet.tools import export as export_lib
+  run, _, final = trained
   images = [os.path.join(shapes, "val", f"val_{i:06d}.jpg") for i in range(2)]
   capsys.readouterr()
-  assert predict.main([f"--workdir={straight}", f"--draw={tmp_path / 'drawn'}", *images]) == 0
+  assert predict.main([f"--workdir={run}", f"--draw={tmp_path / 'drawn'}", *images]) == 0
   printed = capsys.readouterr().out
-  found = api.predict(str(straight), images)
+  found = api.predict(str(run), images)
   for image, result in zip(images, found):
     width, height = Image.open(image).size
     assert result["mask"].shape == (height, width)
@@ -289,17 +308,15 @@ def test_a_small_segmenter_learns_resumes_exactly_predicts_reports_and_exports(s
     assert Image.open(drawn).size == (width, height)
     saved = Image.open(str(drawn).replace(".png", ".mask.png"))
     assert saved.mode == "P" and np.array_equal(np.asarray(saved), result["mask"])
-  assert sum(f for _, f in found[0]["classes"]) == pytest.approx(1.0)
+    assert sum(f for _, f in result["classes"]) == pytest.approx(1.0)
 
-  assert report.main([str(straight)]) == 0
+  assert report.main([str(run)]) == 0
   assert f"best eval mIoU {final['eval/mIoU']:.4f} at step 8" in capsys.readouterr().out
-  assert (straight / "report" / "mIoU.png").exists() and not (straight / "report" / "accuracy.png").exists()
+  assert (run / "report" / "mIoU.png").exists() and not (run / "report" / "accuracy.png").exists()
 
-  from jaxnet.cli import export
-  from jaxnet.tools import export as export_lib
   out = str(tmp_path / "seg.jax")
-  assert export.main([f"--workdir={straight}", f"--out={out}"]) == 0
-  model = api.restore(str(straight))
+  assert export.main([f"--workdir={run}", f"--out={out}"]) == 0
+  model = api.restore(str(run))
   batch = model.preprocess(images)
   np.testing.assert_array_equal(np.asarray(export_lib.load(out)(batch)), model.outputs(batch))
 
