@@ -68,7 +68,7 @@ def get_config(arg: str = ""):
     c.segmentation.scale_range = (0.75, 1.25)
     # From scratch, AdamW learns this in minutes (as the detection shapes recipe).
     c.optim.name = "adamw"
-    c.optim.learning_rate = 0.003
+    c.optim.learning_rate = 0.006
     c.optim.base_batch_size = 32
     c.optim.weight_decay = 1e-4
     c.optim.warmup_epochs = 1
