@@ -75,6 +75,8 @@ def test_metrics_are_torchvisions_on_hand_checked_cases():
   assert m["eval/pixel_accuracy"] == pytest.approx(4 / 6)
   assert [m[f"eval/IoU/{k}"] for k in range(3)] == pytest.approx([1 / 3, 2 / 3, 1 / 2])
   assert np.isnan(m["eval/IoU/3"]) and np.isnan(m["eval/mIoU"])  # iu.mean(), as torchvision prints
+  assert segmentation.TASK.describe(m).endswith("(no pixel of 3 in the truth or the predictions: its IoU, and "
+                                                "the mean, is nan)")
   reference = TorchvisionConfusionMatrix(4)
   reference.update(truth, pred)
   acc_global, _, iu = reference.compute()
@@ -357,3 +359,10 @@ def test_shapes_recipe_reaches_miou_of_six_tenths_in_five_minutes(tmp_path):
   print({k: round(v, 4) for k, v in final.items() if k.startswith("eval/") or k == "train/elapsed_sec"})
   assert final["eval/mIoU"] >= 0.6
   assert final["train/elapsed_sec"] <= 300
+
+
+@pytest.mark.slow  # 15 s: a compile of fcn_tiny's train step
+def test_summary_counts_a_segmenter_and_compiles_its_train_step_with_the_tasks_batch():
+  from jaxnet.tools import summary
+  s = summary.summarize("fcn_tiny", image_size=64, batch_size=2, num_classes=5)
+  assert s["params"] == 346_549 and s["train_step_flops_per_image"] > 2 * s["forward_flops"]

@@ -170,8 +170,12 @@ class Segmentation(Task):
             "eval/loss": loss / max(count, 1), **per_class, "eval/examples": count}
 
   def describe(self, metrics_: dict) -> str:
-    return (f"mIoU {metrics_['eval/mIoU']:.4f}  pixel acc {metrics_['eval/pixel_accuracy']:.4f}  "
+    line = (f"mIoU {metrics_['eval/mIoU']:.4f}  pixel acc {metrics_['eval/pixel_accuracy']:.4f}  "
             f"loss {metrics_['eval/loss']:.4f}")
+    absent = [k.removeprefix("eval/IoU/") for k, v in metrics_.items() if k.startswith("eval/IoU/") and v != v]
+    if absent:  # torchvision's mean is no nanmean: say why it is nan
+      line += f"  (no pixel of {', '.join(absent)} in the truth or the predictions: its IoU, and the mean, is nan)"
+    return line
 
   def describe_train(self, metrics_: dict) -> str:
     return f"pixel acc {metrics_['train/pixel_accuracy']:.3f}"
