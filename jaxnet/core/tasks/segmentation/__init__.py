@@ -111,13 +111,14 @@ class Segmentation(Task):
       raise InvalidValueError(
           f"config.model.name={config.model.name} with config.data.source={config.data.source}: a segmentation "
           f"model trains on data.source=voc (Pascal VOC's folders) or masks (an image/mask folder pair)")
-    refused = {"label_smoothing": config.label_smoothing > 0, "mix.mixup_alpha": config.mix.mixup_alpha > 0,
-               "mix.cutmix_alpha": config.mix.cutmix_alpha > 0,
-               "data.randaug_num_ops": config.data.randaug_num_ops > 0}
-    for key, on in refused.items():
+    moves_the_image_only = "it would change the image but not its mask"
+    refused = {"label_smoothing": (config.label_smoothing > 0, "it smooths one label per image"),
+               "mix.mixup_alpha": (config.mix.mixup_alpha > 0, moves_the_image_only),
+               "mix.cutmix_alpha": (config.mix.cutmix_alpha > 0, moves_the_image_only),
+               "data.randaug_num_ops": (config.data.randaug_num_ops > 0, moves_the_image_only)}
+    for key, (on, why) in refused.items():
       if on:
-        raise InvalidValueError(f"config.{key} is not built for segmentation (it would move the image but "
-                                f"not its mask): leave it at its default")
+        raise InvalidValueError(f"config.{key} is not built for segmentation ({why}): leave it at its default")
     if config.data.loader != "grain":
       raise InvalidValueError("config.data.loader=dali reads image folders only: segmentation data loads "
                               "with data.loader=grain")
