@@ -217,7 +217,8 @@ def test_voc_folders_are_read_and_bad_data_is_refused_in_one_line_naming_the_fil
   Image.fromarray(np.full((30, 30), 255, np.uint8), mode="L").save(mask)
   refused(rf"{mask} is the ignore label 255 in every pixel: .* remove it from the train data")
   Image.fromarray(np.full((30, 30), 21, np.uint8), mode="L").save(mask)
-  refused(rf"{mask} holds values \[21\]: neither one of the 21 classes \(0-20\) nor the ignore label 255")
+  refused(rf"{mask} holds values \[21\]: neither one of the 21 classes \(0-20\) nor the ignore label 255 "
+          r"\(config.segmentation.ignore_label\); fix the mask \(VOC's hold its 21 classes and 255\)")
   Image.fromarray(np.zeros((31, 30), np.uint8), mode="L").save(mask)
   refused(rf"{mask} is 30x31 but its image .*{ids[2]}.jpg is 30x30")
   Image.fromarray(np.zeros((30, 30, 3), np.uint8)).save(mask)

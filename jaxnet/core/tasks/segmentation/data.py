@@ -49,10 +49,10 @@ class MaskSource:
   IDENTITY_KINDS = provenance.IDENTITY_KINDS
 
   def __init__(self, kind: str, root: str, split: str, pairs: list, class_names, ignore_label: int,
-               fix_missing: str):
+               fix_missing: str, fix_classes: str):
     self.kind, self.root, self.split = kind, root, split
     self.class_names, self.num_classes = list(class_names), len(class_names)
-    self.ignore_label = ignore_label
+    self.ignore_label, self.fix_classes = ignore_label, fix_classes
     if not pairs:
       raise MissingFileError(f"{kind} data in {root} has no {split} images: check data.dir and the split")
     missing = next((pair for pair in pairs if not os.path.isfile(pair[1])), None)
@@ -83,8 +83,8 @@ class MaskSource:
     if bad:
       raise InvalidValueError(
           f"{mask_path} holds values {bad[:5]}: neither one of the {self.num_classes} classes (0-"
-          f"{self.num_classes - 1}) nor the ignore label {self.ignore_label}; fix the mask, or name more "
-          f"classes (config.segmentation.ignore_label is the value that counts nowhere)")
+          f"{self.num_classes - 1}) nor the ignore label {self.ignore_label} (config.segmentation.ignore_label); "
+          f"{self.fix_classes}")
     if len(values) == 1 and values[0] == self.ignore_label:
       raise InvalidValueError(f"{mask_path} is the ignore label {self.ignore_label} in every pixel: the "
                               f"image would teach and score nothing; remove it from the {self.split} data or "
@@ -127,7 +127,8 @@ def voc_source(root: str, split: str, ignore_label: int = 255) -> MaskSource:
   pairs = [(os.path.join(root, "JPEGImages", f"{i}.jpg"), os.path.join(root, "SegmentationClass", f"{i}.png"))
            for i in ids]
   return MaskSource("voc", root, split, pairs, VOC_CLASSES, ignore_label,
-                    f"give it one, or remove its id from {listing}")
+                    f"give it one, or remove its id from {listing}",
+                    "fix the mask (VOC's hold its 21 classes and 255)")
 
 
 def folder_source(root: str, split: str, image_folder: str = "{split}", mask_folder: str = "masks/{split}",
@@ -150,4 +151,5 @@ def folder_source(root: str, split: str, image_folder: str = "{split}", mask_fol
                  if n.lower().endswith(IMAGE_EXTENSIONS) and not n.startswith("."))
   pairs = [(os.path.join(images, n), os.path.join(masks, os.path.splitext(n)[0] + ".png")) for n in names]
   return MaskSource("masks", root, split, pairs, class_names, ignore_label,
-                    f"give every image in {images} its mask NAME.png in {masks}, or remove the image")
+                    f"give every image in {images} its mask NAME.png in {masks}, or remove the image",
+                    f"fix the mask, or name the class in {classes}")
