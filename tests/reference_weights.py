@@ -92,3 +92,36 @@ def draw_retinanet(shapes: dict[str, tuple[int, ...]], seed: int = SEED):
       raise ValueError(f"no drawing rule for {name}")
     tensors[name] = value.astype(np.float32)
   return images, tensors
+
+
+# Not a multiple of 8 (a 13x15 map at output stride 8, upsampled by 100/13 and 116/15), and
+# wide enough that the ASPP's 12-dilated taps reach into the map.
+SEGMENTATION_INPUT_SHAPE = (1, 3, 100, 116)
+SEGMENTATION_CLASSES = 3
+
+
+def draw_segmentation(shapes: dict[str, tuple[int, ...]], seed: int = SEED):
+  """(input NCHW, {name: tensor}) for torchvision's fcn_resnetN / deeplabv3_resnetN state dict:
+  its ResNet (`backbone.*`) drawn by `draw`'s rules with `seed`, then the heads' tensors in
+  sorted name order from a second generator (seed + 1): conv weights normal(0, sqrt(2 /
+  fan_in)), BN weights and running_var uniform(0.5, 1.5), biases and running_mean normal(0, 0.1)."""
+  prefix = "backbone."
+  images, tensors = draw({n[len(prefix):]: s for n, s in shapes.items() if n.startswith(prefix)}, seed,
+                         SEGMENTATION_INPUT_SHAPE)
+  tensors = {prefix + n: t for n, t in tensors.items()}
+  rng = np.random.default_rng(seed + 1)
+  for name in sorted(n for n in shapes if not n.startswith(prefix)):
+    shape, leaf = tuple(shapes[name]), name.rsplit(".", 1)[-1]
+    if leaf == "num_batches_tracked":
+      tensors[name] = np.zeros(shape, np.int64)
+      continue
+    if leaf == "weight" and len(shape) > 1:
+      value = rng.normal(0.0, np.sqrt(2.0 / np.prod(shape[1:])), shape)
+    elif leaf in ("weight", "running_var"):
+      value = rng.uniform(0.5, 1.5, shape)
+    elif leaf in ("bias", "running_mean"):
+      value = rng.normal(0.0, 0.1, shape)
+    else:
+      raise ValueError(f"no drawing rule for {name}")
+    tensors[name] = value.astype(np.float32)
+  return images, tensors

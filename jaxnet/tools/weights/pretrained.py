@@ -52,13 +52,15 @@ class Source:
 @functools.cache
 def families() -> dict[str, tuple[torch_names.Family, ...]]:
   """Model-name prefix -> the PyTorch namings of that family (names and layouts), the default
-  first: each `NAME_names.py` of this package is the family of the models named NAME* (a new
-  family is a new file), its FAMILY, or its NAMINGS where it has several (ConvNeXt and
-  EfficientNet: torchvision's and timm's)."""
+  first: each `NAME_names.py` of this package is the family of the models named NAME*, or of
+  those its MODELS prefixes name (segmentation_names: fcn*, deeplabv3*); a new family is a new
+  file. Its FAMILY, or its NAMINGS where it has several (ConvNeXt and EfficientNet:
+  torchvision's and timm's)."""
   package = importlib.import_module("jaxnet.tools.weights")
   modules = {m.name.removesuffix("_names"): importlib.import_module(f"{package.__name__}.{m.name}")
              for m in pkgutil.iter_modules(package.__path__) if m.name.endswith("_names") and m.name != "torch_names"}
-  return {prefix: getattr(module, "NAMINGS", (module.FAMILY,)) for prefix, module in modules.items()}
+  return {prefix: getattr(module, "NAMINGS", (module.FAMILY,))
+          for name, module in modules.items() for prefix in getattr(module, "MODELS", (name,))}
 
 
 def namings_of(model: str) -> tuple[torch_names.Family, ...]:
@@ -281,8 +283,9 @@ def _head_reason(layer: str | None, per_class: int, target: dict[Path, tuple], s
     return "init.keep_head=False"
   if not any(p[1] == layer for p in source):
     return "the weights have no classifier"
-  bias = ("params", layer, "bias")
-  if bias in source and bias in target and source[bias].shape != tuple(target[bias]):
+  # The layer's bias (a segmenter's class layer holds two convolutions: its first bias).
+  bias = next((p for p in target if p[1] == layer and p[-1] == "bias"), None)
+  if bias in source and source[bias].shape != tuple(target[bias]):
     return (f"the weights have {source[bias].shape[0] // per_class} classes, "
             f"this run {target[bias][0] // per_class}")
   return None
