@@ -37,6 +37,15 @@ def variable_shapes(model, height: int = 64, width: int = 64) -> dict:
   return {p: tuple(x.shape) for p, x in flatten_dict(abstract).items()}
 
 
+def drawn_variables(model, seed: int = 0, size: int = 32) -> dict:
+  """{"params", "batch_stats"} of `model` drawn with numpy from its shapes alone: no init to
+  compile (seconds on 2 cores), BN statistics away from their init."""
+  rng = np.random.default_rng(seed)
+  flat = {p: (rng.uniform(0.5, 1.5, s) if p[-1] in ("var", "scale") else rng.normal(0, 0.1, s)).astype(np.float32)
+          for p, s in variable_shapes(model, size, size).items()}
+  return unflatten_dict(flat)
+
+
 def param_count(shapes: dict) -> int:
   return sum(int(np.prod(s)) for p, s in shapes.items() if p[0] == "params")
 
@@ -77,7 +86,6 @@ def reference_weights(name: str, tmp_path):
   return model, unflatten_dict(values), tensors, images.transpose(0, 2, 3, 1)
 
 
-@pytest.mark.slow  # 8-10 s each on 2 cores: ResNet-50 at output stride 8, 35-42 M parameters drawn
 @pytest.mark.parametrize("name", ["fcn_resnet50", "deeplabv3_resnet50"])
 def test_logits_equal_torchvision_and_export_writes_its_state_dict_back(name, tmp_path):
   model, variables, tensors, images = reference_weights(name, tmp_path)
@@ -130,7 +138,7 @@ def test_tiny_models_return_logits_at_the_images_size(name):
   assert models.task(name) == "segmentation"
   model = models.create(name, num_classes=5, aux_loss=True, dtype=jnp.bfloat16)
   x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 36, 44, 3)), jnp.bfloat16)
-  variables = jax.jit(lambda: model.init(jax.random.PRNGKey(0), x, train=False))()
+  variables = drawn_variables(model)
   out, updates = jax.jit(lambda v, x: model.apply(v, x, train=True, rngs={"dropout": jax.random.PRNGKey(1)},
                                                   mutable=["batch_stats"]))(variables, x)
   assert set(out) == {"out", "aux"}
@@ -139,27 +147,30 @@ def test_tiny_models_return_logits_at_the_images_size(name):
   assert not np.allclose(out["out"], out["aux"])
   changed = jax.tree.map(lambda a, b: not np.array_equal(a, b), updates["batch_stats"], variables["batch_stats"])
   assert all(jax.tree.leaves(changed))  # every BN saw the batch, the heads' included
+  without = models.create(name, num_classes=5)  # shapes alone from here on
+  assert set(jax.eval_shape(lambda: without.apply(variables, x, train=False))) == {"out"}
   # The backbone's output stride is 8: the last stage's map is the input's / 8, rounded up.
-  without = models.create(name, num_classes=5)
-  features = without.apply(variables, x, train=False, capture_intermediates=True, mutable=["intermediates"])[1]
-  c5 = features["intermediates"]["backbone"]["stage4_block1"]["__call__"][0]
-  assert c5.shape[1:3] == (5, 6)
-  assert set(without.apply(variables, x, train=False)) == {"out"}
+  _, features = jax.eval_shape(lambda: without.apply(variables, x, train=False, capture_intermediates=True,
+                                                     mutable=["intermediates"]))
+  assert features["intermediates"]["backbone"]["stage4_block1"]["__call__"][0].shape[1:3] == (5, 6)
 
 
 def test_dilate_stages_is_torchvisions_replace_stride_with_dilation():
   """ResNet's dilate_stages: a dilated stage keeps its input's resolution; its first block keeps
   the dilation before it (torchvision's _make_layer), so the parameters are the plain ResNet's."""
-  plain = models.create("resnet_tiny", num_classes=3)
-  dilated = models.create("resnet_tiny", num_classes=3, dilate_stages=(False, True))
   x = jnp.zeros((1, 32, 32, 3))
-  assert variable_shapes(plain, 32, 32) == variable_shapes(dilated, 32, 32)
-  variables = plain.init(jax.random.PRNGKey(0), x, train=False)
-  stages = [models.create("resnet_tiny", num_classes=3, features_only=True, **o).apply(variables, x, train=False)
-            for o in ({}, {"dilate_stages": (False, True)}, {"dilate_stages": (True, True)})]
-  assert [[s.shape[1] for s in out] for out in stages] == [[32, 16, 8], [32, 16, 16], [32, 32, 32]]
+  plain = models.create("resnet_tiny", num_classes=3)
+  assert variable_shapes(plain, 32, 32) == variable_shapes(
+      models.create("resnet_tiny", num_classes=3, dilate_stages=(False, True)), 32, 32)
+  variables = drawn_variables(plain)
+  sizes = []
+  for options in ({}, {"dilate_stages": (False, True)}, {"dilate_stages": (True, True)}):
+    model = models.create("resnet_tiny", num_classes=3, features_only=True, **options)
+    sizes.append([s.shape[1] for s in jax.eval_shape(lambda: model.apply(variables, x, train=False))])
+  assert sizes == [[32, 16, 8], [32, 16, 16], [32, 32, 32]]
   with pytest.raises(InvalidValueError, match="one flag per stage after the first"):
-    models.create("resnet_tiny", num_classes=3, dilate_stages=(True,)).init(jax.random.PRNGKey(0), x, train=False)
+    jax.eval_shape(lambda: models.create("resnet_tiny", num_classes=3, dilate_stages=(True,)).init(
+        jax.random.PRNGKey(0), x, train=False))
 
 
 def _init_config(weights: str, name: str = "fcn_tiny"):
@@ -170,8 +181,7 @@ def _init_config(weights: str, name: str = "fcn_tiny"):
 def test_imagenet_resnet_weights_initialise_the_backbone(tmp_path):
   """init.weights: a torchvision-named ResNet file (its fc included) of the backbone's shape
   fills the backbone, variable for variable; the heads start fresh."""
-  model = models.create("fcn_tiny", num_classes=4, aux_loss=True)
-  fresh = jax.jit(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)), train=False))()
+  fresh = drawn_variables(models.create("fcn_tiny", num_classes=4, aux_loss=True))
   rng = np.random.default_rng(0)
   backbone = {c: jax.tree.map(lambda x: rng.uniform(0.5, 1, x.shape).astype(np.float32), fresh[c]["backbone"])
               for c in ("params", "batch_stats")}
@@ -180,7 +190,7 @@ def test_imagenet_resnet_weights_initialise_the_backbone(tmp_path):
   path = str(tmp_path / "imagenet.safetensors")
   tensor_files.write(path, tensors, {})
   lines = []
-  got = flatten_dict(pretrained.initialiser(_init_config(path), log=lines.append)(fresh))
+  got = flatten_dict(pretrained.initialiser(_init_config(path), log=lines.append)(jax.tree.map(jnp.asarray, fresh)))
   want = flatten_dict(backbone)
   assert lines == [f"init: {len(want)} of {len(flatten_dict(fresh))} variables (the backbone's) from {path}"]
   for p, value in want.items():
@@ -193,17 +203,16 @@ def test_imagenet_resnet_weights_initialise_the_backbone(tmp_path):
 def test_weights_of_other_classes_load_with_a_fresh_class_layer(tmp_path):
   """A segmenter's own torchvision-named weights (an export) for 4 classes into a 6-class model:
   every variable but class_logits (both heads' per-class convolutions) from the file."""
-  four = models.create("deeplabv3_tiny", num_classes=4, aux_loss=True)
-  six = models.create("deeplabv3_tiny", num_classes=6, aux_loss=True)
-  init = lambda m: jax.jit(lambda: m.init(jax.random.PRNGKey(1), jnp.zeros((1, 32, 32, 3)), train=False))()
-  source, fresh = init(four), init(six)
+  source = drawn_variables(models.create("deeplabv3_tiny", num_classes=4, aux_loss=True), seed=1)
+  fresh = drawn_variables(models.create("deeplabv3_tiny", num_classes=6, aux_loss=True), seed=2)
   tensors = export.torch_tensors(source, "deeplabv3_tiny")
   assert {"classifier.4.weight", "aux_classifier.4.bias", "classifier.0.convs.4.2.running_var",
           "backbone.layer4.0.downsample.1.weight"} <= set(tensors)
   path = str(tmp_path / "four.safetensors")
   tensor_files.write(path, tensors, {})
   lines = []
-  got = flatten_dict(pretrained.initialiser(_init_config(path, "deeplabv3_tiny"), log=lines.append)(fresh))
+  got = flatten_dict(pretrained.initialiser(_init_config(path, "deeplabv3_tiny"), log=lines.append)(
+      jax.tree.map(jnp.asarray, fresh)))
   assert lines == [f"init: {len(got) - 4} of {len(got)} variables from {path}; classifier head "
                    "re-initialised: the weights have 4 classes, this run 6"]
   fresh = flatten_dict(fresh)
