@@ -261,6 +261,46 @@ def test_a_detectors_graph_gives_its_head_outputs_and_anchors(size):
   assert "longer side is image_size" in props["jaxnet.input"] and "log(1000/16)" in props["jaxnet.outputs"]
 
 
+# One block per stage: the last stage's first block takes the third's dilation, 2 (torchvision's
+# rule); the ASPP's dilations after the backbone's.
+SEGMENTERS = [("fcn_tiny", 36, [(2, 2)]), ("deeplabv3_tiny", 36, [(2, 2), (3, 3), (6, 6), (9, 9)]),
+              pytest.param("deeplabv3_resnet50", 100, [(2, 2), (4, 4), (12, 12), (24, 24), (36, 36)],
+                           marks=pytest.mark.slow)]  # 15 s
+
+
+@pytest.mark.parametrize("name,size,dilations", SEGMENTERS)
+def test_a_segmenters_graph_gives_per_pixel_logits(name, size, dilations):
+  """fcn_tiny / deeplabv3_tiny with random weights (BN statistics drawn too) at 36 px (a 5x5 map
+  at output stride 8, upsampled by 7.2): onnxruntime's (N, 36, 36, classes) logits against
+  jaxnet's fp32 model on the same images, within 1e-5 of their largest magnitude; the dilated
+  backbone and the ASPP's dilations as Conv's dilations, the upsampling one Resize."""
+  import collections
+  import types
+  from jaxnet.core import config as config_base
+  from jaxnet.core import models, steps
+  config = _with(config_base.base_config(), **{"model.name": name, "image_size": size, "precision": "fp32"})
+  model = models.from_config(config.model, 4, jnp.float32)
+  variables = random_variables(model, size)
+  # The writer reads these of a Predictor (which needs the segmentation task's outputs).
+  segmenter = types.SimpleNamespace(config=config, model=model, variables=variables, num_classes=4,
+                                    class_names=[str(i) for i in range(4)], step=0, workdir="random",
+                                    image_shape=(size, size, 3))
+  graph = onnx_export.to_onnx(segmenter)
+  assert [o.name for o in graph.graph.output] == ["logits"]
+  ops = collections.Counter(n.op_type for n in graph.graph.node)
+  assert ops["Resize"] == 1 and "BatchNormalization" not in ops
+  assert sorted({tuple(a.ints) for n in graph.graph.node for a in n.attribute if a.name == "dilations"}) == dilations
+  images = eval_split(size, n=3)
+  (logits,) = session(graph).run(None, {"images": images})
+  expected = model.apply(variables, steps.normalize(images, config.data.mean, config.data.std, jnp.float32),
+                         train=False)["out"]
+  assert logits.shape == expected.shape == (3, size, size, 4)
+  print(f"{name}: max |onnxruntime - jax| {np.abs(logits - expected).max():.2e}, |logits| max "
+        f"{np.abs(expected).max():.2f}")
+  assert np.abs(logits - expected).max() <= 1e-5 * np.abs(expected).max(), np.abs(logits - expected).max()
+  assert "argmax" in {p.key: p.value for p in graph.metadata_props}["jaxnet.outputs"]
+
+
 @pytest.mark.slow  # a minute; int8 on the trained digits ResNet stays in the default run
 def test_vit_int8_quantizes_its_matmuls_and_keeps_top1(tmp_path):
   """A plain ViT trained on the digits (600 steps, ~10 s), exported with --int8: every

@@ -142,10 +142,7 @@ class Segmenter(nn.Module):
   @nn.compact
   def __call__(self, x, train: bool):
     size = x.shape[1:3]
-    c4, c5 = ResNet(self.stage_sizes, self.block, width=self.width, dtype=self.dtype,
-                    bn_momentum=self.bn_momentum, bn_epsilon=self.bn_epsilon, bn_num_groups=self.bn_num_groups,
-                    zero_init_last_bn=False, freeze_bn_stats=self.freeze_bn_stats, features_only=True,
-                    dilate_stages=(False, True, True), name="backbone")(x, train)[-2:]
+    c4, c5 = backbone(self)(x, train)[-2:]
     conv = functools.partial(_conv, dtype=self.dtype, param_dtype=jnp.float32, kernel_init=head_init)
     norm = functools.partial(BatchNorm, momentum=self.bn_momentum, epsilon=self.bn_epsilon, dtype=self.dtype,
                              num_groups=self.bn_num_groups, frozen=self.freeze_bn_stats)
@@ -161,6 +158,15 @@ class Segmenter(nn.Module):
       aux = FCNHead(self.head_width or c4.shape[-1] // 4, conv, norm, name="aux_head")(c4, train)
     logits = ClassLogits(self.num_classes, self.dtype, name="class_logits")(out, aux)
     return {k: upsample_bilinear(v, size) for k, v in logits.items()}
+
+
+def backbone(model: Segmenter) -> ResNet:
+  """The ResNet under `model`'s "backbone": its last two stages dilated, their outputs returned
+  (also what the ONNX writer reads its architecture from)."""
+  return ResNet(model.stage_sizes, model.block, width=model.width, dtype=model.dtype,
+                bn_momentum=model.bn_momentum, bn_epsilon=model.bn_epsilon, bn_num_groups=model.bn_num_groups,
+                zero_init_last_bn=False, freeze_bn_stats=model.freeze_bn_stats, features_only=True,
+                dilate_stages=(False, True, True), name="backbone")
 
 
 _DEPTHS = {50: ([3, 4, 6, 3], BottleneckBlock), 101: ([3, 4, 23, 3], BottleneckBlock)}

@@ -26,16 +26,18 @@ class Graph:
     self.nodes.append(self.helper.make_node(op, list(inputs), [name], name=name, **attrs))
     return name
 
-  def conv(self, x, name, kernel, bias, stride=1, pads=None, weights=None, groups=1):
-    """A square convolution of the HWIO `kernel` (written OIHW), padded k // 2 per side unless
-    `pads` says otherwise; its weights named after `weights` (default: `name`). `groups`: as
-    flax's feature_group_count (a depthwise convolution's is its channel count)."""
+  def conv(self, x, name, kernel, bias, stride=1, pads=None, weights=None, groups=1, dilation=1):
+    """A square convolution of the HWIO `kernel` (written OIHW), padded dilation * (k // 2) per
+    side unless `pads` says otherwise; its weights named after `weights` (default: `name`).
+    `groups`: as flax's feature_group_count (a depthwise convolution's is its channel count)."""
     k, weights = kernel.shape[0], weights or name
-    grouped = {"group": groups} if groups > 1 else {}
+    extra = {"group": groups} if groups > 1 else {}
+    if dilation > 1:
+      extra["dilations"] = [dilation, dilation]
     return self.node("Conv", [x, self.constant(weights + "/W", np.asarray(kernel, np.float32).transpose(3, 2, 0, 1)),
                               self.constant(weights + "/B", bias)],
-                     name, kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4 if pads is None else pads,
-                     **grouped)
+                     name, kernel_shape=[k, k], strides=[stride, stride],
+                     pads=[dilation * (k // 2)] * 4 if pads is None else pads, **extra)
 
   def gemm(self, x, name, layer, out=None):
     """A dense layer ({"kernel", "bias"}) on (batch, features), its weights named after `name`,

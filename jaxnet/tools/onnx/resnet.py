@@ -15,15 +15,15 @@ def resnet_layers(g: Graph, model, params, stats, prefix: str = "") -> list[str]
   convolution's weights and bias (eval mode: running statistics); the normalisation one Add
   per channel with its scale folded into the stem convolution (the shift cannot fold: the
   stem pads with zeros of normalised pixels)."""
-  def conv_bn(x, path, bn_path, stride=1, input_scale=1.0):
-    """conv (HWIO kernel, padded k // 2 per side) then BN folded in: W * s, b - mean * s;
-    `input_scale` (per input channel) multiplies the input first, folded into W."""
+  def conv_bn(x, path, bn_path, stride=1, input_scale=1.0, dilation=1):
+    """conv (HWIO kernel, padded dilation * (k // 2) per side) then BN folded in: W * s,
+    b - mean * s; `input_scale` (per input channel) multiplies the input first, folded into W."""
     kernel = np.asarray(at(params, path)["kernel"], np.float32)
     kernel = kernel * np.broadcast_to(np.asarray(input_scale, np.float32), kernel.shape[2:3])[:, None]
     bn, running = at(params, bn_path), at(stats, bn_path)
     s = np.asarray(bn["scale"]) / np.sqrt(np.asarray(running["var"]) + model.bn_epsilon)
     return g.conv(x, prefix + "/".join(path), kernel * s,
-                  np.asarray(bn["bias"]) - np.asarray(running["mean"]) * s, stride)
+                  np.asarray(bn["bias"]) - np.asarray(running["mean"]) * s, stride, dilation=dilation)
 
   scale, shift = g.normalization
   channels = len(scale)
@@ -34,16 +34,22 @@ def resnet_layers(g: Graph, model, params, stats, prefix: str = "") -> list[str]
   if model.stem == "imagenet":
     x = g.node("MaxPool", [x], prefix + "stem_pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
   bottleneck = "Conv_2" in params["stage1_block1"]  # BottleneckBlock: three convolutions
-  stages = []
+  dilate = tuple(model.dilate_stages) or (False,) * (len(model.stage_sizes) - 1)
+  stages, dilation = [], 1
   for stage, blocks in enumerate(model.stage_sizes):
+    stage_stride, previous = (2 if stage > 0 else 1), dilation
+    if stage > 0 and dilate[stage - 1]:  # the stride replaced by dilation, as the model's
+      dilation, stage_stride = dilation * stage_stride, 1
     for b in range(blocks):
       block = f"stage{stage + 1}_block{b + 1}"
-      stride = 2 if stage > 0 and b == 0 else 1
+      stride, block_dilation = (stage_stride, previous) if b == 0 else (1, dilation)
       convs = 3 if bottleneck else 2
       y = x
       for i in range(convs):  # v1.5: the stride on the 3x3 (a bottleneck's second) convolution
         conv_stride = stride if i == (1 if bottleneck else 0) else 1
-        y = conv_bn(y, (block, f"Conv_{i}"), (block, f"BatchNorm_{i}"), conv_stride)
+        three = not bottleneck or i == 1  # the 3x3 convolutions are the dilated ones
+        y = conv_bn(y, (block, f"Conv_{i}"), (block, f"BatchNorm_{i}"), conv_stride,
+                    dilation=block_dilation if three else 1)
         if i < convs - 1:
           y = g.node("Relu", [y], f"{prefix}{block}/relu_{i}")
       shortcut = (conv_bn(x, (block, "proj_conv"), (block, "proj_bn"), stride) if "proj_conv" in params[block]

@@ -1,0 +1,64 @@
+"""FCN and DeepLabV3 as ONNX graphs written op by op: the dilated backbone as resnet.py writes
+it, the head with each BN folded into its convolution, the class logits upsampled by Resize."""
+
+import jax
+import numpy as np
+
+from jaxnet.core.models.segmentation import Segmenter, backbone
+from jaxnet.tools.onnx.graph import Graph
+from jaxnet.tools.onnx.resnet import resnet_layers
+
+MODEL = Segmenter
+OUTPUTS = "output logits (batch, image_size, image_size, classes), one row of class logits per pixel"
+
+
+def notes(predictor) -> dict:
+  return {"jaxnet.outputs": ("logits (batch, image_size, image_size, classes): float32 class logits per "
+                             "pixel, NHWC as jaxnet's model returns them; their argmax over the last "
+                             "axis is the predicted mask")}
+
+
+def write(predictor):
+  """A jaxnet FCN or DeepLabV3 in eval mode as ONNX: the ResNet with its last two stages dilated
+  (`resnet_layers`), the head (FCN: conv, ReLU; DeepLabV3: the ASPP's four convolutions and its
+  image-mean branch, Expand-ed back over the map, concatenated and projected, then conv, ReLU),
+  the 1x1 class convolution, and Resize (linear, half_pixel: torch's bilinear with
+  align_corners=False) to the input's size, transposed to NHWC. Dropout is the identity and
+  the auxiliary head is left out (eval's logits are the main head's). Logits within 1e-4 of
+  the eval step's (tests/test_segmentation_models.py)."""
+  model, config = predictor.model, predictor.config
+  params = jax.device_get(predictor.variables["params"])
+  stats = jax.device_get(predictor.variables["batch_stats"])
+  g = Graph(config)
+  x = resnet_layers(g, backbone(model), params["backbone"], stats["backbone"], prefix="backbone/")[-1]
+
+  def conv_bn_relu(x, head, name, dilation=1):
+    """`head`'s convolution `name`_conv (or conv) with its BN folded in, then ReLU."""
+    conv, bn = (f"{name}_conv", f"{name}_bn") if name else ("conv", "bn")
+    kernel = np.asarray(params[head][conv]["kernel"], np.float32)
+    scale, running = params[head][bn], stats[head][bn]
+    s = np.asarray(scale["scale"]) / np.sqrt(np.asarray(running["var"]) + model.bn_epsilon)
+    y = g.conv(x, f"{head}/{conv}", kernel * s, np.asarray(scale["bias"]) - np.asarray(running["mean"]) * s,
+               dilation=dilation)
+    return g.node("Relu", [y], f"{head}/{conv}/relu")
+
+  if "fcn_head" in params:
+    x = conv_bn_relu(x, "fcn_head", "")
+  else:
+    head = "deeplab_head"
+    branches = [conv_bn_relu(x, head, "aspp0")]
+    branches += [conv_bn_relu(x, head, f"aspp{i + 1}", rate) for i, rate in enumerate(model.atrous_rates)]
+    pooled = conv_bn_relu(g.node("GlobalAveragePool", [x], f"{head}/pool"), head, "pool")
+    map_size = g.node("Shape", [x], f"{head}/map_size", start=2)  # (h, w) of the map
+    shape = g.node("Concat", [g.constant(f"{head}/ones", [1, 1], np.int64), map_size], f"{head}/pool_shape", axis=0)
+    branches.append(g.node("Expand", [pooled, shape], f"{head}/pool_expand"))  # bilinear from 1x1
+    x = g.node("Concat", branches, f"{head}/concat", axis=1)
+    x = conv_bn_relu(conv_bn_relu(x, head, "project"), head, "")
+  out = params["class_logits"]["out"]
+  x = g.conv(x, "class_logits/out", out["kernel"], out["bias"])
+  size = config.image_size
+  x = g.node("Resize", [x, "", "", g.constant("upsample/sizes", [size, size], np.int64)], "upsample",
+             axes=[2, 3], mode="linear", coordinate_transformation_mode="half_pixel")
+  g.node("Transpose", [x], "logits", perm=[0, 2, 3, 1])
+  return g.model(predictor, [("logits", ["batch", size, size, predictor.num_classes])])
+
