@@ -83,10 +83,10 @@ def test_same_padding_would_be_far_from_torchvision(name, measured, tmp_path, mo
   # (0 before, 1 after on even sizes). docs/models.md gives the error that would make.
   conv, max_pool = resnet._conv, nn.max_pool
 
-  def same_padded_conv(features, kernel_size, strides=(1, 1), **kwargs):
+  def same_padded_conv(features, kernel_size, strides=(1, 1), dilation=1, **kwargs):
     if strides != (1, 1) and kernel_size == (3, 3):
       return nn.Conv(features, kernel_size, strides, padding="SAME", **kwargs)
-    return conv(features, kernel_size, strides, **kwargs)
+    return conv(features, kernel_size, strides, dilation, **kwargs)
 
   monkeypatch.setattr(resnet, "_conv", same_padded_conv)
   monkeypatch.setattr(resnet.nn, "max_pool", lambda x, *a, **k: max_pool(x, *a, **{**k, "padding": "SAME"}))

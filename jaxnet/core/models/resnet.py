@@ -92,7 +92,7 @@ class BasicBlock(nn.Module):
   @nn.compact
   def __call__(self, x, train):
     s = (self.strides, self.strides)
-    y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), s, self.dilation)(x), train))
+    y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), s, dilation=self.dilation)(x), train))
     y = self.conv(self.filters, (3, 3), dilation=self.dilation)(y)
     y = self.norm(scale_init=_last_bn_init(self.zero_init_last))(y, train)
     if x.shape != y.shape:
@@ -112,7 +112,7 @@ class BottleneckBlock(nn.Module):
   def __call__(self, x, train):
     s = (self.strides, self.strides)
     y = nn.relu(self.norm()(self.conv(self.filters, (1, 1))(x), train))
-    y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), s, self.dilation)(y), train))
+    y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), s, dilation=self.dilation)(y), train))
     y = self.conv(self.filters * 4, (1, 1))(y)
     y = self.norm(scale_init=_last_bn_init(self.zero_init_last))(y, train)
     if x.shape != y.shape:
