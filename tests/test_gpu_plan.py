@@ -623,6 +623,27 @@ def test_retinanet_on_8_h100s_is_cudnn_nhwc_without_activation_transposes():
   assert set(train["collectives"]) == {"all-reduce"}
 
 
+@pytest.mark.slow  # ~1.5 min on 2 cores: fcn_resnet50's train and eval steps compiled for 8 GPUs
+def test_segmentation_at_512_on_8_h100s_says_the_memory_per_gpu():
+  """configs/fcn.py (fcn_resnet50 with its auxiliary head, bf16) on 512-pixel crops, 4 images per
+  GPU, VOC's 21 classes: the plan compiles on synthetic images and masks, every convolution
+  (the dilated ones too) a cuDNN NHWC call, and prints the memory per GPU (2.43 GiB measured
+  2026-11-29 with jaxlib 0.10.2)."""
+  from jaxnet.core import config as config_io
+  from jaxnet.tools import gpu_plan
+  _require_plugin()
+  config = config_io.load("configs/fcn.py", {"image_size": 512, "batch_size": 32, "data.num_classes": 21})
+  r = gpu_plan.plan(config, target="h100", gpus=8)
+  assert r["model"] == "fcn_resnet50" and r["per_gpu_batch"] == 4
+  assert set(r["train"]["conv_layouts"]) == {"NHWC"}
+  memory = r["memory"]
+  assert 1 * 2**30 < memory["total"] < memory["usable"] and memory["fits"]
+  assert 0 < memory["eval_total"] < memory["total"]
+  lines = gpu_plan.table(r).splitlines()
+  assert lines[0].startswith("fcn_resnet50 bf16 512px, batch 32 (4/GPU) on 8x NVIDIA H100")
+  assert lines[2] == "memory per GPU (train step):" and "fits" in lines[4]
+
+
 def _fake_wheels(folder, version):
   for name in ("jax-cuda12-plugin", "jax-cuda12-pjrt"):
     info = os.path.join(folder, f"{name.replace('-', '_')}-{version}.dist-info")
