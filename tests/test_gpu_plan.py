@@ -626,13 +626,13 @@ def test_retinanet_on_8_h100s_is_cudnn_nhwc_without_activation_transposes():
 @pytest.mark.slow  # ~1.5 min on 2 cores: fcn_resnet50's train and eval steps compiled for 8 GPUs
 def test_segmentation_at_512_on_8_h100s_says_the_memory_per_gpu():
   """configs/fcn.py (fcn_resnet50 with its auxiliary head, bf16) on 512-pixel crops, 4 images per
-  GPU, VOC's 21 classes: the plan compiles on synthetic images and masks, every convolution
+  GPU, VOC's 21 classes (data.num_classes, which the synthetic stand-in takes): the plan compiles on synthetic images and masks, every convolution
   (the dilated ones too) a cuDNN NHWC call, and prints the memory per GPU (2.43 GiB measured
   2026-11-29 with jaxlib 0.10.2)."""
   from jaxnet.core import config as config_io
   from jaxnet.tools import gpu_plan
   _require_plugin()
-  config = config_io.load("configs/fcn.py", {"image_size": 512, "batch_size": 32, "data.num_classes": 21})
+  config = config_io.load("configs/fcn.py", {"image_size": 512, "batch_size": 32})
   r = gpu_plan.plan(config, target="h100", gpus=8)
   assert r["model"] == "fcn_resnet50" and r["per_gpu_batch"] == 4
   assert set(r["train"]["conv_layouts"]) == {"NHWC"}

@@ -326,6 +326,50 @@ def test_a_trained_segmenter_predicts_draws_reports_and_exports(trained, shapes,
   np.testing.assert_array_equal(np.asarray(export_lib.load(out)(batch)), model.outputs(batch))
 
 
+def test_a_trained_segmenter_exports_to_onnx_and_torchvisions_names(trained, shapes, tmp_path):
+  """--format=onnx: onnxruntime's per-pixel logits give the restored model's class maps (the
+  graph: jaxnet/tools/onnx/segmentation.py); --format=torch: torchvision's names (fcn_resnetN's
+  state dict: backbone.*, classifier.*), read back by init.weights' path into the same variables."""
+  ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+  from flax.traverse_util import flatten_dict
+  from jaxnet import api
+  from jaxnet.cli import export
+  from jaxnet.tools.weights import pretrained, tensor_files
+  run, _, _ = trained
+  model = api.restore(str(run))
+  batch = model.preprocess([os.path.join(shapes, "val", f"val_{i:06d}.jpg") for i in range(2)])
+  out = str(tmp_path / "seg.onnx")
+  assert export.main([f"--workdir={run}", "--format=onnx", f"--out={out}"]) == 0
+  (logits,) = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, {"images": batch})
+  assert logits.shape == (2, 32, 32, 5)
+  classes = model.outputs(batch)
+  top2 = np.sort(logits, -1)
+  decided = top2[..., -1] - top2[..., -2] > 1e-4  # bf16 training, fp32 graph: near-ties may differ
+  assert decided.mean() > 0.95 and np.array_equal(logits.argmax(-1)[decided], classes[decided])
+  out = str(tmp_path / "seg.safetensors")
+  assert export.main([f"--workdir={run}", "--format=torch", f"--out={out}"]) == 0
+  tensors, _ = tensor_files.read(out)
+  assert {"backbone.conv1.weight", "backbone.layer4.0.downsample.1.running_var", "classifier.0.weight",
+          "classifier.4.bias"} <= set(tensors) and not [n for n in tensors if n.startswith("aux_classifier")]
+  target = {p: x.shape for p, x in flatten_dict(model.variables).items()}
+  values, reason = pretrained.fill(target, pretrained.load(out, target, "fcn_tiny"), keep_head=True)
+  assert reason is None
+  for p, value in flatten_dict(model.variables).items():
+    np.testing.assert_array_equal(values[p], np.asarray(value, np.float32))
+
+
+def test_synthetic_masks_stand_in_for_data_with_the_configs_classes():
+  """data.source=synthetic (throughput, the GPU plan): random images and masks, the same for the
+  same index, every label one of data.num_classes, through the task's transform."""
+  from jaxnet.core.tasks.segmentation.transforms import SegmentationTransform
+  source = data.SyntheticMasks(4, 24, num_classes=3)
+  assert source[1] == data.SyntheticMasks(4, 24, num_classes=3)[1] and source[1] != source[2]
+  labels = data.read_mask(source[1]["mask_png"])
+  assert labels.shape == (24, 24) and set(np.unique(labels)) <= {0, 1, 2}
+  example = SegmentationTransform(16, train=True).random_map(source[1], np.random.default_rng(0))
+  assert example["image"].shape == (16, 16, 3) and example["labels"].shape == (16, 16) and example["mask"]
+
+
 def test_bad_data_and_config_stop_the_run_before_step_one_writing_nothing(shapes, tmp_path):
   from jaxnet import api
   bad = tmp_path / "shapes"

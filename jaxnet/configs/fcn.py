@@ -46,6 +46,7 @@ def get_config(arg: str = ""):
     c.model.name = f"{args.head}_resnet{args.depth}"
     c.model.aux_loss = True
     c.data.source = "voc"
+    c.data.num_classes = 21        # VOC's, where data.source=synthetic stands in (the GPU plan)
     c.data.train_split, c.data.eval_split = "train", "val"
     c.data.workers = 12
     c.image_size = 480

@@ -107,10 +107,11 @@ class Segmentation(Task):
     c.segmentation.mask_folder = "masks/{split}"  # and DIR/this its masks (NAME.png per image NAME.*)
 
   def check_config(self, config) -> None:
-    if config.data.source not in ("voc", "masks"):
+    if config.data.source not in ("voc", "masks", "synthetic"):
       raise InvalidValueError(
           f"config.model.name={config.model.name} with config.data.source={config.data.source}: a segmentation "
-          f"model trains on data.source=voc (Pascal VOC's folders) or masks (an image/mask folder pair)")
+          f"model trains on data.source=voc (Pascal VOC's folders) or masks (an image/mask folder pair), or "
+          f"synthetic images and masks")
     moves_the_image_only = "it would change the image but not its mask"
     refused = {"label_smoothing": (config.label_smoothing > 0, "it smooths one label per image"),
                "mix.mixup_alpha": (config.mix.mixup_alpha > 0, moves_the_image_only),
@@ -126,6 +127,9 @@ class Segmentation(Task):
   def make_source(self, config, split: str):
     d, s = config.data, config.segmentation
     split_name = d.train_split if split == "train" else d.eval_split
+    if d.source == "synthetic":  # random images and masks: throughput and the GPU plan
+      size = d.synthetic_size if split == "train" else max(d.synthetic_size // 10, 1)
+      return data.SyntheticMasks(size, config.image_size, d.num_classes, seed=0 if split == "train" else 1)
     if d.source == "voc":
       return data.voc_source(d.dir, split_name, s.ignore_label)
     return data.folder_source(d.dir, split_name, s.image_folder, s.mask_folder, s.ignore_label)
@@ -217,7 +221,7 @@ class Segmentation(Task):
 
 
 TASK = Segmentation(
-    name="segmentation", headline="eval/mIoU", headline_label="eval mIoU", exports=("jax",),
+    name="segmentation", headline="eval/mIoU", headline_label="eval mIoU", exports=("jax", "onnx", "torch"),
     plots=(("mIoU", "mean IoU, pixel accuracy", (("eval/mIoU", "o--", "mIoU"),
                                                  ("eval/pixel_accuracy", "o:", "pixel accuracy"))),),
     eval_keys=("segmentation.ignore_label",),
