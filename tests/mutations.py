@@ -307,6 +307,18 @@ MUTATIONS = [
     Mutation("onnx_detector_upsampling_floor", "jaxnet/tools/onnx/retinanet.py",
              'nearest_mode="floor")', 'nearest_mode="round_prefer_ceil")',
              (ONNX + "test_a_detectors_graph_gives_its_head_outputs_and_anchors[72]",)),
+    # segmentation models (issue 55): torchvision's dilation rule, its bilinear sampling, ONNX's Resize
+    Mutation("segmentation_dilated_stage_first_block", "jaxnet/core/models/resnet.py",
+             "dilation=previous if b == 0 else dilation,", "dilation=dilation,",
+             ("tests/test_segmentation_models.py::test_logits_equal_torchvision_and_export_writes_its_state_dict_back"
+              "[fcn_resnet50]",)),
+    Mutation("segmentation_bilinear_half_pixel", "jaxnet/core/models/segmentation.py",
+             "scale * (np.arange(out_size, dtype=np.float32) + np.float32(0.5)) - np.float32(0.5)",
+             "scale * np.arange(out_size, dtype=np.float32)",
+             ("tests/test_segmentation_models.py::test_bilinear_upsampling_is_torchs_interpolate",), ci=True),
+    Mutation("onnx_segmentation_resize_half_pixel", "jaxnet/tools/onnx/segmentation.py",
+             'coordinate_transformation_mode="half_pixel"', 'coordinate_transformation_mode="asymmetric"',
+             (ONNX + "test_a_segmenters_graph_gives_per_pixel_logits[fcn_tiny-36-dilations0]",)),
     Mutation("onnx_int8_layer_norm_fp32", "jaxnet/tools/onnx/int8.py",
              'if not first_layer_seen or node.op_type == "LayerNormalization":', 'if not first_layer_seen:',
              (ONNX + "test_vit_int8_quantizes_its_matmuls_and_keeps_top1",)),
