@@ -382,8 +382,8 @@ def test_bad_data_and_config_stop_the_run_before_step_one_writing_nothing(shapes
   with pytest.raises(UserError, match=rf"train_000003.jpg has no mask {mask}: give every image"):
     api.train(config, str(run))
   assert not run.exists() or not os.listdir(run)
-  with pytest.raises(UserError, match=r"with config.data.source=imagefolder: a segmentation model trains on "
-                                      r"data.source=voc"):
+  with pytest.raises(UserError, match=r"config.data.source='imagefolder': a segmentation model \(config.model.name="
+                                      r"fcn_tiny\) reads voc, masks, synthetic; imagefolder is read by classification"):
     api.train(api.with_overrides(config, **{"data.source": "imagefolder"}), str(run))
   with pytest.raises(UserError, match=r"config.mix.mixup_alpha is not built for segmentation"):
     api.train(api.with_overrides(config, **{"mix.mixup_alpha": 0.2}), str(run))

@@ -107,11 +107,7 @@ class Segmentation(Task):
     c.segmentation.mask_folder = "masks/{split}"  # and DIR/this its masks (NAME.png per image NAME.*)
 
   def check_config(self, config) -> None:
-    if config.data.source not in ("voc", "masks", "synthetic"):
-      raise InvalidValueError(
-          f"config.model.name={config.model.name} with config.data.source={config.data.source}: a segmentation "
-          f"model trains on data.source=voc (Pascal VOC's folders) or masks (an image/mask folder pair), or "
-          f"synthetic images and masks")
+    # data.source and data.loader: Task.check_data, from `sources` and `loaders`.
     moves_the_image_only = "it would change the image but not its mask"
     refused = {"label_smoothing": (config.label_smoothing > 0, "it smooths one label per image"),
                "mix.mixup_alpha": (config.mix.mixup_alpha > 0, moves_the_image_only),
@@ -120,9 +116,6 @@ class Segmentation(Task):
     for key, (on, why) in refused.items():
       if on:
         raise InvalidValueError(f"config.{key} is not built for segmentation ({why}): leave it at its default")
-    if config.data.loader != "grain":
-      raise InvalidValueError("config.data.loader=dali reads image folders only: segmentation data loads "
-                              "with data.loader=grain")
 
   def make_source(self, config, split: str):
     d, s = config.data, config.segmentation
@@ -224,7 +217,7 @@ TASK = Segmentation(
     name="segmentation", headline="eval/mIoU", headline_label="eval mIoU", exports=("jax", "onnx", "torch"),
     plots=(("mIoU", "mean IoU, pixel accuracy", (("eval/mIoU", "o--", "mIoU"),
                                                  ("eval/pixel_accuracy", "o:", "pixel accuracy"))),),
-    eval_keys=("segmentation.ignore_label",),
+    eval_keys=("segmentation.ignore_label",), sources=("voc", "masks", "synthetic"),
     source_keys=("segmentation.ignore_label", "segmentation.image_folder", "segmentation.mask_folder"),
     rules=(("segmentation.ignore_label", lambda v: 0 <= v <= 255, "in [0, 255] (masks are 8-bit)"),
            ("segmentation.aux_weight", lambda v: v >= 0, ">= 0"),
