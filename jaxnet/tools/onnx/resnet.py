@@ -34,7 +34,8 @@ def resnet_layers(g: Graph, model, params, stats, prefix: str = "") -> list[str]
   if model.stem == "imagenet":
     x = g.node("MaxPool", [x], prefix + "stem_pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
   bottleneck = "Conv_2" in params["stage1_block1"]  # BottleneckBlock: three convolutions
-  dilate = tuple(model.dilate_stages) or (False,) * (len(model.stage_sizes) - 1)
+  # A detector passes itself (its backbone's fields: no dilation); a segmenter its dilated ResNet.
+  dilate = tuple(getattr(model, "dilate_stages", ())) or (False,) * (len(model.stage_sizes) - 1)
   stages, dilation = [], 1
   for stage, blocks in enumerate(model.stage_sizes):
     stage_stride, previous = (2 if stage > 0 else 1), dilation
