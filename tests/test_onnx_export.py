@@ -298,7 +298,8 @@ def test_a_segmenters_graph_gives_per_pixel_logits(name, size, dilations):
   print(f"{name}: max |onnxruntime - jax| {np.abs(logits - expected).max():.2e}, |logits| max "
         f"{np.abs(expected).max():.2f}")
   assert np.abs(logits - expected).max() <= 1e-5 * np.abs(expected).max(), np.abs(logits - expected).max()
-  assert "argmax" in {p.key: p.value for p in graph.metadata_props}["jaxnet.outputs"]
+  props = {p.key: p.value for p in graph.metadata_props}
+  assert "argmax" in props["jaxnet.outputs"] and "longer side is image_size" in props["jaxnet.input"]
 
 
 @pytest.mark.slow  # a minute; int8 on the trained digits ResNet stays in the default run

@@ -13,9 +13,16 @@ OUTPUTS = "output logits (batch, image_size, image_size, classes), one row of cl
 
 
 def notes(predictor) -> dict:
-  return {"jaxnet.outputs": ("logits (batch, image_size, image_size, classes): float32 class logits per "
-                             "pixel, NHWC as jaxnet's model returns them; their argmax over the last "
-                             "axis is the predicted mask")}
+  """A segmenter graph's input (the segmentation task's eval transform) and output."""
+  return {
+      "jaxnet.input": ("images: uint8 NHWC (batch, image_size, image_size, channels), each image resized "
+                       "(bilinear, aspect kept) so its longer side is image_size, at the top left, zero "
+                       "padding after, as jaxnet/core/tasks/segmentation/transforms.py's eval transform; "
+                       "normalization is inside"),
+      "jaxnet.eval_crop_fraction": "not used", "jaxnet.eval_interpolation": "not used",
+      "jaxnet.outputs": ("logits (batch, image_size, image_size, classes): float32 class logits per pixel, "
+                         "NHWC as jaxnet's model returns them; their argmax over the last axis is the "
+                         "predicted mask (the padding's pixels included: crop them off)")}
 
 
 def write(predictor):
