@@ -50,9 +50,7 @@ def param_count(shapes: dict) -> int:
   return sum(int(np.prod(s)) for p, s in shapes.items() if p[0] == "params")
 
 
-@pytest.mark.parametrize("name", ["fcn_resnet50", "deeplabv3_resnet50",
-                                  pytest.param("fcn_resnet101", marks=pytest.mark.slow),
-                                  pytest.param("deeplabv3_resnet101", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["fcn_resnet50", "deeplabv3_resnet50", "fcn_resnet101", "deeplabv3_resnet101"])
 def test_param_counts_equal_torchvision(name):
   """With and without the auxiliary head, torchvision's counts at 21 classes (stored by the
   experiment script: 35,322,218 / 42,004,074 / 54,314,346 / 60,996,202 with it)."""
