@@ -12,7 +12,7 @@ from jaxnet.core import models, optim, sharding, steps, tasks
 from jaxnet.core.config import duration_in_steps
 from jaxnet.core.data import pipeline, sources
 from jaxnet.core.errors import InvalidValueError
-from jaxnet.core.state import TrainState, get_policy, init_state
+from jaxnet.core.state import TrainState, get_policy, init_state, start_state
 
 
 class Experiment:
@@ -89,7 +89,12 @@ class Experiment:
     self.fsdp_summary = (sharding.summarize(abstract_state, self.state_sharding, m.fsdp_min_size)
                          if m.fsdp else None)
     self.abstract_state = sharding.abstract(abstract_state, self.state_sharding)
+    self._init_fn = init
     self._init = jax.jit(init, out_shardings=self.state_sharding)
+    # A state from given variables (init_state's init_params): no model in it, so it compiles at
+    # once. Its EMA is added after (init_state): one buffer cannot hold two fields of the state.
+    self._start = jax.jit(lambda variables: start_state(variables, self.tx, c.seed, c.loss_scale),
+                          out_shardings=self.state_sharding.replace(ema_params=None))
     norm = dict(mean=tuple(c.data.mean), std=tuple(c.data.std))
     # FSDP: how the steps gather the params (None: they are whole on every device already).
     self.fsdp_gather = self._fsdp_gather(abstract_state, norm) if m.fsdp else None
@@ -120,17 +125,38 @@ class Experiment:
     return sharding.Gather(self.state_sharding.params, cast)
 
   def init_state(self, init_params=None) -> TrainState:
-    """A fresh state. `init_params(variables) -> variables` replaces the initialised params
-    and BN statistics ({"params", "batch_stats"}: sharded arrays, whose shapes, dtypes and
-    shardings it keeps), e.g. with pretrained weights (jaxnet/tools/weights)."""
-    state = self._init()
+    """A fresh state. `init_params(variables) -> variables` gives the initial params and BN
+    statistics instead, e.g. pretrained weights (jaxnet/tools/weights): it is handed the
+    abstract variables ({"params", "batch_stats"} of jax.ShapeDtypeStructs with their dtypes
+    and shardings) and returns, for each, an array of that shape, dtype and sharding, or the
+    abstract leaf itself where the model's own init is wanted (a new class layer). Only those
+    leaves are computed by the init; the rest of the model's init is never compiled."""
     if init_params is None:
-      return state
-    new = init_params({"params": state.params, "batch_stats": state.batch_stats})
+      return self._init()
+    abstract = self.abstract_state
+    variables = self._with_init_where_abstract(
+        init_params({"params": abstract.params, "batch_stats": abstract.batch_stats}))
+    state = self._start(variables)
     # The EMA starts at the initial params, in buffers of its own: the train step donates
     # the state, and one buffer cannot be donated twice.
-    ema = jax.tree.map(jnp.copy, new["params"]) if state.ema_params is not None else None
-    return state.replace(params=new["params"], batch_stats=new["batch_stats"], ema_params=ema)
+    ema = jax.tree.map(jnp.copy, state.params) if abstract.ema_params is not None else None
+    return state.replace(ema_params=ema)
+
+  def _with_init_where_abstract(self, variables: dict) -> dict:
+    """`variables` with each abstract leaf replaced by the model's init of it, bit for bit the
+    value a fresh state has: one jit of the init with only those outputs, the rest of which
+    XLA removes as dead code before it compiles."""
+    leaves, treedef = jax.tree.flatten(variables)
+    wanted = [i for i, x in enumerate(leaves) if isinstance(x, jax.ShapeDtypeStruct)]
+    if not wanted:
+      return variables
+    pick = lambda tree: [jax.tree.leaves(tree)[i] for i in wanted]
+    fresh = lambda s: {"params": s.params, "batch_stats": s.batch_stats}
+    shardings = pick(fresh(self.state_sharding))
+    computed = jax.jit(lambda: pick(fresh(self._init_fn())), out_shardings=shardings)()
+    for i, value in zip(wanted, computed):
+      leaves[i] = value
+    return jax.tree.unflatten(treedef, leaves)
 
   def train_image_size(self, step: int) -> int:
     """The training resolution at `step` under config.progressive_resizing."""

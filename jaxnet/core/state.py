@@ -83,24 +83,30 @@ class TrainState(flax.struct.PyTreeNode):
   rng: jax.Array                   # uint32 key data; step_key() derives each step's randomness
 
 
-def init_state(model, tx, image_shape, seed: int, loss_scale_config, keep_ema: bool = False,
-               init_params=None) -> TrainState:
-  """Builds a fresh state. Call under `jax.jit` (with out_shardings) or `jax.eval_shape`.
+def init_state(model, tx, image_shape, seed: int, loss_scale_config, keep_ema: bool = False) -> TrainState:
+  """A fresh state: the model's random init. Call under `jax.jit` (with out_shardings) or
+  `jax.eval_shape`. `keep_ema`: the run keeps an EMA of the params (config.ema_decay > 0),
+  starting at them."""
+  variables = model.init(_keys(seed)[0], jnp.zeros((1,) + tuple(image_shape), jnp.float32), train=False)
+  return start_state(variables, tx, seed, loss_scale_config, keep_ema)
 
-  `keep_ema`: the run keeps an EMA of the params (config.ema_decay > 0), starting at them.
-  `init_params(variables) -> variables`: replaces the initialised variables (params and
-  batch_stats), e.g. with pretrained weights for fine-tuning.
-  """
-  init_rng, state_rng = jax.random.split(jax.random.PRNGKey(seed))
-  variables = model.init(init_rng, jnp.zeros((1,) + tuple(image_shape), jnp.float32), train=False)
-  if init_params is not None:
-    variables = init_params(variables)
+
+def start_state(variables, tx, seed: int, loss_scale_config, keep_ema: bool = False) -> TrainState:
+  """The state at step 0 with these params and BN statistics ({"params", "batch_stats"}): a
+  fresh one's (init_state) or pretrained ones (fine-tuning), the rest made alike, so a run
+  started from given weights differs from a fresh one in the variables alone."""
   params = variables["params"]
   return TrainState(
       step=jnp.int32(0), params=params, batch_stats=variables.get("batch_stats", {}),
       opt_state=tx.init(params),
       loss_scale=LossScale.create(loss_scale_config.initial_scale, loss_scale_config.growth_interval),
-      ema_params=params if keep_ema else None, rng=state_rng)
+      ema_params=params if keep_ema else None, rng=_keys(seed)[1])
+
+
+def _keys(seed: int) -> tuple[jax.Array, jax.Array]:
+  """(the model's init key, the state's key, from which step_key derives each step's)."""
+  init_rng, state_rng = jax.random.split(jax.random.PRNGKey(seed))
+  return init_rng, state_rng
 
 
 def step_key(state: TrainState) -> jax.Array:

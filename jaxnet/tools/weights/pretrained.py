@@ -331,7 +331,9 @@ def _variables(flat: dict[Path, jax.Array]) -> dict:
 
 def initialiser(config, log=print, loaded: dict | None = None):
   """`init_params(variables) -> variables` for jaxnet.core (Experiment.init_state): the params
-  and BN statistics from `config.init.weights`, placed as the fresh ones are (dtype, sharding).
+  and BN statistics from `config.init.weights`, placed as the abstract `variables` say (dtype,
+  sharding); those the weights do not give (a re-initialised class layer) are left abstract,
+  for the model's init to compute.
   `loaded`, when given, is filled with what was done: {"arrays": how many came from the
   weights, "of": the model's count, "head": why the class layer was re-initialised or None,
   "head_arrays": how many arrays that layer has}."""
