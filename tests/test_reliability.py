@@ -138,6 +138,25 @@ def test_checksums_detect_a_flipped_bit():
     integrity.verify(swapped, {"algorithm": integrity.CHECKSUM_ALGORITHM, "leaves": sums}, 5, "dir")
 
 
+def test_checksums_on_the_host_are_the_devices_bit_for_bit():
+  """Arrays in host memory are hashed in numpy, others in one jitted pass: one algorithm, so a
+  checkpoint saved by either verifies under the other (a CPU run's restored on a GPU)."""
+  rng = np.random.default_rng(0)
+  tree = {"w": jnp.asarray(rng.standard_normal((70_001,), np.float32)),  # more than one host chunk
+          "b": jnp.asarray(rng.standard_normal((3, 5)), jnp.bfloat16), "h": jnp.full((4,), -0.5, jnp.float16),
+          "s": jnp.int32(-7), "u": jnp.arange(9, dtype=jnp.uint8), "m": jnp.array([True, False, True]),
+          "k": jax.random.PRNGKey(3)}
+  leaves = jax.tree.leaves(tree)
+  device_finite, device_sums = jax.device_get(integrity._inspect_on_device(tree))
+  host_finite, host_sums = integrity._inspect_on_host(leaves)
+  assert device_finite and host_finite
+  assert [int(s) for s in device_sums] == host_sums and len(set(host_sums)) == len(leaves)
+  assert integrity.inspect(tree)[1] == integrity.inspect(jax.device_get(tree))[1]  # numpy leaves too
+  bad = {**tree, "h": tree["h"].at[2].set(jnp.inf)}
+  assert not integrity._inspect_on_host(jax.tree.leaves(bad))[0]
+  assert integrity.inspect(bad)[0] is False and integrity.inspect(bad)[2] == ["h"]
+
+
 def _flip_bytes_of_largest_file(directory):
   files = [f for f in glob.glob(f"{directory}/**/*", recursive=True) if os.path.isfile(f)]
   largest = max(files, key=os.path.getsize)

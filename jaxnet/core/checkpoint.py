@@ -5,7 +5,7 @@ WORKDIR/checkpoints/<step>/:
   state/      the TrainState pytree (params, BN stats, optimizer, loss scale, EMA, RNG, step)
   data_iter/  the Grain iterator state, one JSON file per process (Grain's orbax handler)
   config/     the resolved config as JSON, so a checkpoint says how it was made
-  checksums/  a checksum of every array in state/, computed on the device at save time, and
+  checksums/  a checksum of every array in state/, computed at save time, and
               the number of processes that saved the data position
 
 Saves are asynchronous: the step's arrays are copied off the device, then written in a
@@ -511,8 +511,11 @@ def _restore_target(saved_tree, abstract_state, step_dir: str):
 
 
 # --- checksums and the finite check --------------------------------------------------
-# A checkpoint carries a checksum of each array, computed on the device at save time in the
-# same jitted pass that checks the state is finite; a restore recomputes them.
+# A checkpoint carries a checksum of each array, computed at save time in the same pass that
+# checks the state is finite; a restore recomputes them. Arrays in host memory (a CPU run, a
+# restore read into numpy) are hashed there, from their bytes, in numpy: no compile, no copy.
+# Arrays on an accelerator (or spread over processes) are hashed where they are, in one jitted
+# pass. Both compute the same function of the bits (one CHECKSUM_ALGORITHM), pinned by a test.
 
 def leaf_name(path) -> str:
   """'params/stem_conv/kernel' for a pytree path, whether the node is a dict or a dataclass."""
@@ -553,21 +556,69 @@ def _checksum(x):
 
 
 @jax.jit
-def _inspect(tree):
+def _inspect_on_device(tree):
   leaves = jax.tree.leaves(tree)
   finite = [jnp.all(jnp.isfinite(x)) for x in leaves if jnp.issubdtype(x.dtype, jnp.inexact)]
   all_finite = jnp.all(jnp.stack(finite)) if finite else jnp.bool_(True)
   return all_finite, jnp.stack([_checksum(x) for x in leaves])
 
 
+_HOST_CHUNK = 1 << 16  # words hashed at a time: a chunk's temporaries stay in the CPU's cache
+
+
+def _host_words(x) -> np.ndarray:
+  """_words in numpy: the array's bits as uint32 words, as the device computes them (its
+  dtype as jax holds it: no 64-bit types unless jax_enable_x64)."""
+  a = np.asarray(x)
+  if a.dtype == np.bool_:
+    return a.astype(np.uint32).ravel()
+  a = np.ascontiguousarray(a, jax.dtypes.canonicalize_dtype(a.dtype))
+  bits = {1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize]
+  return a.view(bits).astype(np.uint32, copy=False).ravel()
+
+
+def _host_checksum(x) -> int:
+  """_checksum in numpy, a chunk at a time (uint32 arithmetic wraps as XLA's does)."""
+  words, total = _host_words(x), 0
+  for start in range(0, words.size, _HOST_CHUNK):
+    h = np.arange(start, min(start + _HOST_CHUNK, words.size), dtype=np.uint32)
+    h *= np.uint32(0x9E3779B9)
+    h ^= words[start:start + h.size]
+    h ^= h >> 16
+    h *= np.uint32(0x85EBCA6B)
+    h ^= h >> 13
+    h *= np.uint32(0xC2B2AE35)
+    h ^= h >> 16
+    total += int(h.sum(dtype=np.uint32))
+  return total & 0xFFFFFFFF
+
+
+def _in_host_memory(x) -> bool:
+  """Whether numpy can read `x`'s bytes where they are: a numpy value, or a jax array on CPU
+  devices of this process."""
+  if not isinstance(x, jax.Array):
+    return True
+  return x.is_fully_addressable and all(d.platform == "cpu" for d in x.sharding.device_set)
+
+
+def _inspect_on_host(leaves) -> tuple[bool, list[int]]:
+  arrays = [np.asarray(x) for x in leaves]
+  finite = all(bool(np.isfinite(a).all()) for a in arrays if jnp.issubdtype(a.dtype, jnp.inexact))
+  return finite, [_host_checksum(a) for a in arrays]
+
+
 def inspect(tree) -> tuple[bool, dict, list[str]]:
   """(all floats finite, {leaf name: checksum}, names of non-finite leaves) of a pytree."""
-  paths = [leaf_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-  all_finite, sums = jax.device_get(_inspect(tree))
+  with_paths = jax.tree_util.tree_flatten_with_path(tree)[0]
+  paths, leaves = [leaf_name(p) for p, _ in with_paths], [x for _, x in with_paths]
+  if all(_in_host_memory(x) for x in leaves):
+    all_finite, sums = _inspect_on_host(leaves)
+  else:
+    all_finite, sums = jax.device_get(_inspect_on_device(tree))
   checksums = {name: f"{int(s):08x}" for name, s in zip(paths, sums)}
   bad = []
   if not all_finite:  # rare: worth a second pass to say where
-    bad = [leaf_name(p) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+    bad = [name for name, x in zip(paths, leaves)
            if jnp.issubdtype(x.dtype, jnp.inexact) and not bool(jnp.all(jnp.isfinite(x)))]
   return bool(all_finite), checksums, bad
 
