@@ -247,6 +247,47 @@ def test_an_import_with_another_class_count_says_how_many_arrays_came_from_the_w
   assert "imported 47" not in out
 
 
+def test_an_imported_state_is_the_one_a_fine_tune_from_the_weights_starts_from(tmp_path, capsys):
+  """The import builds its state without compiling the model's random init: the weights'
+  arrays, the class layer they lack from the model's init (only that computed), the rest as a
+  fresh state's. Leaf by leaf, it is what a training run from the same weights
+  (init.weights) starts from, and a fresh state with the weights put in."""
+  import jax
+  from flax.traverse_util import flatten_dict
+  from jaxnet import api
+  from jaxnet.core import checkpoint as ckpt
+  from jaxnet.core.experiment import Experiment
+  path, tensors, _ = drawn_file(tmp_path, "resnet_tiny", num_classes=3)
+  workdir = tmp_path / "w"
+  status, out, _ = _import(tmp_path, capsys, path, workdir, "--config.data.num_classes=5",
+                           "--config.ema_decay=0.9", "--config.init.preprocessing=config")
+  assert status == 0 and "imported 45 arrays" in out
+  config = api.load_config(os.path.join(REPO, "configs", "resnet.py:runlocal"), **{
+      "model.name": "resnet_tiny", "data.source": "synthetic", "image_size": 16, "batch_size": 8,
+      "data.num_classes": 5, "ema_decay": 0.9, "init.weights": path, "init.preprocessing": "config"})
+  exp = Experiment(config, need_train_data=False)
+  imported, _ = ckpt.Checkpoints(str(workdir), read_only=True).read(0, exp.abstract_state)
+  started = exp.init_state(pretrained.initialiser(config, log=lambda line: None))  # what train.py starts from
+  fresh = exp.init_state()
+  leaves = lambda state: jax.tree_util.tree_flatten_with_path(state)
+  (want, want_tree), (got, got_tree) = leaves(started), leaves(imported)
+  assert got_tree == want_tree
+  for (name, a), (_, b) in zip(want, got):
+    assert a.dtype == b.dtype and a.shape == b.shape, name
+    np.testing.assert_array_equal(np.asarray(b), np.asarray(a), err_msg=jax.tree_util.keystr(name))
+  # ... and that is a fresh state with the weights' arrays put in: the class layer the model's
+  # init gives it, the optimizer's zeros, the EMA at the params.
+  params = flatten_dict(started.params)
+  np.testing.assert_array_equal(params[("stem_conv", "kernel")], tensors["conv1.weight"].transpose(2, 3, 1, 0))
+  for leaf in ("kernel", "bias"):
+    np.testing.assert_array_equal(params[("head", leaf)], fresh.params["head"][leaf])
+  for (name, a), (_, b) in zip(leaves(started.replace(params=fresh.params, ema_params=fresh.params,
+                                                      batch_stats=fresh.batch_stats))[0], leaves(fresh)[0]):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(name))
+  for a, b in zip(jax.tree.leaves(started.ema_params), jax.tree.leaves(started.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 @pytest.mark.slow  # 45 s: it traces every registered family's shapes to name the file's architecture
 def test_an_import_of_another_architecture_is_one_line_naming_both_and_leaves_nothing(tmp_path, capsys):
   path, _, _ = drawn_file(tmp_path, "resnet_tiny", num_classes=3)
