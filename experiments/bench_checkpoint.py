@@ -4,7 +4,8 @@
 
 Builds the model's full train state (params, BN statistics, SGD momentum, EMA copy:
 ~300 MB for ResNet-50), then times, on this machine's default jax device:
-  inspect   the one jitted pass that checks all floats are finite and checksums every array
+  inspect   the pass that checks all floats are finite and checksums every array (numpy on
+            the host where the state is in host memory, a CPU's; one jitted pass on a GPU)
   save      Checkpoints.save + wait (synchronous write), which includes `inspect`
   restore   Checkpoints.restore, which reads, then recomputes and compares the checksums
 Prints a table with the hardware and versions it ran on.
