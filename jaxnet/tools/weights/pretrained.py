@@ -12,8 +12,8 @@ every source tensor must be used; otherwise one error lists each missing,
 unused and misshapen tensor.
 
 The head (a detector's: its class logits layer) is kept when `init.keep_head` is on and
-the class counts match; else the fresh random head stays and a line says why. The optimizer state is not
-touched: SGD/LARS momentum and Adam moments start at zero whatever the params.
+the class counts match; else the fresh random head stays and a line says why. The optimizer state is
+its init's of these params: SGD/LARS momentum and Adam moments start at zero.
 Only a run that starts fresh is initialised this way; a resumed run restores
 its checkpoint.
 """
