@@ -7,9 +7,11 @@
    224 + flip with PIL, OpenCV (if installed) and simplejpeg, same crops.
 2. jaxnet.core.data.pipeline.train_loader (Grain DataLoader: shuffled IndexSampler,
    TrainDecodeCrop(224), Batch) for each worker count; 0 runs in-process.
-4. Prepared shards (`jaxnet prepare`, --short-sides) against the full-size JPEGs, per core:
-   jaxnet's train transform at 224, 192 and 160 px (the fast recipe's progressive sizes),
-   then the Grain loader in-process at 224 and 160, both paths in the same run.
+4. Prepared shards (`jaxnet prepare`, --prepared: shorter sides and raw fractions) against the
+   full-size JPEGs, per core: (a) where one image's CPU time goes (read, header and crop draw,
+   decode, resize, flip); (b) jaxnet's train transform at 224, 192 and 160 px (the fast
+   recipe's progressive sizes), then the Grain loader in-process at 224 and 160, every path in
+   the same run, with each path's storage per image and for ImageNet's 1.28M.
    `--only-prepared` runs this table alone; `--json FILE` writes its rates, which
    `experiments/time_to_accuracy.py --plan --input-json FILE` reads.
 
@@ -49,7 +51,7 @@ import simplejpeg  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import benchlib  # noqa: E402  (experiments/benchlib.py, beside this script)
-from jaxnet.core.data import decode, pipeline, prepared  # noqa: E402
+from jaxnet.core.data import decode, pipeline, prepared, transforms  # noqa: E402
 from jaxnet.core.data.imagefolder import ImageFolderSource  # noqa: E402
 from jaxnet.tools.make_imagefolder import make_imagefolder  # noqa: E402
 from jaxnet.core.data.transforms import TrainDecodeCrop, random_resized_crop_box  # noqa: E402
@@ -312,7 +314,7 @@ def dali_table(root: str, threads_list: list[int], batch_size: int, seconds: flo
 
 
 def transform_rate(blobs: list[bytes], size: int, seconds: float) -> float:
-  """Images per CPU-second of TrainDecodeCrop(size) over in-memory JPEGs."""
+  """Images per CPU-second of TrainDecodeCrop(size) over in-memory records' images."""
   op, rng = TrainDecodeCrop(size), np.random.default_rng(0)
   op.random_map({"image": blobs[0], "label": 0}, rng)
   count, start = 0, time.process_time()
@@ -337,25 +339,103 @@ def loader_rate(source, size: int, batch_size: int, seconds: float, epoch_size: 
   return batches * batch_size / (time.process_time() - start)
 
 
-def prepared_table(root: str, tmp: str, short_sides: list[int], seconds: float, batch_size: int,
+def _per_call_us(fn, items: list, seconds: float = 0.5) -> float:
+  """CPU microseconds per fn(item), cycling through items."""
+  fn(items[0])
+  count, start = 0, time.process_time()
+  while time.process_time() - start < seconds:
+    for item in items:
+      fn(item)
+    count += len(items)
+  return (time.process_time() - start) / count * 1e6
+
+
+def stages(source, blobs: list[bytes], size: int) -> dict:
+  """Where one train image's CPU time goes (microseconds): the record's read from the
+  source, the header and crop draw, the decode (of only the crop, at reduced scale where it
+  allows), the resize, the flip. The crop boxes are drawn once, so every stage sees the same."""
+  rng = np.random.default_rng(0)
+  draws = []
+  for data in blobs:
+    raw = decode.ppm_pixels(data)
+    height, width = raw.shape[:2] if raw is not None else decode.jpeg_size(data)
+    draws.append((data, raw, height, width, random_resized_crop_box(rng, height, width)))
+
+  def crop(item):
+    data, raw, height, width, box = item
+    if raw is not None:
+      top, left, h, w = box
+      return raw[top:top + h, left:left + w]
+    min_h = min(height, -(-height * size // box[2]))
+    min_w = min(width, -(-width * size // box[3]))
+    factor = decode.dct_factor(height, width, min_h, min_w)
+    return decode.decode_region(data, height, width, box, factor, True, transforms._scale_box)
+
+  crops = [crop(item) for item in draws]
+  indices = list(range(min(len(source), len(blobs))))
+  image = transforms._resize(crops[0], size)
+  return {"read": _per_call_us(lambda i: source[i], indices),
+          "header + box": _per_call_us(lambda item: (decode.ppm_pixels(item[0]) is not None
+                                                     or decode.jpeg_size(item[0]),
+                                                     random_resized_crop_box(rng, item[2], item[3])), draws),
+          "decode": _per_call_us(crop, draws),
+          "resize": _per_call_us(lambda c: transforms._resize(c, size), crops),
+          "flip": _per_call_us(transforms.flip_left_right, [image]),
+          "transform": 1e6 / transform_rate(blobs, size, 1.0)}
+
+
+def parse_prepared(spec: str) -> list[tuple[int, float]]:
+  """"256,256:0.5,192" -> [(256, 0.0), (256, 0.5), (192, 0.0)]: shorter side[:raw fraction]."""
+  out = []
+  for item in spec.split(","):
+    side, _, raw = item.partition(":")
+    out.append((int(side), float(raw or 0)))
+  return out
+
+
+def path_name(side: int, raw: float) -> str:
+  return f"prepared, shorter side {side}" + (f", {raw:.0%} raw" if raw else "")
+
+
+IMAGENET_TRAIN = 1_281_167
+
+
+def prepared_table(root: str, tmp: str, kinds: list[tuple[int, float]], seconds: float, batch_size: int,
                    epoch_size: int, count: int) -> dict:
-  """Prints the prepared-against-full table; returns its rates (images per CPU-second)."""
+  """Prints where the time goes and the prepared-against-full table; returns its rates
+  (images per CPU-second) and storage."""
   source = ImageFolderSource(root, "train")
   picks = np.random.default_rng(0).choice(len(source), min(count, len(source)), replace=False)
   sizes = (224, 192, 160)
   paths = {"full-size JPEGs": (source, [source[int(i)]["image"] for i in picks])}
-  for side in short_sides:
-    out = os.path.join(tmp, f"prepared-{side}")
+  storage = {"full-size JPEGs": sum(os.path.getsize(source.path(i)) for i in range(len(source))) / len(source)}
+  for side, raw in kinds:
+    out = os.path.join(tmp, f"prepared-{side}-{raw}")
     start = time.perf_counter()
-    options = prepared.Options(short_side=side)
+    options = prepared.Options(short_side=side, raw_fraction=raw)
     entry = prepared.prepare_split(source, out, "train", options, report=lambda _: None)
     prepared.write_manifest(out, {"train": entry}, source.class_names, options)
     shards = prepared.PreparedSource(out, "train")
-    print(f"(prepared {len(source)} images at shorter side <= {side} in "
-          f"{time.perf_counter() - start:.1f} s, mean "
-          f"{np.mean([len(shards[int(i)]['image']) for i in picks]) / 1024:.0f} KiB/JPEG)", flush=True)
-    paths[f"prepared, shorter side {side}"] = (shards, [shards[int(i)]["image"] for i in picks])
-  print(f"\n4) train transform per core (TrainDecodeCrop: decode at reduced scale where the crop "
+    name = path_name(side, raw)
+    storage[name] = entry["bytes"] / len(shards)
+    print(f"({name}: {len(source)} images prepared in {time.perf_counter() - start:.1f} s, "
+          f"{storage[name] / 1024:.0f} KiB per image)", flush=True)
+    paths[name] = (shards, [shards[int(i)]["image"] for i in picks])
+
+  print(f"\n4a) where a train image's CPU time goes, microseconds (one core, {len(picks)} images; "
+        f"decode = only the crop, at 1/2-1/8 scale where the crop allows; raw records: a view; "
+        f"{benchlib.load_line()})")
+  names = ["read", "header + box", "decode", "resize", "flip", "transform"]
+  print(f"{'path':36s} {'size':>4s} " + " ".join(f"{n:>12s}" for n in names))
+  profile = {}
+  for name, (src, blobs) in paths.items():
+    for size in (224, 160):
+      profile.setdefault(name, {})[size] = row = stages(src, blobs, size)
+      print(f"{name:36s} {size:4d} " + " ".join(f"{row[n]:12.0f}" for n in names), flush=True)
+  print("transform: the whole TrainDecodeCrop (the stages above plus its Python glue); read: the "
+        "record from the files/shards (page cache)")
+
+  print(f"\n4b) train transform per core (TrainDecodeCrop: decode at reduced scale where the crop "
         f"allows, random-resized crop, resize, flip), {len(picks)} images in memory, best of 3 "
         f"interleaved rounds; then the Grain loader in-process, batch {batch_size}, read from the "
         f"files/shards; {benchlib.load_line()}")
@@ -367,21 +447,24 @@ def prepared_table(root: str, tmp: str, short_sides: list[int], seconds: float, 
   loader = {name: {size: loader_rate(src, size, batch_size, seconds, epoch_size) for size in (224, 160)}
             for name, (src, _) in paths.items()}
   full = rates["full-size JPEGs"]
-  print(f"{'path':34s} " + " ".join(f"{f'{s}px':>8s} {'x':>5s}" for s in sizes)
-        + f" {'160 vs full 224':>15s} | {'loader 224':>10s} {'x':>5s} {'loader 160':>10s} {'x':>5s}")
+  print(f"{'path':36s} {'KiB/img':>7s} {'GB/1.28M':>8s} " + " ".join(f"{f'{s}px':>6s} {'x':>5s}" for s in sizes)
+        + f" | {'loader 224':>10s} {'x':>5s} {'loader 160':>10s} {'x':>5s}")
   for name in paths:
-    cells = " ".join(f"{rates[name][s]:8.0f} {rates[name][s] / full[s]:4.2f}x" for s in sizes)
+    cells = " ".join(f"{rates[name][s]:6.0f} {rates[name][s] / full[s]:4.2f}x" for s in sizes)
     lo, lo_full = loader[name], loader["full-size JPEGs"]
-    print(f"{name:34s} {cells} {rates[name][160] / full[224]:14.2f}x | {lo[224]:10.0f} "
-          f"{lo[224] / lo_full[224]:4.2f}x {lo[160]:10.0f} {lo[160] / lo_full[160]:4.2f}x", flush=True)
-  print("images per CPU-second (= images/s of one fully used core); x: against the full-size "
-        "JPEGs at the same size; 160 vs full 224: the 160 px phase against full-size at 224")
-  return {"transform": rates, "loader": loader, "short_sides": short_sides}
+    print(f"{name:36s} {storage[name] / 1024:7.0f} {storage[name] * IMAGENET_TRAIN / 1e9:8.0f} {cells} | "
+          f"{lo[224]:10.0f} {lo[224] / lo_full[224]:4.2f}x {lo[160]:10.0f} {lo[160] / lo_full[160]:4.2f}x",
+          flush=True)
+  print("images per CPU-second (= images/s of one fully used core); x: against the full-size JPEGs at "
+        "the same size; KiB/img: bytes per image stored (shards: records and index), GB/1.28M: that "
+        "for ImageNet's train split at these images' sizes")
+  return {"transform": rates, "loader": loader, "storage_bytes_per_image": storage, "stages_us": profile,
+          "prepared": [list(k) for k in kinds]}
 
 
 def prepared_rows(args, root, tmp, seconds, batch_size, count, argv) -> None:
-  sides = [int(x) for x in args.short_sides.split(",")]
-  rates = prepared_table(root, tmp, sides, 2 * seconds, batch_size, args.epoch_size, count)
+  rates = prepared_table(root, tmp, parse_prepared(args.prepared), 2 * seconds, batch_size,
+                         args.epoch_size, count)
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"command": "python experiments/bench_input.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -401,8 +484,9 @@ def main(argv=None) -> None:
                       help="config.data.read_threads: threads per worker reading files")
   parser.add_argument("--large", action="store_true",
                       help="also run the decoder table on 1600x1200 re-encodes")
-  parser.add_argument("--short-sides", default="256",
-                      help="comma list of prepared shorter-side bounds for table 4 (default 256)")
+  parser.add_argument("--prepared", default="256,256:0.5,256:1,192",
+                      help="table 4's prepared shards: comma list of SHORTER_SIDE[:RAW_FRACTION] "
+                           "(jaxnet prepare's --short-side and --raw-fraction; default %(default)s)")
   parser.add_argument("--only-prepared", action="store_true", help="table 4 only")
   parser.add_argument("--json", help="write table 4's rates and the hardware to this file")
   args = parser.parse_args(argv)

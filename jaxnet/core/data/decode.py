@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 
 import numpy as np
 import simplejpeg
@@ -108,9 +109,37 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
 
 
 def decode_full(data: bytes) -> np.ndarray:
-  """Whole-image accurate decode (decode_jpeg's PIL path takes non-JPEG data)."""
+  """Whole-image accurate decode (decode_jpeg's PIL path takes non-JPEG data); a prepared
+  shard's raw record (binary PPM) is its pixels as they are."""
+  pixels = ppm_pixels(data)
+  if pixels is not None:
+    return pixels
   jpeg_size(data)
   return decode_jpeg(data)
+
+
+_PPM_HEADER = re.compile(rb"P6\s+(\d+)\s+(\d+)\s+255\s")
+
+
+def ppm_bytes(pixels: np.ndarray) -> bytes:
+  """uint8 HxWx3 RGB pixels as a binary PPM (P6, maxval 255)."""
+  height, width = pixels.shape[:2]
+  return b"P6\n%d %d\n255\n" % (width, height) + np.ascontiguousarray(pixels, np.uint8).tobytes()
+
+
+def ppm_pixels(data) -> np.ndarray | None:
+  """The pixels of a binary PPM with maxval 255 (ppm_bytes: prepared shards' raw records), a
+  read-only view of `data` (nothing is decoded or copied); None for other data. A PPM whose
+  pixels are cut short raises CorruptImageError."""
+  if data[:2] != b"P6":
+    return None
+  header = _PPM_HEADER.match(bytes(data[:64]))
+  if header is None:
+    return None  # another PPM flavour (comments, 16-bit): PIL's path decodes it
+  width, height = int(header[1]), int(header[2])
+  if height * width > MAX_PIXELS or len(data) - header.end() < height * width * 3:
+    raise CorruptImageError(f"PPM of {width}x{height} pixels holds {len(data) - header.end()} bytes of them")
+  return np.frombuffer(data, np.uint8, height * width * 3, header.end()).reshape(height, width, 3)
 
 
 def decode_region(data: bytes, height: int, width: int, box, factor: int, fast_dct: bool,

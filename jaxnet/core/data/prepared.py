@@ -17,7 +17,11 @@ Layout of OUT (made by `jaxnet prepare`, jaxnet/cli/prepare.py):
   OUT/SPLIT/SPLIT-00003-of-00128.json     written last: that shard is finished (count, digest,
                                           the images that could not be read)
 
-A record is the label (int32, little-endian) followed by the JPEG's bytes. A shard is
+A record is the label (int32, little-endian) followed by the image: a JPEG, or, for the
+fraction --raw-fraction of the images, its pixels uncompressed as a binary PPM (P6: a short
+text header, then height x width x 3 bytes), which the loaders take as they are (Grain) or
+decode with a memcpy (DALI reads PNM). Shards are written uncompressed (ArrayRecord's default
+zstd would cost each raw record's read more than its JPEG decode saves). A shard is
 written to a temporary name and renamed, then its .json; a finished shard (its .json
 exists) is never rewritten, a half-written one is written again, so a killed prepare
 resumes where it stopped.
@@ -53,6 +57,7 @@ class Options:
   short_side: int = 256      # shorter side bound in pixels; 0 keeps every image's size
   quality: int = 90          # JPEG quality of re-encoded images
   shard_images: int = 1000   # records per shard
+  raw_fraction: float = 0.0  # this fraction of the images stored as raw pixels (PPM), not JPEG
 
   def check(self) -> None:
     if self.short_side < 0 or 0 < self.short_side < 32:
@@ -61,6 +66,8 @@ class Options:
       raise InvalidValueError(f"--quality must be in 1..100, got {self.quality}")
     if self.shard_images < 1:
       raise InvalidValueError(f"--shard-images must be >= 1, got {self.shard_images}")
+    if not 0 <= self.raw_fraction <= 1:
+      raise InvalidValueError(f"--raw-fraction must be in [0, 1], got {self.raw_fraction}")
 
 
 # --- one image --------------------------------------------------------------------------
@@ -90,6 +97,23 @@ def bounded_jpeg(data: bytes, short_side: int, quality: int) -> bytes:
   import simplejpeg
   return simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=quality, colorspace="RGB",
                                 colorsubsampling="420")
+
+
+def bounded_ppm(data: bytes, short_side: int) -> bytes:
+  """`data`'s pixels as a binary PPM whose shorter side is at most `short_side` (0: any size),
+  shrunk as bounded_jpeg shrinks them. CorruptImageError when it cannot be decoded."""
+  pixels = decode.decode_full(data)
+  height, width = pixels.shape[:2]
+  if short_side and min(height, width) > short_side:
+    scale = short_side / min(height, width)
+    pixels = _area_resize(pixels, (max(1, round(width * scale)), max(1, round(height * scale))))
+  return decode.ppm_bytes(pixels)
+
+
+def stored_raw(index: int, raw_fraction: float) -> bool:
+  """Whether source record `index` is stored as raw pixels: a fixed, evenly spread choice
+  (Fibonacci hashing of the index), so a resumed prepare chooses as the first did."""
+  return (index * 2654435761 % 2**32) < raw_fraction * 2**32
 
 
 def _plain_jpeg(data: bytes) -> bool:
@@ -144,14 +168,17 @@ def write_shard(source, start: int, end: int, path: str, options: Options) -> di
   from array_record.python.array_record_module import ArrayRecordWriter
   temp = path + ".tmp"
   unreadable, count = [], 0
-  writer = ArrayRecordWriter(temp, "group_size:1")
+  writer = ArrayRecordWriter(temp, "group_size:1,uncompressed")
   try:
     for index in range(start, end):
       element = source[index]
       try:
         if element.get("read_error"):
           raise decode.CorruptImageError(element["read_error"])
-        image = bounded_jpeg(element["image"], options.short_side, options.quality)
+        if stored_raw(index, options.raw_fraction):
+          image = bounded_ppm(element["image"], options.short_side)
+        else:
+          image = bounded_jpeg(element["image"], options.short_side, options.quality)
       except decode.CorruptImageError as err:
         unreadable.append({"image": _record_name(source, index), "why": str(err)[:200]})
         continue

@@ -151,6 +151,9 @@ def _decode_crop_resize(data: bytes, image_size: int, box_fn, fast_dct: bool = F
 
   `box_fn(height, width)` gives the crop box in full-resolution coordinates.
   """
+  pixels = decode.ppm_pixels(data)
+  if pixels is not None:  # a prepared shard's raw record: nothing to decode
+    return _resize_box(pixels, box_fn(*pixels.shape[:2]), image_size)
   size = decode.jpeg_size(data)
   if size is None:
     # Not a baseline JPEG header (PNG, garbage): decode fully (PIL path)
