@@ -1,8 +1,9 @@
 """The DALI loader (config.data.loader="dali", jaxnet/core/data/dali.py), on DALI's CPU
 operators: the same examples as the Grain loader, eval batches equal within the decoders'
 rounding, train crops drawn from the same distribution, an exact resume, and one line where
-DALI is missing or cannot read the source. Skips, saying so, without NVIDIA DALI (.ci/run
-installs it on the newest leg)."""
+DALI is missing or cannot read the source; the same for prepared shards (`jaxnet prepare`, read
+through DALI's external_source). Skips, saying so, without NVIDIA DALI (.ci/run installs it on the
+newest leg)."""
 
 import math
 import os
@@ -29,6 +30,38 @@ def folder(tmp_path_factory):
                           seed=0, verbose=False)
 
 
+@pytest.fixture(scope="module")
+def shards(folder, tmp_path_factory):
+  """The folder's train and val splits prepared, half of the train images as raw pixels (PPM
+  records) and half JPEG, so both kinds of record go through DALI's decoder."""
+  from jaxnet.core.data import prepared
+  out = str(tmp_path_factory.mktemp("shards"))
+  for split, options in (("train", prepared.Options(short_side=40, raw_fraction=0.5, shard_images=10)),
+                         ("val", prepared.Options(short_side=0, shard_images=10))):
+    source = ImageFolderSource(folder, split)
+    entry = prepared.prepare_split(source, out, split, options, report=lambda _: None)
+    prepared.write_manifest(out, {split: entry}, source.class_names, options)
+  return out
+
+
+def _source(kind, folder, shards, split):
+  from jaxnet.core.data.prepared import PreparedSource
+  return ImageFolderSource(folder, split) if kind == "folder" else PreparedSource(shards, split)
+
+
+def test_shard_samples_read_every_record_of_the_share_once_per_epoch():
+  """The train order of prepared shards under DALI: a permutation of the process's records per
+  epoch, a function of (seed, epoch), another each epoch; eval in order, padded with the last."""
+  from jaxnet.core.data.dali import ShardSamples
+  import pickle
+  samples = ShardSamples(["unused"], 10, 17, seed=3)
+  epochs = [[samples.index(i) for i in range(e * 7, (e + 1) * 7)] for e in range(3)]
+  assert all(sorted(e) == list(range(10, 17)) for e in epochs) and epochs[0] != epochs[1]
+  again = pickle.loads(pickle.dumps(samples))  # what a DALI worker gets
+  assert [again.index(i) for i in range(7, 14)] == epochs[1]
+  assert [ShardSamples(["unused"], 10, 17).index(i) for i in range(9)] == [10, 11, 12, 13, 14, 15, 16, 16, 16]
+
+
 def test_without_dali_or_with_another_source_it_is_one_line(monkeypatch):
   import builtins
   from jaxnet.core.data import dali
@@ -43,14 +76,15 @@ def test_without_dali_or_with_another_source_it_is_one_line(monkeypatch):
     dali.require()
   monkeypatch.undo()
   from jaxnet.core.data.sources import digits_source
-  with pytest.raises(UserError, match="reads image folders .* not data.source=digits"):
+  with pytest.raises(UserError, match="reads image folders .* and prepared shards .* not data.source=digits"):
     dali.check_source(digits_source("train"), "digits", 0)
 
 
-def test_eval_batches_equal_the_grain_loaders_within_the_decoders_rounding(folder):
+@pytest.mark.parametrize("kind", ["folder", "prepared"])
+def test_eval_batches_equal_the_grain_loaders_within_the_decoders_rounding(folder, shards, kind):
   _dali()
   from jaxnet.core.data import dali, pipeline
-  source = ImageFolderSource(folder, "val")
+  source = _source(kind, folder, shards, "val")
   grain_batches = list(pipeline.eval_batches(source, global_batch_size=4, image_size=32))
   dali_batches = list(dali.eval_batches(source, global_batch_size=4, image_size=32))
   assert len(grain_batches) == len(dali_batches) == math.ceil(len(source) / 4)
@@ -65,13 +99,14 @@ def test_eval_batches_equal_the_grain_loaders_within_the_decoders_rounding(folde
   assert worst <= 2 and np.mean(mean) < 0.2
 
 
-def test_train_crops_are_drawn_as_the_grain_loader_draws_them(folder):
+@pytest.mark.parametrize("kind", ["folder", "prepared"])
+def test_train_crops_are_drawn_as_the_grain_loader_draws_them(folder, shards, kind):
   """Area fraction and aspect ratio of DALI's crop windows against the Grain loader's
   random_resized_crop_box, on the same images (two-sample Kolmogorov-Smirnov distances)."""
   _dali()
   from jaxnet.core.data import dali
   from jaxnet.core.data.transforms import random_resized_crop_box
-  source = ImageFolderSource(folder, "train")
+  source = _source(kind, folder, shards, "train")
   loader = dali.TrainLoader(source, global_batch_size=8, image_size=32, seed=0)
   pipe = loader.pipeline(windows=True)
   rng = np.random.default_rng(0)
@@ -93,6 +128,29 @@ def test_train_crops_are_drawn_as_the_grain_loader_draws_them(folder):
   # DALI clips a window that does not fit the image where Grain draws again: a few crops fall
   # below the 8% area floor.
   assert np.mean(a1 < 0.08) < 0.05 and a1.max() <= 1.0
+
+
+def test_dali_on_prepared_shards_resumes_exactly_and_shuffles_each_epoch(shards):
+  """The train loader over prepared shards (JPEG and raw records): every record once an epoch,
+  with its label, and after set_state(get_state()) the batches an uninterrupted loader gives."""
+  _dali()
+  from jaxnet.core.data import dali
+  from jaxnet.core.data.prepared import PreparedSource
+  source = PreparedSource(shards, "train")  # 24 records, batches of 8: 3 an epoch
+  loader = dali.TrainLoader(source, global_batch_size=8, image_size=16, seed=0)
+  straight = iter(loader)
+  batches = [next(straight) for _ in range(3)]
+  state = straight.get_state()
+  after = [next(straight) for _ in range(2)]
+  labels = sorted(np.concatenate([b["label"] for b in batches]).tolist())
+  assert labels == sorted(source[i]["label"] for i in range(len(source)))
+  assert batches[0]["image"].shape == (8, 16, 16, 3) and batches[0]["image"].dtype == np.uint8
+  resumed = iter(loader)
+  resumed.set_state(state)
+  for a, b in zip(after, [next(resumed) for _ in range(2)]):
+    np.testing.assert_array_equal(a["image"], b["image"])
+    np.testing.assert_array_equal(a["label"], b["label"])
+  straight.close(), resumed.close()
 
 
 def test_a_resumed_dali_run_sees_the_batches_an_uninterrupted_one_sees(folder, tmp_path):

@@ -139,6 +139,35 @@ def test_the_train_loader_reads_prepared_shards(folder, tmp_path):
   assert set(batch["label"]) <= set(range(CLASSES))
 
 
+def test_raw_records_hold_the_bounded_pixels_and_both_transforms_take_them(folder, tmp_path, capsys):
+  """--raw-fraction: that share of the train images as raw pixels (binary PPM records), bounded
+  as the JPEGs are; the Grain train and eval transforms read them without decoding, eval exactly
+  as from decoded pixels; a cut-short raw record is masked and counted, as a broken JPEG is."""
+  from jaxnet.core.data import transforms
+  assert _prepare(folder, tmp_path / "out", "--splits", "train", "--raw-fraction", "0.5") == 0
+  assert "50% raw pixels" in capsys.readouterr().out
+  source = prepared.PreparedSource(str(tmp_path / "out"), "train")
+  original = ImageFolderSource(folder, "train")
+  raw = [i for i in range(len(source)) if decode.ppm_pixels(source[i]["image"]) is not None]
+  assert raw == [i for i in range(len(source)) if prepared.stored_raw(i, 0.5)] and 6 <= len(raw) <= 12
+  for i in raw:
+    pixels, before = decode.ppm_pixels(source[i]["image"]), decode.decode_full(original[i]["image"])
+    assert min(pixels.shape[:2]) == min(32, *before.shape[:2]) and source[i]["label"] == original[i]["label"]
+    if min(before.shape[:2]) <= 32:  # within the bound: the decoded pixels themselves
+      np.testing.assert_array_equal(pixels, before)
+  record = {"image": source[raw[0]]["image"], "label": 1}
+  pixels = decode.ppm_pixels(record["image"])
+  out = transforms.EvalDecodeCrop(24).map(record)
+  np.testing.assert_array_equal(out["image"], transforms.eval_resize_crop(pixels, 24))
+  trained = transforms.TrainDecodeCrop(24).random_map(record, np.random.default_rng(0))
+  assert trained["image"].shape == (24, 24, 3) and trained["mask"]
+  cut = transforms.TrainDecodeCrop(24).random_map({"image": record["image"][:-5], "label": 1},
+                                                  np.random.default_rng(0))
+  assert not cut["mask"] and cut["corrupt"] == 1
+  batch = next(iter(pipeline.train_loader(source, global_batch_size=8, image_size=24, seed=0, workers=0)))
+  assert batch["mask"].all() and batch["image"].shape == (8, 24, 24, 3)
+
+
 def test_missing_shards_say_how_to_make_them(tmp_path):
   with pytest.raises(FileNotFoundError, match="jaxnet prepare --dir SOURCE --out"):
     prepared.PreparedSource(str(tmp_path), "train")

@@ -2,7 +2,10 @@
 by DALI, on the GPU (nvJPEG, device="mixed") where jax computes on one, on the CPU otherwise.
 
 The same examples and the same transforms as the Grain pipeline (pipeline.py): an image
-folder's files and labels (ImageFolderSource: the same classes, the same files left out), for
+folder's files and labels (ImageFolderSource: the same classes, the same files left out), or
+prepared shards' records (PreparedSource, `jaxnet prepare`: DALI has no ArrayRecord reader, so
+a per-sample callback, `ShardSamples`, reads record i of the shards in DALI's Python workers;
+JPEG and raw (PPM) records both go to DALI's image decoder), for
 training a random-resized crop (area 0.08-1, aspect ratio 3/4-4/3) decoded from the JPEG's
 crop, resized to the training size, flipped with probability 1/2; for eval the reference
 resize of the shorter side to image_size / crop_fraction and the center crop. Batches are this
@@ -11,7 +14,8 @@ fields; the train loader implements the iterator protocol DeviceBatches uses
 (get_state/set_state), its state DALI's own checkpoint, so a resumed run sees the batches an
 uninterrupted one would (the random draws are DALI's, a function of the seed and the position).
 
-Limits, said where they apply: tfds ArrayRecord is not read (DALI has no reader for it); a file
+Limits, said where they apply: tfds's ArrayRecord is not read (a tfds record is a serialized
+example, not an image; prepare it with `jaxnet prepare --source tfds`); a file
 DALI cannot decode stops the run (Grain masks it and counts it), so the Grain loader remains
 the one for folders that may hold broken files; RandAugment is Grain's only.
 """
@@ -40,14 +44,83 @@ def require():
 
 
 def check_source(source, name: str, randaug_ops: int) -> None:
-  """What DALI reads: image folders, without RandAugment. One line naming the fix otherwise."""
+  """What DALI reads: image folders and prepared shards, without RandAugment. One line naming
+  the fix otherwise."""
   from jaxnet.core.data.imagefolder import ImageFolderSource
-  if not isinstance(source, ImageFolderSource):
-    raise InvalidValueError(f"config.data.loader=dali reads image folders (data.source=imagefolder), "
-                            f"not data.source={name}: use data.loader=grain for it")
+  if not isinstance(source, ImageFolderSource) and not _is_prepared(source):
+    raise InvalidValueError(f"config.data.loader=dali reads image folders (data.source=imagefolder) and "
+                            f"prepared shards (data.source=prepared), not data.source={name}: use "
+                            f"data.loader=grain for it, or jaxnet prepare its data")
   if randaug_ops:
     raise InvalidValueError("config.data.randaug_num_ops: RandAugment runs in the Grain loader only; "
                             "set it to 0 for data.loader=dali, or use data.loader=grain")
+
+
+def _is_prepared(source) -> bool:
+  from jaxnet.core.data.prepared import PreparedSource
+  return isinstance(source, PreparedSource)
+
+
+class ShardSamples:
+  """DALI's per-sample callback over records [start, end) of prepared shards:
+  `sample_info.idx_in_epoch` -> (the record's image bytes, its label).
+
+  Train (`seed` given): one endless DALI epoch; sample i is position i % n of epoch i // n,
+  whose order is a permutation drawn from (seed, epoch). DALI's checkpoint holds how many
+  samples were taken (and its random generators), so a restored pipeline asks for the next
+  index and sees what an uninterrupted one would. Eval (`seed` None): the records in order,
+  past the end the last one again (padding the caller masks). Picklable: DALI's workers get a
+  copy and open the shards themselves.
+  """
+
+  def __init__(self, paths: list[str], start: int, end: int, seed: int | None = None):
+    self.paths, self.start, self.end, self.seed = list(paths), start, end, seed
+    self._data, self._order = None, (None, None)
+
+  def __getstate__(self):
+    return {"paths": self.paths, "start": self.start, "end": self.end, "seed": self.seed}
+
+  def __setstate__(self, state):
+    self.__init__(**state)
+
+  def index(self, sample: int) -> int:
+    """The record that sample `sample` of the stream reads."""
+    n = self.end - self.start
+    if self.seed is None:
+      return self.start + min(sample, n - 1)
+    epoch, position = divmod(sample, n)
+    if self._order[0] != epoch:
+      self._order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(n))
+    return self.start + int(self._order[1][position])
+
+  def __call__(self, sample_info):
+    from jaxnet.core.data import prepared
+    if self._data is None:  # array_record's own reader: Grain's would import jax into each worker
+      from array_record.python.array_record_data_source import ArrayRecordDataSource
+      self._data = ArrayRecordDataSource(self.paths)
+    record = prepared.decode_record(self._data[self.index(sample_info.idx_in_epoch)])
+    return np.frombuffer(record["image"], np.uint8), np.array([record["label"]], np.int32)
+
+
+def _shard_reader(fn, types, source, start: int, end: int, seed: int | None):
+  """(encoded images, labels) of records [start, end) of prepared shards, read by ShardSamples
+  in DALI's Python workers (shuffled with `seed`; in order when None)."""
+  return fn.external_source(ShardSamples(source.paths, start, end, seed), num_outputs=2, batch=False,
+                            parallel=True, dtype=[types.UINT8, types.INT32])
+
+
+def _python_workers(source, threads: int) -> dict:
+  """pipeline_def's arguments for ShardSamples' worker processes (spawned: the parent holds
+  jax's threads, which a fork would copy mid-lock)."""
+  if not _is_prepared(source):
+    return {}
+  return {"py_num_workers": max(1, threads // 2), "py_start_method": "spawn"}
+
+
+def _files(source) -> list[str]:
+  """What `run` looks through when DALI fails to decode: an image folder's files (a prepared
+  shard's images were all decoded when it was written)."""
+  return [] if _is_prepared(source) else source.files_and_labels()[0]
 
 
 def _device_id() -> int | None:
@@ -66,7 +139,7 @@ class TrainLoader:
 
   def __init__(self, source, *, global_batch_size: int, image_size: int, seed: int,
                process_index: int = 0, process_count: int = 1, threads: int = 2):
-    self.files, self.labels = source.files_and_labels()
+    self.source, self.files = source, _files(source)
     self.batch = global_batch_size // process_count
     self.image_size, self.seed, self.threads = image_size, seed, threads
     self.shard, self.shards = process_index, process_count
@@ -81,11 +154,18 @@ class TrainLoader:
     device_id = _device_id()
 
     @dali.pipeline_def(batch_size=self.batch, num_threads=self.threads, device_id=device_id,
-                       seed=self.seed, enable_checkpointing=True, prefetch_queue_depth=1)
+                       seed=self.seed, enable_checkpointing=True, prefetch_queue_depth=1,
+                       **_python_workers(self.source, self.threads))
     def train():
-      jpegs, labels = fn.readers.file(files=self.files, labels=self.labels, random_shuffle=True,
-                                      shard_id=self.shard, num_shards=self.shards, name="files",
-                                      seed=self.seed)
+      if _is_prepared(self.source):  # this process's share, as Grain's ShardOptions(drop_remainder)
+        share = len(self.source) // self.shards
+        jpegs, labels = _shard_reader(fn, types, self.source, self.shard * share,
+                                      (self.shard + 1) * share, self.seed)
+      else:
+        files, labels = self.source.files_and_labels()
+        jpegs, labels = fn.readers.file(files=files, labels=labels, random_shuffle=True,
+                                        shard_id=self.shard, num_shards=self.shards, name="files",
+                                        seed=self.seed)
       # The crop window is drawn first and only its part of the JPEG decoded, as the Grain
       # loader's region decoding does (the same area and aspect-ratio ranges, 10 attempts).
       whole = fn.peek_image_shape(jpegs)
@@ -191,20 +271,25 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, process_ind
   check_crop_fraction(crop_fraction)
   check_interpolation(interpolation)
   dali, fn, types = require()
-  files, labels = source.files_and_labels()
-  start, end = shard_bounds(len(files), process_index, process_count)
-  files, labels = files[start:end], labels[start:end]
+  start, end = shard_bounds(len(source), process_index, process_count)
+  files = _files(source)[start:end]
+  count = end - start
   batch = global_batch_size // process_count
   num_batches = math.ceil(shard_bounds(len(source), 0, process_count)[1] / batch)
   device_id = _device_id()
   short = float(math.floor(image_size / crop_fraction))
   interp = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}[interpolation]
   pipe = None
-  if files:
-    @dali.pipeline_def(batch_size=batch, num_threads=threads, device_id=device_id, prefetch_queue_depth=1)
+  if count:
+    @dali.pipeline_def(batch_size=batch, num_threads=threads, device_id=device_id, prefetch_queue_depth=1,
+                       **_python_workers(source, threads))
     def evaluation():
-      jpegs, lab = fn.readers.file(files=files, labels=labels, random_shuffle=False, pad_last_batch=True,
-                                   name="files")
+      if _is_prepared(source):
+        jpegs, lab = _shard_reader(fn, types, source, start, end, None)
+      else:
+        files_, labels = source.files_and_labels()
+        jpegs, lab = fn.readers.file(files=files_[start:end], labels=labels[start:end], random_shuffle=False,
+                                     pad_last_batch=True, name="files")
       images = fn.decoders.image(jpegs, device="mixed" if device_id is not None else "cpu",
                                  output_type=types.RGB)
       # The reference geometry (transforms.eval_crop_geometry), per image: the shorter side to
@@ -214,15 +299,15 @@ def eval_batches(source, *, global_batch_size: int, image_size: int, process_ind
       shorter = dali.math.min(h, w)
       new_h, new_w = dali.math.floor(short * h / shorter), dali.math.floor(short * w / shorter)
       images = fn.resize(images, resize_x=new_w, resize_y=new_h, interp_type=interp, antialias=True)
-      start = fn.cast(fn.stack(_half_even((new_h - image_size) / 2), _half_even((new_w - image_size) / 2)),
-                      dtype=types.INT32)
-      images = fn.slice(images, start=start,
+      offset = fn.cast(fn.stack(_half_even((new_h - image_size) / 2), _half_even((new_w - image_size) / 2)),
+                       dtype=types.INT32)
+      images = fn.slice(images, start=offset,
                         shape=[image_size, image_size], axes=[0, 1])
       return images, lab
     pipe = evaluation()
     pipe.build()
   for i in range(num_batches):
-    valid = max(0, min(batch, len(files) - i * batch))
+    valid = max(0, min(batch, count - i * batch))
     if valid:
       images, lab = run(pipe, files)
       images, lab = _to_numpy(images).astype(np.uint8), _to_numpy(lab).reshape(-1).astype(np.int32)

@@ -361,7 +361,7 @@ _SPLIT_ALIASES = {"validation": "val", "val": "validation"}
 class PreparedSource:
   """Grain random-access source over OUT's shards: `source[i] -> {"image": bytes, "label": int}`."""
 
-  encoded = True  # JPEG bytes: the pipeline decodes them
+  encoded = True  # JPEG (or raw PPM) bytes: the pipeline decodes them
 
   def __init__(self, root: str, split: str):
     manifest = _read_json(os.path.join(root, MANIFEST))
@@ -383,6 +383,7 @@ class PreparedSource:
     if missing:
       raise MissingFileError(f"{len(missing)} shard(s) of {root}/{name} are gone (e.g. {missing[0]}): "
                              f"rerun jaxnet prepare with the same --out")
+    self.paths = paths
     self._data = grain.ArrayRecordDataSource(paths)
     if len(self._data) != self._entry["examples"]:
       raise InvalidValueError(f"{root}/{name} holds {len(self._data)} records where {MANIFEST} says "
