@@ -458,8 +458,10 @@ def prepared_table(root: str, tmp: str, kinds: list[tuple[int, float]], seconds:
   print("images per CPU-second (= images/s of one fully used core); x: against the full-size JPEGs at "
         "the same size; KiB/img: bytes per image stored (shards: records and index), GB/1.28M: that "
         "for ImageNet's train split at these images' sizes")
+  default = prepared.Options()
   return {"transform": rates, "loader": loader, "storage_bytes_per_image": storage, "stages_us": profile,
-          "prepared": [list(k) for k in kinds]}
+          "prepared": [list(k) for k in kinds],
+          "default_prepared": path_name(default.short_side, default.raw_fraction)}
 
 
 def prepared_rows(args, root, tmp, seconds, batch_size, count, argv) -> None:

@@ -229,7 +229,10 @@ def _input_rates(args) -> tuple[dict, str]:
   if args.input_json:
     with open(args.input_json) as f:
       bench = json.load(f)
-    name = next((n for n in bench["loader"] if n.startswith("prepared")), "full-size JPEGs")
+    # The shards `jaxnet prepare` makes by default, where the bench measured them.
+    name = bench.get("default_prepared")
+    if name not in bench["loader"]:
+      name = next((n for n in bench["loader"] if n.startswith("prepared")), "full-size JPEGs")
     loader, transform = bench["loader"][name], bench["transform"][name]
     # The loader was measured at 224 and 160; 192 takes the transform's ratio to 224.
     rates = {int(k): v for k, v in loader.items()}
