@@ -486,7 +486,7 @@ def main(argv=None) -> None:
                       help="config.data.read_threads: threads per worker reading files")
   parser.add_argument("--large", action="store_true",
                       help="also run the decoder table on 1600x1200 re-encodes")
-  parser.add_argument("--prepared", default="256,256:0.5,256:1,192",
+  parser.add_argument("--prepared", default="256:0.75,256,256:0.5,256:1,192,192:0.5",
                       help="table 4's prepared shards: comma list of SHORTER_SIDE[:RAW_FRACTION] "
                            "(jaxnet prepare's --short-side and --raw-fraction; default %(default)s)")
   parser.add_argument("--only-prepared", action="store_true", help="table 4 only")

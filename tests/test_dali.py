@@ -153,13 +153,15 @@ def test_dali_on_prepared_shards_resumes_exactly_and_shuffles_each_epoch(shards)
   straight.close(), resumed.close()
 
 
-def test_a_resumed_dali_run_sees_the_batches_an_uninterrupted_one_sees(folder, tmp_path):
+@pytest.mark.parametrize("kind", ["folder", pytest.param("prepared", marks=pytest.mark.slow)])
+def test_a_resumed_dali_run_sees_the_batches_an_uninterrupted_one_sees(folder, shards, kind, tmp_path):
   _dali()
   from jaxnet import api
   from jaxnet.core import checkpoint as ckpt
   from jaxnet.core.train import RunControl
+  data = {"folder": ("imagefolder", folder), "prepared": ("prepared", shards)}[kind]
   config = lambda: api.load_config(os.path.join(REPO, "configs", "resnet.py:runlocal"), {
-      "data.loader": "dali", "data.source": "imagefolder", "data.dir": folder, "data.eval_split": "val",
+      "data.loader": "dali", "data.source": data[0], "data.dir": data[1], "data.eval_split": "val",
       "image_size": 32, "batch_size": 8, "total_steps": 6, "log_every_steps": 3,
       "checkpoint_every_steps": 3, "eval_every_steps": 0})
   api.train(config(), tmp_path / "straight")

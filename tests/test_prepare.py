@@ -37,8 +37,9 @@ def folder(tmp_path):
 
 
 def _prepare(folder, out, *extra):
+  """JPEG records only, unless `extra` gives --raw-fraction."""
   return console.main(["prepare", "--dir", folder, "--out", str(out), "--short-side", "32",
-                       "--shard-images", "5", "--workers", "0", *extra])
+                       "--shard-images", "5", "--workers", "0", "--raw-fraction", "0", *extra])
 
 
 def test_shards_hold_every_image_bounded_with_its_label(folder, tmp_path, capsys):

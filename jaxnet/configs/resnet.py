@@ -13,7 +13,9 @@ Standard 90-epoch recipe (Goyal et al. 2017 with cosine decay and label smoothin
       --config.data.dir=$TFDS_DATA_DIR
 Fast recipe, for time to 75.9% on one server of 8 GPUs (LARS, batch 2048, ~40 epochs,
 progressive resizing 160 -> 192 -> 224, batch norm per GPU), reading shards that `jaxnet
-prepare` made once (bounded JPEGs: several times cheaper to decode, docs/data.md):
+prepare` made once (images bounded at 256 px, 3/4 of them raw pixels that need no decode:
+~4.7x the images per core of full-size JPEGs at 224 px and ~5.4x at 160, ~270 GB for
+ImageNet's train split at its defaults; docs/data.md):
   jaxnet prepare --source tfds --dir $TFDS_DATA_DIR --out $PREPARED
   jaxnet train --config=resnet:recipe=fast --workdir=$WORKDIR \
       --config.data.dir=$PREPARED

@@ -3,11 +3,13 @@ source that reads them back (`data.source=prepared`).
 
 Why: a train image is decoded and then mostly thrown away by the random crop. Stored with
 its shorter side bounded (256 px by default) a JPEG has ~2-3x fewer pixels than ImageNet's
-typical 500x375, and the decode, most of the input pipeline's cost, shrinks with it
-(measured: experiments/bench_input.py, experiments/RESULTS.md). FFCV's ResNet-50 results
-bound the longer side instead, at 500 px, with half the images JPEG (quality 90) and half
-raw pixels (libffcv/ffcv-imagenet README, "Dataset setup"); a larger side helps accuracy
-and costs throughput, which no run here can measure.
+typical 500x375, and the decode, most of the input pipeline's cost, shrinks with it; stored
+as raw pixels (--raw-fraction, 3/4 of the images by default) it needs no decode at all, and
+the crop and resize are what is left (measured: experiments/bench_input.py,
+experiments/RESULTS.md). FFCV's ResNet-50 results bound the longer side instead, at 500 px,
+with half the images JPEG (quality 90) and half raw pixels (libffcv/ffcv-imagenet README,
+"Dataset setup"); a larger side helps accuracy and costs throughput, which no run here can
+measure.
 
 Layout of OUT (made by `jaxnet prepare`, jaxnet/cli/prepare.py):
 
@@ -57,7 +59,10 @@ class Options:
   short_side: int = 256      # shorter side bound in pixels; 0 keeps every image's size
   quality: int = 90          # JPEG quality of re-encoded images
   shard_images: int = 1000   # records per shard
-  raw_fraction: float = 0.0  # this fraction of the images stored as raw pixels (PPM), not JPEG
+  # This fraction of the images stored as raw pixels (PPM), which need no decode: 0.75 gives
+  # the train transform >= 3x (224 px) and >= 5x (160 px) the images per core of full-size JPEGs
+  # for ~200 KiB an image at 256 px, ~7x an all-JPEG shard's bytes (experiments/RESULTS.md).
+  raw_fraction: float = 0.75
 
   def check(self) -> None:
     if self.short_side < 0 or 0 < self.short_side < 32:

@@ -8,7 +8,7 @@ processes; `encoded=False` sources hold uint8 HWC arrays of the final size.
   synthetic    random uint8 images made on the host (throughput work)
   imagefolder  DIR/{train,val}/<class>/*.jpg         (jaxnet/core/data/imagefolder.py)
   tfds         tfds ArrayRecord, e.g. imagenet2012   (jaxnet/core/data/tfds_source.py)
-  prepared     DIR made by `jaxnet prepare`: bounded re-encoded JPEGs in ArrayRecord shards
+  prepared     DIR made by `jaxnet prepare`: bounded images (JPEGs, raw pixels) in ArrayRecord shards
                (jaxnet/core/data/prepared.py)
 
 These are the image-and-label sources (classification's: jaxnet/core/tasks/classification/).
