@@ -350,7 +350,7 @@ def _per_call_us(fn, items: list, seconds: float = 0.5) -> float:
   return (time.process_time() - start) / count * 1e6
 
 
-def stages(source, blobs: list[bytes], size: int) -> dict:
+def stages(source, blobs: list[bytes], size: int, seconds: float = 0.5) -> dict:
   """Where one train image's CPU time goes (microseconds): the record's read from the
   source, the header and crop draw, the decode (of only the crop, at reduced scale where it
   allows), the resize, the flip. The crop boxes are drawn once, so every stage sees the same."""
@@ -374,14 +374,15 @@ def stages(source, blobs: list[bytes], size: int) -> dict:
   crops = [crop(item) for item in draws]
   indices = list(range(min(len(source), len(blobs))))
   image = transforms._resize(crops[0], size)
-  return {"read": _per_call_us(lambda i: source[i], indices),
+  return {"read": _per_call_us(lambda i: source[i], indices, seconds),
           "header + box": _per_call_us(lambda item: (decode.ppm_pixels(item[0]) is not None
                                                      or decode.jpeg_size(item[0]),
-                                                     random_resized_crop_box(rng, item[2], item[3])), draws),
-          "decode": _per_call_us(crop, draws),
-          "resize": _per_call_us(lambda c: transforms._resize(c, size), crops),
-          "flip": _per_call_us(transforms.flip_left_right, [image]),
-          "transform": 1e6 / transform_rate(blobs, size, 1.0)}
+                                                     random_resized_crop_box(rng, item[2], item[3])),
+                                       draws, seconds),
+          "decode": _per_call_us(crop, draws, seconds),
+          "resize": _per_call_us(lambda c: transforms._resize(c, size), crops, seconds),
+          "flip": _per_call_us(transforms.flip_left_right, [image], seconds),
+          "transform": 1e6 / transform_rate(blobs, size, 2 * seconds)}
 
 
 def parse_prepared(spec: str) -> list[tuple[int, float]]:
@@ -398,6 +399,9 @@ def path_name(side: int, raw: float) -> str:
 
 
 IMAGENET_TRAIN = 1_281_167
+# prepare's default first (time_to_accuracy --plan reads its row), then all JPEG, FFCV's
+# share, all raw, and a smaller side.
+DEFAULT_PREPARED = "256:0.75,256,256:0.5,256:1,192,192:0.5"
 
 
 def prepared_table(root: str, tmp: str, kinds: list[tuple[int, float]], seconds: float, batch_size: int,
@@ -430,7 +434,7 @@ def prepared_table(root: str, tmp: str, kinds: list[tuple[int, float]], seconds:
   profile = {}
   for name, (src, blobs) in paths.items():
     for size in (224, 160):
-      profile.setdefault(name, {})[size] = row = stages(src, blobs, size)
+      profile.setdefault(name, {})[size] = row = stages(src, blobs, size, seconds / 16)
       print(f"{name:36s} {size:4d} " + " ".join(f"{row[n]:12.0f}" for n in names), flush=True)
   print("transform: the whole TrainDecodeCrop (the stages above plus its Python glue); read: the "
         "record from the files/shards (page cache)")
@@ -469,7 +473,8 @@ def prepared_table(root: str, tmp: str, kinds: list[tuple[int, float]], seconds:
 
 
 def prepared_rows(args, root, tmp, seconds, batch_size, count, argv) -> None:
-  rates = prepared_table(root, tmp, parse_prepared(args.prepared), 2 * seconds, batch_size,
+  spec = args.prepared or ("256:0.75,256" if args.quick else DEFAULT_PREPARED)
+  rates = prepared_table(root, tmp, parse_prepared(spec), 2 * seconds, batch_size,
                          args.epoch_size, count)
   if args.json:
     with open(args.json, "w") as f:
@@ -490,9 +495,10 @@ def main(argv=None) -> None:
                       help="config.data.read_threads: threads per worker reading files")
   parser.add_argument("--large", action="store_true",
                       help="also run the decoder table on 1600x1200 re-encodes")
-  parser.add_argument("--prepared", default="256:0.75,256,256:0.5,256:1,192,192:0.5",
+  parser.add_argument("--prepared", default=None,
                       help="table 4's prepared shards: comma list of SHORTER_SIDE[:RAW_FRACTION] "
-                           "(jaxnet prepare's --short-side and --raw-fraction; default %(default)s)")
+                           f"(jaxnet prepare's --short-side and --raw-fraction; default "
+                           f"{DEFAULT_PREPARED}; --quick: 256:0.75,256)")
   parser.add_argument("--only-prepared", action="store_true", help="table 4 only")
   parser.add_argument("--json", help="write table 4's rates and the hardware to this file")
   args = parser.parse_args(argv)

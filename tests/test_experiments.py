@@ -182,7 +182,7 @@ def test_time_to_accuracy_quick_reaches_both_targets(tmp_path):
   assert all(lines[i].split()[3] == "yes" for i in rows["digits"] + rows["imagefolder"]), out
 
 
-@pytest.mark.slow  # 30 s; the benchmarks' table format is held by bench_train's and bench_scaling's quick runs
+@pytest.mark.slow  # ~2 min; the benchmarks' table format is held by bench_train's and bench_scaling's quick runs
 def test_bench_input_quick_prints_both_tables():
   out = run_script("bench_input.py", "--quick", "--workers", "0,1")
   assert "hardware:" in out
@@ -198,6 +198,13 @@ def test_bench_input_quick_prints_both_tables():
   else:
     threads = [line.split()[0] for line in out.split("\n3) ")[1].splitlines() if re.match(r"^\s*1\s+\d", line)]
     assert threads == ["1"], out
+  # Table 4: where the time goes, then prepared shards (prepare's default, all JPEG) beside full-size.
+  stages, rates = out.split("\n4a) ")[1].split("\n4b) ")
+  assert len(re.findall(r"^prepared, shorter side 256, 75% raw\s+(224|160)\s", stages, re.M)) == 2, out
+  rows = {line[:36].strip(): line[36:].split() for line in rates.splitlines()
+          if line.startswith(("full-size JPEGs", "prepared, shorter side"))}
+  assert list(rows) == ["full-size JPEGs", "prepared, shorter side 256, 75% raw", "prepared, shorter side 256"]
+  assert rows["full-size JPEGs"][3] == "1.00x" and float(rows["prepared, shorter side 256"][2]) > 0
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(REPO, "experiments", "bench_scaling.py")),
