@@ -88,6 +88,20 @@ def bounded_jpeg(data: bytes, short_side: int, quality: int) -> bytes:
   if size is not None and (not short_side or min(size) <= short_side) and _plain_jpeg(data):
     decode.decode_full(data)  # a truncated or broken file is counted here, not at train time
     return data
+  import simplejpeg
+  return simplejpeg.encode_jpeg(np.ascontiguousarray(bounded_pixels(data, short_side)), quality=quality,
+                                colorspace="RGB", colorsubsampling="420")
+
+
+def bounded_ppm(data: bytes, short_side: int) -> bytes:
+  """`data`'s pixels as a binary PPM (a raw record) whose shorter side is at most `short_side`."""
+  return decode.ppm_bytes(bounded_pixels(data, short_side))
+
+
+def bounded_pixels(data: bytes, short_side: int) -> np.ndarray:
+  """`data` decoded, its shorter side shrunk to `short_side` (0: kept) with area averaging.
+  CorruptImageError when it cannot be decoded."""
+  size = decode.jpeg_size(data)
   if size is not None and short_side:
     # Decode at 1/2, 1/4 or 1/8 in the DCT when that still leaves >= the bound.
     scale = short_side / min(size)
@@ -97,22 +111,8 @@ def bounded_jpeg(data: bytes, short_side: int, quality: int) -> bytes:
   height, width = pixels.shape[:2]
   if short_side and min(height, width) > short_side:
     scale = short_side / min(height, width)
-    new = (max(1, round(width * scale)), max(1, round(height * scale)))
-    pixels = _area_resize(pixels, new)
-  import simplejpeg
-  return simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=quality, colorspace="RGB",
-                                colorsubsampling="420")
-
-
-def bounded_ppm(data: bytes, short_side: int) -> bytes:
-  """`data`'s pixels as a binary PPM whose shorter side is at most `short_side` (0: any size),
-  shrunk as bounded_jpeg shrinks them. CorruptImageError when it cannot be decoded."""
-  pixels = decode.decode_full(data)
-  height, width = pixels.shape[:2]
-  if short_side and min(height, width) > short_side:
-    scale = short_side / min(height, width)
     pixels = _area_resize(pixels, (max(1, round(width * scale)), max(1, round(height * scale))))
-  return decode.ppm_bytes(pixels)
+  return pixels
 
 
 def stored_raw(index: int, raw_fraction: float) -> bool:
