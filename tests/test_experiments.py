@@ -303,6 +303,17 @@ def test_time_to_accuracy_plan_names_each_term_and_the_bottleneck(tmp_path, caps
   # The same host with fast input: the step bounds every phase.
   assert tta.main(["--plan", "--input-per-core", "5000"]) == 0
   assert "the bottleneck: the step" in capsys.readouterr().out
+  # A bench that measured several prepared shards: the plan takes prepare's default's row.
+  bench["default_prepared"] = "prepared, shorter side 256, 75% raw"
+  bench["transform"][bench["default_prepared"]] = {"224": 800.0, "192": 900.0, "160": 1000.0}
+  bench["loader"][bench["default_prepared"]] = {"224": 600.0, "160": 700.0}
+  (tmp_path / "bench.json").write_text(json.dumps(bench))
+  assert tta.main(["--plan", "--input-json", str(tmp_path / "bench.json"), "--cores", "113"]) == 0
+  out = capsys.readouterr().out
+  assert "input: prepared, shorter side 256, 75% raw, jaxnet's Grain loader" in out
+  rows = {line.split()[0]: line.split() for line in out.split("8x H100")[1].split("8x H200")[0].splitlines()
+          if line.strip()[:1].isdigit()}
+  assert rows["224px"][3] == "67,200"  # 112 x 600
 
 
 def test_mlperf_log_names_the_benchmark_its_model_family_declares(tmp_path):

@@ -1,5 +1,5 @@
 """`jaxnet prepare` and data.source=prepared (jaxnet/core/data/prepared.py, jaxnet/cli/prepare.py):
-bounded re-encoded JPEGs in ArrayRecord shards, resumable, unreadable images listed."""
+bounded images (re-encoded JPEGs, raw pixels) in ArrayRecord shards, resumable, unreadable images listed."""
 
 import errno
 import json
