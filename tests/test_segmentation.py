@@ -112,24 +112,83 @@ def test_metrics_over_many_images_and_padding_equal_the_reference_over_them_all(
   np.testing.assert_array_equal(one, reference.mat)
 
 
-def test_loss_is_the_pixel_mean_cross_entropy_without_ignored_pixels_plus_half_the_aux():
-  rng = np.random.default_rng(1)
-  logits, aux = rng.normal(size=(2, 4, 4, 3)).astype(np.float32), rng.normal(size=(2, 4, 4, 3)).astype(np.float32)
-  labels = rng.integers(0, 3, (2, 4, 4)).astype(np.uint8)
-  labels[0, :2] = 255
-  batch = {"image": None, "labels": jnp.asarray(labels), "mask": jnp.array([True, False])}
+def _torchvision_criterion(logits, labels):
+  """torchvision's reference criterion in numpy: nn.functional.cross_entropy(ignore_index=255),
+  the mean over every pixel of the batch whose label is not 255."""
+  valid = labels != 255
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  picked = np.take_along_axis(logp, np.where(valid, labels, 0)[..., None].astype(int), -1)[..., 0]
+  return -picked[valid].mean()
 
-  def ce(x, y):  # the first image's: the second is masked out
-    valid = y[0] != 255
-    logp = x[0] - np.log(np.exp(x[0]).sum(-1, keepdims=True))
-    return -np.take_along_axis(logp, np.where(valid, y[0], 0)[..., None].astype(int), -1)[..., 0][valid].mean()
+
+def test_loss_is_torchvisions_pixel_mean_over_the_batch_plus_half_the_aux():
+  """Images with unequal counts of valid pixels: the loss (over the step's division by the real
+  image count) is the mean over all the batch's valid pixels, not the mean of per-image means."""
+  rng = np.random.default_rng(1)
+  logits, aux = rng.normal(size=(3, 4, 4, 3)).astype(np.float32), rng.normal(size=(3, 4, 4, 3)).astype(np.float32)
+  labels = rng.integers(0, 3, (3, 4, 4)).astype(np.uint8)
+  labels[0, :3] = 255  # 4 valid pixels against the second image's 15
+  labels[1, 0, 0] = 255
+  batch = {"image": None, "labels": jnp.asarray(labels), "mask": jnp.array([True, True, False])}
+  real = slice(0, 2)  # the third image is padding
+  per_image = np.mean([_torchvision_criterion(logits[k], labels[k]) for k in range(2)])
+  assert abs(per_image - _torchvision_criterion(logits[real], labels[real])) > 0.05  # the case tells them apart
 
   loss = segmentation.segmentation_loss(3, 255, 0.5)
   total, sums = loss(lambda images: {"out": jnp.asarray(logits), "aux": jnp.asarray(aux)}, batch, None)
-  assert float(total) == pytest.approx(ce(logits, labels) + 0.5 * ce(aux, labels), rel=1e-5)
-  assert float(sums["train/aux_loss"]) == pytest.approx(ce(aux, labels), rel=1e-5)
+  ce, ce_aux = _torchvision_criterion(logits[real], labels[real]), _torchvision_criterion(aux[real], labels[real])
+  assert float(total) / 2 == pytest.approx(ce + 0.5 * ce_aux, rel=1e-5)
+  assert float(sums["train/aux_loss"]) / 2 == pytest.approx(ce_aux, rel=1e-5)
+  right = (logits[real].argmax(-1) == labels[real])[labels[real] != 255].mean()
+  assert float(sums["train/pixel_accuracy"]) / 2 == pytest.approx(right, rel=1e-6)
   alone, _ = loss(lambda images: {"out": jnp.asarray(logits)}, batch, None)  # no aux head: no aux loss
-  assert float(alone) == pytest.approx(ce(logits, labels), rel=1e-5)
+  assert float(alone) / 2 == pytest.approx(ce, rel=1e-5)
+
+
+def test_train_steps_loss_is_the_pixel_mean_over_8_devices_and_per_micro_batch_with_accumulation():
+  """Through steps.make_train_step: the global batch sharded over 8 devices is one pixel mean
+  (torchvision's criterion on the whole batch); with grad_accum_steps=2 the step averages the
+  two micro-batches' pixel means (micro-batch k: examples k, k+2, ...)."""
+  import flax.linen as nn
+  import optax
+  from jax.sharding import NamedSharding, PartitionSpec
+  from jaxnet.core import state as state_lib, steps
+
+  class PixelLogits(nn.Module):  # a 1x1 conv: logits per pixel
+    @nn.compact
+    def __call__(self, x, train=False):
+      return {"out": nn.Conv(3, (1, 1))(x)}
+
+  rng = np.random.default_rng(2)
+  images = rng.integers(0, 256, (8, 4, 4, 3)).astype(np.uint8)
+  labels = rng.integers(0, 3, (8, 4, 4)).astype(np.uint8)
+  for k in range(8):  # 2k ignored pixels in image k
+    labels[k].ravel()[:2 * k] = 255
+  batch = {"image": images, "labels": labels, "mask": np.ones(8, bool), "corrupt": np.zeros(8, np.int32)}
+  model = PixelLogits()
+  variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4, 4, 3)))
+  logits = np.asarray(model.apply(variables, steps.normalize(images, (0.5,) * 3, (0.25,) * 3, jnp.float32))["out"])
+  tx = optax.sgd(0.0)
+  state = state_lib.TrainState(step=jnp.int32(0), params=variables["params"], batch_stats={},
+                               opt_state=tx.init(variables["params"]), loss_scale=state_lib.LossScale.create(),
+                               ema_params=None, rng=jax.random.key_data(jax.random.PRNGKey(0)))
+
+  def step_loss(accum, sharded):
+    options = steps.StepOptions((0.5,) * 3, (0.25,) * 3, grad_accum_steps=accum)
+    step = steps.make_train_step(model, tx, lambda s: 0.0, state_lib.get_policy("fp32"),
+                                 segmentation.segmentation_loss(3, 255, 0.5), options)
+    b = batch
+    if sharded:
+      mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:8]), ("data",))
+      b = jax.device_put(batch, NamedSharding(mesh, PartitionSpec("data")))
+    return float(jax.jit(step)(state, b)[1]["train/loss"])
+
+  assert len(jax.devices()) >= 8
+  whole = _torchvision_criterion(logits, labels)
+  assert step_loss(1, sharded=True) == pytest.approx(whole, rel=1e-5)
+  micro_means = [_torchvision_criterion(logits[k::2], labels[k::2]) for k in range(2)]
+  assert abs(np.mean(micro_means) - whole) > 1e-3  # the case tells them apart
+  assert step_loss(2, sharded=False) == pytest.approx(np.mean(micro_means), rel=1e-5)
 
 
 def _striped(height, width, classes=3):

@@ -92,6 +92,19 @@ def test_report_writes_plots_and_summary(workdir, tmp_path, capsys):
   assert text in capsys.readouterr().out
 
 
+def test_report_summary_s_best_skips_evals_whose_metric_is_nan():
+  """A nan eval (a segmenter's mean IoU while a class is in neither truth nor predictions:
+  torchvision's plain mean) is never the best; every eval nan: no best (n/a), the final kept."""
+  records = [{"step": 1, "time": 10.0, "eval/top1": float("nan")}, {"step": 2, "time": 20.0, "eval/top1": 0.3},
+             {"step": 3, "time": 30.0, "eval/top1": float("nan")}, {"step": 4, "time": 40.0, "eval/top1": 0.2}]
+  s = report.summary(records)
+  assert (s["best_eval_top1"], s["best_eval_step"], s["time_to_best_sec"]) == (0.3, 2, 20.0)
+  assert (s["final_eval_top1"], s["final_eval_step"]) == (0.2, 4)
+  s = report.summary([{**r, "eval/top1": float("nan")} for r in records])
+  assert s["best_eval_top1"] is None and s["best_eval_step"] is None and np.isnan(s["final_eval_top1"])
+  assert "best eval top-1 n/a at step n/a" in report.format_summary("run", s)
+
+
 def test_report_draws_the_run_s_own_learning_rate_schedule(workdir, tmp_path):
   """The schedule from the run's config.json and length: each logged learning rate (the mean
   over its log interval) is the mean of the schedule's values over those steps."""

@@ -187,11 +187,15 @@ def summary(records: list[dict]) -> dict:
   if len(evals.values):
     out["final_" + metric.replace("/", "_")] = float(evals.values[-1])
     out["final_eval_step"] = int(evals.steps[-1])
-    best = int(np.argmax(evals.values))  # the first step that reached the best value
-    out[key] = float(evals.values[best])
-    out["best_eval_step"] = int(evals.steps[best])
-    if np.isfinite(evals.times[best]):
-      out["time_to_best_sec"] = float(evals.times[best])
+    # The best is a number: an eval whose metric is nan (a segmenter's mean IoU while a class is
+    # in neither its truth nor its predictions) is no candidate; none when every eval is nan.
+    numbers = np.flatnonzero(~np.isnan(evals.values))
+    if len(numbers):
+      best = int(numbers[np.argmax(evals.values[numbers])])  # the first step that reached the best value
+      out[key] = float(evals.values[best])
+      out["best_eval_step"] = int(evals.steps[best])
+      if np.isfinite(evals.times[best]):
+        out["time_to_best_sec"] = float(evals.times[best])
   return out
 
 

@@ -6,8 +6,8 @@
 
 The model returns {"out": logits (N, H, W, classes) at the input's size, and "aux": the same
 from its auxiliary head when model.aux_loss is on}. The loss is the per-pixel cross-entropy
-over the pixels whose label is not the ignore label, averaged over each image's pixels, plus
-segmentation.aux_weight times the same of "aux" (torchvision's reference recipe: 0.5). Eval sums
+averaged over all the batch's pixels whose label is not the ignore label (torchvision's
+reference criterion), plus segmentation.aux_weight times the same of "aux" (its recipe: 0.5). Eval sums
 one confusion matrix over the whole eval set, a restored model gives each image's class map at
 the image's own size, and predict draws it over the image and saves it as a palette PNG.
 """
@@ -28,32 +28,37 @@ from jaxnet.core.tasks.segmentation import data, metrics
 from jaxnet.core.tasks.segmentation.transforms import SegmentationTransform
 
 
-def pixel_losses(logits, labels, valid):
-  """Per image: (the mean cross-entropy over its `valid` pixels, the fraction of them right)."""
+def pixel_sums(logits, labels, valid):
+  """(the cross-entropy summed over the `valid` pixels, how many of them are right): scalars."""
   logits = logits.astype(jnp.float32)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.where(valid, labels, 0).astype(jnp.int32))
   weight = valid.astype(jnp.float32)
-  pixels = jnp.maximum(jnp.sum(weight, axis=(1, 2)), 1.0)
-  right = (jnp.argmax(logits, -1) == labels) * weight
-  return jnp.sum(ce * weight, axis=(1, 2)) / pixels, jnp.sum(right, axis=(1, 2)) / pixels
+  return jnp.sum(ce * weight), jnp.sum((jnp.argmax(logits, -1) == labels) * weight)
 
 
 def segmentation_loss(num_classes: int, ignore_label: int, aux_weight: float):
-  """The task's loss for steps.make_train_step: per image the pixel-mean cross-entropy of "out"
-  plus aux_weight times that of "aux" (when the model has it), summed over the real images."""
+  """The task's loss for steps.make_train_step, as torchvision's reference criterion: the
+  cross-entropy of "out" averaged over every valid pixel of the batch (those of its real
+  images whose label is a class: not the ignore label), plus aux_weight times the same of "aux"
+  when the model has it. The step divides what this returns by the batch's real image count,
+  so it returns that mean times the count; train/pixel_accuracy and train/aux_loss likewise.
+  The whole batch under jit (any number of devices) is one mean; with grad_accum_steps K each
+  micro-batch is its own mean, and the step averages the K of them."""
 
   def loss(apply, batch, key):
     out = apply(batch["image"])
     labels = batch["labels"].astype(jnp.int32)
-    valid = (labels != ignore_label) & (labels < num_classes)
-    main, accuracy = pixel_losses(out["out"], labels, valid)
-    weight = batch["mask"].astype(jnp.float32)
-    total, metrics_ = main, {"train/pixel_accuracy": jnp.sum(accuracy * weight)}
+    real = batch["mask"]
+    valid = (labels != ignore_label) & (labels < num_classes) & real[:, None, None]
+    # n / pixels: the step's division by n then leaves the mean over the pixels.
+    per_pixel = jnp.sum(real.astype(jnp.float32)) / jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0)
+    main, right = pixel_sums(out["out"], labels, valid)
+    total, metrics_ = main, {"train/pixel_accuracy": right * per_pixel}
     if "aux" in out:
-      aux = pixel_losses(out["aux"], labels, valid)[0]
+      aux = pixel_sums(out["aux"], labels, valid)[0]
       total = main + aux_weight * aux
-      metrics_["train/aux_loss"] = jnp.sum(aux * weight)
-    return jnp.sum(total * weight), metrics_
+      metrics_["train/aux_loss"] = aux * per_pixel
+    return total * per_pixel, metrics_
 
   return loss
 
@@ -139,33 +144,33 @@ class Segmentation(Task):
     return segmentation_loss(num_classes, config.segmentation.ignore_label, config.segmentation.aux_weight)
 
   def eval_outputs(self, model, config, num_classes: int):
-    """The batch's confusion matrix over its real images' labelled pixels, and its loss sum."""
+    """The batch's confusion matrix over its real images' labelled pixels, the cross-entropy
+    summed over those pixels, and their count."""
     ignore = config.segmentation.ignore_label
 
     def outputs(apply, batch):
       logits = apply(batch["image"])["out"]
       labels = batch["labels"].astype(jnp.int32)
       valid = (labels != ignore) & (labels < num_classes) & batch["mask"][:, None, None]
-      loss = pixel_losses(logits, labels, valid)[0]
-      real = batch["mask"].astype(jnp.float32)
       return {"confusion": metrics.confusion(labels, jnp.argmax(logits, -1), valid, num_classes),
-              "loss": jnp.sum(loss * real), "count": jnp.sum(real)}
+              "loss": pixel_sums(logits, labels, valid)[0], "pixels": jnp.sum(valid.astype(jnp.int32)),
+              "count": jnp.sum(batch["mask"].astype(jnp.int32))}
 
     return outputs
 
   def evaluate(self, outputs, eval_source) -> dict:
-    matrix, loss, count = None, 0.0, 0
+    matrix, loss, pixels, count = None, 0.0, 0, 0
     for out in outputs:
       out = jax.device_get(out)
       confusion = np.asarray(out["confusion"], np.int64)
       matrix = confusion if matrix is None else matrix + confusion
-      loss, count = loss + float(out["loss"]), count + int(out["count"])
+      loss, pixels, count = loss + float(out["loss"]), pixels + int(out["pixels"]), count + int(out["count"])
     s = metrics.scores(matrix)
     names = list(getattr(eval_source, "class_names", None) or [])
     names += [str(k) for k in range(len(names), len(s["iou"]))]
     per_class = {f"eval/IoU/{name}": float(v) for name, v in zip(names, s["iou"])}
     return {"eval/mIoU": s["mean_iou"], "eval/pixel_accuracy": s["pixel_accuracy"],
-            "eval/loss": loss / max(count, 1), **per_class, "eval/examples": count}
+            "eval/loss": loss / max(pixels, 1), **per_class, "eval/examples": count}
 
   def describe(self, metrics_: dict) -> str:
     line = (f"mIoU {metrics_['eval/mIoU']:.4f}  pixel acc {metrics_['eval/pixel_accuracy']:.4f}  "
