@@ -417,6 +417,31 @@ def test_a_trained_segmenter_exports_to_onnx_and_torchvisions_names(trained, sha
     np.testing.assert_array_equal(values[p], np.asarray(value, np.float32))
 
 
+def test_a_trained_segmenter_exports_to_int8_whose_class_maps_agree_with_the_float_ones(trained, shapes, tmp_path):
+  """--int8, both ways: the jax export with qwix's int8 convolutions, and the ONNX graph
+  quantized by onnxruntime, calibrated on train images through the task's eval transform: each
+  gives the float model's class on most pixels of the val images."""
+  ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+  onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed")
+  pytest.importorskip("qwix", reason="the onnx extra is not installed")
+  from jaxnet import api
+  from jaxnet.cli import export
+  from jaxnet.tools import export as export_lib
+  run, _, _ = trained
+  model = api.restore(str(run))
+  batch = model.preprocess([os.path.join(shapes, "val", f"val_{i:06d}.jpg") for i in range(10)])
+  classes = model.outputs(batch)
+  out = str(tmp_path / "seg.int8.jax")
+  assert export.main([f"--workdir={run}", "--int8", f"--out={out}"]) == 0
+  assert np.mean(np.asarray(export_lib.load(out)(batch)) == classes) > 0.9
+  out = str(tmp_path / "seg.int8.onnx")
+  assert export.main([f"--workdir={run}", "--format=onnx", "--int8", "--calibration-images=16", f"--out={out}"]) == 0
+  session = ort.InferenceSession(out, providers=["CPUExecutionProvider"])
+  assert any(n.op_type == "QuantizeLinear" for n in onnx.load(out).graph.node)
+  (logits,) = session.run(None, {"images": batch})
+  assert np.mean(logits.argmax(-1) == classes) > 0.9
+
+
 def test_synthetic_masks_stand_in_for_data_with_the_configs_classes():
   """data.source=synthetic (throughput, the GPU plan): random images and masks, the same for the
   same index, every label one of data.num_classes, through the task's transform."""

@@ -32,7 +32,8 @@ class _Subset:
 
 
 def calibration_images(predictor, num_images: int, seed: int = 0) -> np.ndarray:
-  """num_images uint8 images of the train split, preprocessed as eval does: drawn in a fixed
+  """num_images uint8 images of the train split, preprocessed as eval does (the task's eval
+  transform where it has one: a segmenter's whole image, resized and padded): drawn in a fixed
   random order (seed), unreadable files passed over (and named, in one line) until there are
   enough. A UserError with the number that would work when the split has too few."""
   from jaxnet.core.data import pipeline
@@ -50,6 +51,7 @@ def calibration_images(predictor, num_images: int, seed: int = 0) -> np.ndarray:
     raise UserError(f"--calibration-images={num_images}, but the train split of "
                     f"{predictor.workdir} has only {len(source)} images; pass "
                     f"--calibration-images={len(source)} or fewer")
+  transform = predictor.task.transform(source, config.image_size, False, config)  # None: an image's own
   order = np.random.default_rng(seed).permutation(len(source))
   images, unreadable, chunk = [], [], 64
   for start in range(0, len(order), chunk):
@@ -58,7 +60,7 @@ def calibration_images(predictor, num_images: int, seed: int = 0) -> np.ndarray:
     for batch in pipeline.eval_batches(_Subset(source, indices), global_batch_size=chunk,
                                        image_size=config.image_size, warn_corrupt=False,
                                        crop_fraction=config.data.eval_crop_fraction,
-                                       interpolation=config.data.eval_interpolation):
+                                       interpolation=config.data.eval_interpolation, transform=transform):
       n = min(len(indices) - taken, len(batch["mask"]))  # the rest of the batch is padding
       images += list(batch["image"][:n][batch["mask"][:n]])
       unreadable += [getattr(source, "path", str)(int(i)) for i, ok in

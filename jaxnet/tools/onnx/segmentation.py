@@ -64,8 +64,11 @@ def write(predictor):
   out = params["class_logits"]["out"]
   x = g.conv(x, "class_logits/out", out["kernel"], out["bias"])
   size = config.image_size
-  x = g.node("Resize", [x, "", "", g.constant("upsample/sizes", [size, size], np.int64)], "upsample",
-             axes=[2, 3], mode="linear", coordinate_transformation_mode="half_pixel")
+  # All four sizes, (batch, classes) from the map: onnxruntime's layout transformer (it moves
+  # an int8 model's convolutions to NHWC) mishandles a Resize with `axes`, refusing the model.
+  kept = g.node("Shape", [x], "upsample/batch_classes", start=0, end=2)
+  sizes = g.node("Concat", [kept, g.constant("upsample/size", [size, size], np.int64)], "upsample/sizes", axis=0)
+  x = g.node("Resize", [x, "", "", sizes], "upsample", mode="linear", coordinate_transformation_mode="half_pixel")
   g.node("Transpose", [x], "logits", perm=[0, 2, 3, 1])
   return g.model(predictor, [("logits", ["batch", size, size, predictor.num_classes])])
 

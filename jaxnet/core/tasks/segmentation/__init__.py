@@ -219,7 +219,7 @@ class Segmentation(Task):
 
 
 TASK = Segmentation(
-    name="segmentation", headline="eval/mIoU", headline_label="eval mIoU", exports=("jax", "onnx", "torch"),
+    name="segmentation", headline="eval/mIoU", headline_label="eval mIoU", exports=("jax", "onnx", "torch", "int8"),
     plots=(("mIoU", "mean IoU, pixel accuracy", (("eval/mIoU", "o--", "mIoU"),
                                                  ("eval/pixel_accuracy", "o:", "pixel accuracy"))),),
     eval_keys=("segmentation.ignore_label",), sources=("voc", "masks", "synthetic"),
