@@ -153,6 +153,14 @@ def test_tiny_models_return_logits_at_the_images_size(name):
   assert features["intermediates"]["backbone"]["stage4_block1"]["__call__"][0].shape[1:3] == (5, 6)
 
 
+def test_an_fcn_refuses_aspp_dilations_it_has_no_aspp_for():
+  with pytest.raises(InvalidValueError, match=r"config.model.atrous_rates=\(6, 12, 18\): they are DeepLabV3's ASPP "
+                                             r"dilations, and an FCN has no ASPP: leave it out"):
+    models.create("fcn_tiny", num_classes=3, atrous_rates=[6, 12, 18])
+  assert models.create("fcn_tiny", num_classes=3, atrous_rates=[12, 24, 36]).atrous_rates == [12, 24, 36]
+  assert models.create("deeplabv3_tiny", num_classes=3, atrous_rates=(6, 12, 18)).atrous_rates == (6, 12, 18)
+
+
 def test_dilate_stages_is_torchvisions_replace_stride_with_dilation():
   """ResNet's dilate_stages: a dilated stage keeps its input's resolution; its first block keeps
   the dilation before it (torchvision's _make_layer), so the parameters are the plain ResNet's."""
@@ -216,3 +224,11 @@ def test_weights_of_other_classes_load_with_a_fresh_class_layer(tmp_path):
   fresh = flatten_dict(fresh)
   for p, value in flatten_dict(source).items():
     np.testing.assert_array_equal(got[p], fresh[p] if p[1] == "class_logits" else value, err_msg=str(p))
+  # The same file into a model without the auxiliary head: refused, saying how to load it.
+  no_aux = unflatten_dict({p: v for p, v in flatten_dict(source).items() if "aux_head" not in p and "aux" != p[2]})
+  config = _init_config(path, "deeplabv3_tiny")
+  with pytest.raises(InvalidValueError, match=rf"{path} does not fit this deeplabv3_tiny: 7 tensors do not, e\.g\. "
+                     r"not used by the model: aux_classifier.0.weight; the weights hold the auxiliary head "
+                     r"\(aux_classifier.\*\): set --config.model.aux_loss=True to load it with the rest$"):
+    pretrained.initialiser(config, log=lines.append)(jax.tree.map(jnp.asarray, no_aux))
+

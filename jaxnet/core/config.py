@@ -74,11 +74,10 @@ def base_config() -> ml_collections.ConfigDict:
                                    # become what the weights expect | config: keep the config's
 
   c.data = ml_collections.ConfigDict()
-  c.data.source = "synthetic"      # digits | synthetic | imagefolder | tfds | prepared (`jaxnet
-                                   # prepare`'s shards, in data.dir) | coco (a detector's:
-                                   # DIR/annotations/instances_SPLIT.json and DIR/SPLIT/; a
-                                   # detector reads tfds datasets laid out as coco/2017)
-  c.data.dir = ""                  # ImageFolder or COCO-format root, or tfds data_dir
+  c.data.source = "synthetic"      # where the data comes from: one of the sources the model's
+                                   # task reads (its `sources`, jaxnet/core/tasks; another is
+                                   # refused in one line naming them); synthetic: random data
+  c.data.dir = ""                  # the source's root folder, or tfds data_dir
   c.data.name = "imagenet2012"     # tfds dataset name
   c.data.train_split = "train"     # the split trained on (a folder of an ImageFolder root)
   c.data.eval_split = "validation"  # the split evaluated (ImageFolder: its folder, e.g. val)

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxnet.core.errors import InvalidValueError
 from jaxnet.core.models import register
 from jaxnet.core.models.batchnorm import BatchNorm
 from jaxnet.core.models.resnet import BasicBlock, BottleneckBlock, ResNet
@@ -121,6 +122,9 @@ def _conv(features, kernel_size, dilation=1, **kwargs):
                  **kwargs)
 
 
+ASPP_RATES = (12, 24, 36)  # torchvision's DeepLabV3
+
+
 class Segmenter(nn.Module):
   TASK = "segmentation"  # models.task: trained on masks (jaxnet/core/tasks/segmentation)
 
@@ -132,12 +136,19 @@ class Segmenter(nn.Module):
   width: int = 64                     # the backbone's, as ResNet's
   head_width: int = 0                 # the heads' hidden channels; 0: torchvision's (FCN: a
                                       # quarter of its input's, DeepLabV3: 256)
-  atrous_rates: Sequence[int] = (12, 24, 36)  # the ASPP's dilations (DeepLabV3)
+  atrous_rates: Sequence[int] = ASPP_RATES  # the ASPP's dilations (DeepLabV3; an FCN, which has
+                                            # no ASPP, refuses another value)
   dtype: Any = jnp.float32
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
   bn_num_groups: int = 1
   freeze_bn_stats: bool = False       # every BN normalises with its running statistics in training too
+
+  def __post_init__(self):
+    if self.head == "fcn" and tuple(self.atrous_rates) != ASPP_RATES:
+      raise InvalidValueError(f"config.model.atrous_rates={tuple(self.atrous_rates)}: they are DeepLabV3's "
+                              f"ASPP dilations, and an FCN has no ASPP: leave it out (or use a deeplabv3_* model)")
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, x, train: bool):

@@ -38,7 +38,12 @@ Path = tuple[str, ...]
 
 
 class WeightsMismatchError(ValueError):
-  """The source's tensors do not fit the model's variables."""
+  """The source's tensors do not fit the model's variables (`hint`: the fix, where the
+  weights' family knows it: Family.unused_hint)."""
+
+  def __init__(self, problems: str, hint: str | None = None):
+    super().__init__(problems)
+    self.hint = hint
 
 
 @dataclasses.dataclass
@@ -47,6 +52,7 @@ class Source:
   unknown: list[str]                    # source tensors that map to no jaxnet variable
   describe: Callable[[Path], str]       # a variable's name in the source's own terms
   class_layer: tuple[str, int] = ("head", 1)  # the model family's (torch_names.Family.class_layer)
+  unused_hint: Callable[[list[str]], str | None] = lambda names: None  # its Family.unused_hint
 
 
 @functools.cache
@@ -173,7 +179,8 @@ def load(spec: str, target: dict[Path, tuple], model: str = "resnet") -> Source:
   path = hub.fetch(spec)[0] if hub.is_hub_spec(spec) else spec
   tensors, _ = tensor_files.read(path)
   family, flat, unknown = _naming_used(tensors, target, namings)
-  return Source(flat, unknown, _describer((family,) if flat else namings), family.class_layer)
+  return Source(flat, unknown, _describer((family,) if flat else namings), family.class_layer,
+                family.unused_hint)
 
 
 def _family(model: str) -> torch_names.Family:
@@ -311,8 +318,9 @@ def fill(target: dict[Path, tuple], source: Source, keep_head: bool, spec: str =
     lines += [f"  not used by the model: {name}" for name in source.unknown]
     lines += [f"  shape differs: {source.describe(p)} is {tuple(source.variables[p].shape)}, the model "
               f"needs {tuple(target[p])} (jaxnet layout)" for p in misshapen]
-    lines.append(f"({len(lines) - 1} problems; is config.model.name the architecture of the weights?)")
-    raise WeightsMismatchError("\n".join(lines))
+    hint = source.unused_hint([source.describe(p) for p in unused] + list(source.unknown))
+    lines.append(f"({len(lines) - 1} problems; {hint or 'is config.model.name the architecture of the weights?'})")
+    raise WeightsMismatchError("\n".join(lines), hint)
   return {p: source.variables[p] for p in target if p not in skip}, reason
 
 
@@ -350,7 +358,7 @@ def initialiser(config, log=print, loaded: dict | None = None):
     try:
       values, reason = fill(shapes, source, config.init.keep_head, f"init.weights={spec}")
     except WeightsMismatchError as e:  # the import and init.weights in training: one line
-      raise InvalidValueError(_another_architecture(spec, config, str(e))) from None
+      raise InvalidValueError(_another_architecture(spec, config, str(e), e.hint)) from None
     layer = _class_layer(shapes, source)
     loaded.update(arrays=len(values), of=len(target), head=reason,
                   head_arrays=sum(1 for p in shapes if reason and p[1] == layer))
@@ -441,13 +449,15 @@ def _import(config, workdir: str, spec: str, log) -> dict:
   return loaded
 
 
-def _another_architecture(spec: str, config, problems: str) -> str:
+def _another_architecture(spec: str, config, problems: str, hint: str | None = None) -> str:
   """One line for weights that do not fit config.model.name: the architecture they fit, when
-  one of jaxnet's models does, and the first of `problems` (fill's list)."""
+  one of jaxnet's models does (or the family's `hint`), and the first of `problems` (fill's list)."""
   model = config.model.name
-  fits = architecture_of(spec, config.image_size, model)
   lines = problems.splitlines()
   count = len(lines) - 2
+  if hint:
+    return f"{spec} does not fit this {model}: {count} tensors do not, e.g. {lines[1].strip()}; {hint}"
+  fits = architecture_of(spec, config.image_size, model)
   what = f"the weights of a {fits}" if fits else "weights of no jaxnet model of their names"
   fix = (f"set --config.model.name={fits}, or import weights of a {model}" if fits
          else f"import weights of a {model}")

@@ -59,6 +59,15 @@ def torch_name(path: Path) -> str | None:
   return f"{torch_module}.{torch_leaf}" if torch_module and torch_leaf else None
 
 
+def unused_hint(names: list[str]) -> str | None:
+  """torchvision's files of these models hold the auxiliary head (its recipe trains with it):
+  loaded into a model without it, say how to load it rather than drop it unasked."""
+  if any(n.startswith("aux_classifier.") for n in names):
+    return ("the weights hold the auxiliary head (aux_classifier.*): set --config.model.aux_loss=True "
+            "to load it with the rest")
+  return None
+
+
 FAMILY = torch_names.Family("torchvision", "torchvision FCN/DeepLabV3", torch_name,
                             extras=resnet_names.FAMILY.extras, class_layer=("class_logits", 1),
-                            backbone=("backbone", "resnet"))
+                            backbone=("backbone", "resnet"), unused_hint=unused_hint)

@@ -67,6 +67,9 @@ class Family:
   backbone: tuple[str, str] | None = None
   # Why a model of these options (config.model) has no counterpart under these names (None: it has).
   refuses: Callable[[Any], str | None] = lambda model: None
+  # What to do about a file's tensors the model has no variable for ([their names] -> a line, or
+  # None): a segmenter's file with the auxiliary head, loaded with model.aux_loss off.
+  unused_hint: Callable[[list[str]], str | None] = lambda names: None
 
   def to_torch_layout(self, path: Path, array: np.ndarray) -> np.ndarray:
     layout = self.layout(path, array.shape)
