@@ -43,7 +43,8 @@ def segmentation_loss(num_classes: int, ignore_label: int, aux_weight: float):
   when the model has it. The step divides what this returns by the batch's real image count,
   so it returns that mean times the count; train/pixel_accuracy and train/aux_loss likewise.
   The whole batch under jit (any number of devices) is one mean; with grad_accum_steps K each
-  micro-batch is its own mean, and the step averages the K of them."""
+  micro-batch is its own mean, and the step averages the K of them (weighted by their real
+  images: equal weights unless examples are masked out)."""
 
   def loss(apply, batch, key):
     out = apply(batch["image"])
