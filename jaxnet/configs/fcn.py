@@ -22,9 +22,9 @@ ImageNet weights (--config.init.weights=...).
 shapes: fcn_tiny on jaxnet make_shapes's dataset (1,000 train and 200 val images of 1-4 shapes;
 5 classes with the background) at 128 pixels, from scratch, eval'd on the whole val images.
   Meant for: a CPU (made on 2 cores).
-  Expect: mean IoU 0.680 (pixel accuracy 0.963) on the 200 val images after 158 s of
-  training (168 s in a second run) with --config.mesh.num_devices=1 on a 2-core x86_64 VM
-  shared with other jobs, 2026-11-29 (docs/segmentation.md). tests/test_segmentation.py's
+  Expect: mean IoU 0.668 (pixel accuracy 0.961) on the 200 val images after 97 s of
+  training (93 s in a second run, the same result) with --config.mesh.num_devices=1 on a
+  2-core x86_64 VM shared with other jobs, 2026-11-29 (docs/segmentation.md). tests/test_segmentation.py's
   bar test holds it to >= 0.6 within 5 minutes.
 """
 
