@@ -36,22 +36,26 @@ def draw(shapes: dict[str, tuple[int, ...]], seed: int = SEED,
   small_bns = _small_bns(shapes)
   tensors = {}
   for name in sorted(shapes):
-    shape, leaf = tuple(shapes[name]), name.rsplit(".", 1)[-1]
-    if leaf == "num_batches_tracked":
-      tensors[name] = np.zeros(shape, np.int64)
-      continue
-    if leaf == "weight" and len(shape) > 1:
-      value = rng.normal(0.0, np.sqrt(2.0 / np.prod(shape[1:])), shape)
-    elif leaf == "weight" and name.rsplit(".", 1)[0] in small_bns:
-      value = rng.uniform(0.1, 0.3, shape)
-    elif leaf in ("weight", "running_var"):
-      value = rng.uniform(0.5, 1.5, shape)
-    elif leaf in ("bias", "running_mean"):
-      value = rng.normal(0.0, 0.1, shape)
-    else:
-      raise ValueError(f"no drawing rule for {name}")
-    tensors[name] = value.astype(np.float32)
+    tensors[name] = _tensor(name, tuple(shapes[name]), rng, small_bns)
   return images, tensors
+
+
+def _tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator, small_bns=frozenset()) -> np.ndarray:
+  """The tensor `name` drawn from `rng` by the rules above."""
+  leaf = name.rsplit(".", 1)[-1]
+  if leaf == "num_batches_tracked":
+    return np.zeros(shape, np.int64)
+  if leaf == "weight" and len(shape) > 1:
+    value = rng.normal(0.0, np.sqrt(2.0 / np.prod(shape[1:])), shape)
+  elif leaf == "weight" and name.rsplit(".", 1)[0] in small_bns:
+    value = rng.uniform(0.1, 0.3, shape)
+  elif leaf in ("weight", "running_var"):
+    value = rng.uniform(0.5, 1.5, shape)
+  elif leaf in ("bias", "running_mean"):
+    value = rng.normal(0.0, 0.1, shape)
+  else:
+    raise ValueError(f"no drawing rule for {name}")
+  return value.astype(np.float32)
 
 
 
@@ -111,17 +115,5 @@ def draw_segmentation(shapes: dict[str, tuple[int, ...]], seed: int = SEED):
   tensors = {prefix + n: t for n, t in tensors.items()}
   rng = np.random.default_rng(seed + 1)
   for name in sorted(n for n in shapes if not n.startswith(prefix)):
-    shape, leaf = tuple(shapes[name]), name.rsplit(".", 1)[-1]
-    if leaf == "num_batches_tracked":
-      tensors[name] = np.zeros(shape, np.int64)
-      continue
-    if leaf == "weight" and len(shape) > 1:
-      value = rng.normal(0.0, np.sqrt(2.0 / np.prod(shape[1:])), shape)
-    elif leaf in ("weight", "running_var"):
-      value = rng.uniform(0.5, 1.5, shape)
-    elif leaf in ("bias", "running_mean"):
-      value = rng.normal(0.0, 0.1, shape)
-    else:
-      raise ValueError(f"no drawing rule for {name}")
-    tensors[name] = value.astype(np.float32)
+    tensors[name] = _tensor(name, tuple(shapes[name]), rng)
   return images, tensors
