@@ -79,22 +79,30 @@ def draw_retinanet(shapes: dict[str, tuple[int, ...]], seed: int = SEED):
   tensors in sorted name order from a second generator (seed + 1): conv weights
   normal(0, sqrt(1 / fan_in)), biases normal(0, 0.1), but the class logits' bias
   normal(-2, 0.5), so that scores fall on both sides of the 0.05 threshold."""
-  body = "backbone.body."
-  images, tensors = draw({n[len(body):]: s for n, s in shapes.items() if n.startswith(body)}, seed,
-                         RETINANET_INPUT_SHAPE)
-  tensors = {body + n: t for n, t in tensors.items()}
+  return _backbone_then_heads(shapes, "backbone.body.", seed, RETINANET_INPUT_SHAPE, _retinanet_tensor)
+
+
+def _retinanet_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+  if name.endswith(".weight"):
+    value = rng.normal(0.0, np.sqrt(1.0 / np.prod(shape[1:])), shape)
+  elif name == "head.classification_head.cls_logits.bias":
+    value = rng.normal(-2.0, 0.5, shape)
+  elif name.endswith(".bias"):
+    value = rng.normal(0.0, 0.1, shape)
+  else:
+    raise ValueError(f"no drawing rule for {name}")
+  return value.astype(np.float32)
+
+
+def _backbone_then_heads(shapes, prefix: str, seed: int, input_shape, tensor):
+  """`draw` of the ResNet under `prefix` with `seed`, then the other tensors in sorted name
+  order, each `tensor(name, shape, rng)` from a second generator (seed + 1)."""
+  images, tensors = draw({n[len(prefix):]: s for n, s in shapes.items() if n.startswith(prefix)}, seed,
+                         input_shape)
+  tensors = {prefix + n: t for n, t in tensors.items()}
   rng = np.random.default_rng(seed + 1)
-  for name in sorted(n for n in shapes if not n.startswith(body)):
-    shape = tuple(shapes[name])
-    if name.endswith(".weight"):
-      value = rng.normal(0.0, np.sqrt(1.0 / np.prod(shape[1:])), shape)
-    elif name == "head.classification_head.cls_logits.bias":
-      value = rng.normal(-2.0, 0.5, shape)
-    elif name.endswith(".bias"):
-      value = rng.normal(0.0, 0.1, shape)
-    else:
-      raise ValueError(f"no drawing rule for {name}")
-    tensors[name] = value.astype(np.float32)
+  for name in sorted(n for n in shapes if not n.startswith(prefix)):
+    tensors[name] = tensor(name, tuple(shapes[name]), rng)
   return images, tensors
 
 
@@ -109,11 +117,4 @@ def draw_segmentation(shapes: dict[str, tuple[int, ...]], seed: int = SEED):
   its ResNet (`backbone.*`) drawn by `draw`'s rules with `seed`, then the heads' tensors in
   sorted name order from a second generator (seed + 1): conv weights normal(0, sqrt(2 /
   fan_in)), BN weights and running_var uniform(0.5, 1.5), biases and running_mean normal(0, 0.1)."""
-  prefix = "backbone."
-  images, tensors = draw({n[len(prefix):]: s for n, s in shapes.items() if n.startswith(prefix)}, seed,
-                         SEGMENTATION_INPUT_SHAPE)
-  tensors = {prefix + n: t for n, t in tensors.items()}
-  rng = np.random.default_rng(seed + 1)
-  for name in sorted(n for n in shapes if not n.startswith(prefix)):
-    tensors[name] = _tensor(name, tuple(shapes[name]), rng)
-  return images, tensors
+  return _backbone_then_heads(shapes, "backbone.", seed, SEGMENTATION_INPUT_SHAPE, _tensor)
