@@ -324,7 +324,7 @@ MUTATIONS = [
              ("tests/test_segmentation_models.py::test_bilinear_upsampling_is_torchs_interpolate",), ci=True),
     Mutation("onnx_segmentation_resize_half_pixel", "jaxnet/tools/onnx/segmentation.py",
              'coordinate_transformation_mode="half_pixel"', 'coordinate_transformation_mode="asymmetric"',
-             (ONNX + "test_a_segmenters_graph_gives_per_pixel_logits[fcn_tiny-36-dilations0]",)),
+             (ONNX + "test_a_segmenters_graph_gives_per_pixel_logits[fcn_tiny-36-dilations0-True]",)),
     # the segmentation task (issue 55): torchvision's mean IoU, exact eval, the ignore label, mask and image together
     Mutation("segmentation_miou_nanmean", "jaxnet/core/tasks/segmentation/metrics.py",
              '"mean_iou": float(iou.mean())', '"mean_iou": float(np.nanmean(iou))',

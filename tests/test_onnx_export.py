@@ -262,23 +262,25 @@ def test_a_detectors_graph_gives_its_head_outputs_and_anchors(size):
 
 
 # One block per stage: the last stage's first block takes the third's dilation, 2 (torchvision's
-# rule); the ASPP's dilations after the backbone's.
-SEGMENTERS = [("fcn_tiny", 36, [(2, 2)]), ("deeplabv3_tiny", 36, [(2, 2), (3, 3), (6, 6), (9, 9)]),
-              pytest.param("deeplabv3_resnet50", 100, [(2, 2), (4, 4), (12, 12), (24, 24), (36, 36)],
+# rule); the ASPP's dilations after the backbone's. fcn_tiny has the auxiliary head.
+SEGMENTERS = [("fcn_tiny", 36, [(2, 2)], True), ("deeplabv3_tiny", 36, [(2, 2), (3, 3), (6, 6), (9, 9)], False),
+              pytest.param("deeplabv3_resnet50", 100, [(2, 2), (4, 4), (12, 12), (24, 24), (36, 36)], False,
                            marks=pytest.mark.slow)]  # 15 s
 
 
-@pytest.mark.parametrize("name,size,dilations", SEGMENTERS)
-def test_a_segmenters_graph_gives_per_pixel_logits(name, size, dilations):
+@pytest.mark.parametrize("name,size,dilations,aux", SEGMENTERS)
+def test_a_segmenters_graph_gives_per_pixel_logits(name, size, dilations, aux):
   """fcn_tiny / deeplabv3_tiny with random weights (BN statistics drawn too) at 36 px (a 5x5 map
   at output stride 8, upsampled by 7.2): onnxruntime's (N, 36, 36, classes) logits against
   jaxnet's fp32 model on the same images, within 1e-5 of their largest magnitude; the dilated
-  backbone and the ASPP's dilations as Conv's dilations, the upsampling one Resize."""
+  backbone and the ASPP's dilations as Conv's dilations, the upsampling one Resize. With the
+  auxiliary head the graph is the same one output, the main head's (docs/deploy.md)."""
   import collections
   import types
   from jaxnet.core import config as config_base
   from jaxnet.core import models, steps
-  config = _with(config_base.base_config(), **{"model.name": name, "image_size": size, "precision": "fp32"})
+  config = _with(config_base.base_config(), **{"model.name": name, "image_size": size, "precision": "fp32",
+                                                "model.aux_loss": aux})
   model = models.from_config(config.model, 4, jnp.float32)
   variables = random_variables(model, size)
   # The writer reads these of a Predictor (which needs the segmentation task's outputs).
@@ -292,8 +294,10 @@ def test_a_segmenters_graph_gives_per_pixel_logits(name, size, dilations):
   assert sorted({tuple(a.ints) for n in graph.graph.node for a in n.attribute if a.name == "dilations"}) == dilations
   images = eval_split(size, n=3)
   (logits,) = session(graph).run(None, {"images": images})
-  expected = model.apply(variables, steps.normalize(images, config.data.mean, config.data.std, jnp.float32),
-                         train=False)["out"]
+  outputs = model.apply(variables, steps.normalize(images, config.data.mean, config.data.std, jnp.float32),
+                        train=False)
+  assert sorted(outputs) == (["aux", "out"] if aux else ["out"])
+  expected = outputs["out"]
   assert logits.shape == expected.shape == (3, size, size, 4)
   print(f"{name}: max |onnxruntime - jax| {np.abs(logits - expected).max():.2e}, |logits| max "
         f"{np.abs(expected).max():.2f}")

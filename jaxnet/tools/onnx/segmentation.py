@@ -21,8 +21,9 @@ def notes(predictor) -> dict:
                        "normalization is inside"),
       "jaxnet.eval_crop_fraction": "not used", "jaxnet.eval_interpolation": "not used",
       "jaxnet.outputs": ("logits (batch, image_size, image_size, classes): float32 class logits per pixel, "
-                         "NHWC as jaxnet's model returns them; their argmax over the last axis is the "
-                         "predicted mask (the padding's pixels included: crop them off)")}
+                         "NHWC as jaxnet's model returns them, from the main head only (an auxiliary head "
+                         "is not exported); their argmax over the last axis is the predicted mask (the "
+                         "padding's pixels included: crop them off)")}
 
 
 def write(predictor):
@@ -31,8 +32,9 @@ def write(predictor):
   image-mean branch, Expand-ed back over the map, concatenated and projected, then conv, ReLU),
   the 1x1 class convolution, and Resize (linear, half_pixel: torch's bilinear with
   align_corners=False) to the input's size, transposed to NHWC. Dropout is the identity and
-  the auxiliary head is left out (eval's logits are the main head's). Logits within 1e-4 of
-  the eval step's (tests/test_segmentation_models.py)."""
+  the auxiliary head is left out: eval and predict read only the main head's logits, and
+  torchvision's second output would cost 6.5% of the compute for a tensor no caller reads
+  (docs/deploy.md). Logits within 1e-5 of the model's (tests/test_onnx_export.py)."""
   model, config = predictor.model, predictor.config
   params = jax.device_get(predictor.variables["params"])
   stats = jax.device_get(predictor.variables["batch_stats"])
