@@ -228,12 +228,17 @@ def test_train_transform_moves_the_mask_with_the_pixels_and_pads_with_the_ignore
   assert padded and flipped and flipped < 12
 
 
-def test_eval_transform_keeps_the_whole_image_and_ignores_the_padding():
+def test_eval_transform_keeps_the_whole_image_and_ignores_the_padding(caplog):
+  """... and an unreadable image is all ignore, masked out, counted and named in a warning."""
   image, labels = _striped(30, 60)
   e = SegmentationTransform(40, train=False).map({"image": _png(image), "mask_png": _png(labels), "path": "x"})
   assert e["scale"] == pytest.approx(40 / 60) and tuple(e["source_size"]) == (30, 60)
   assert np.all(e["labels"][20:] == 255) and np.all(e["labels"][:20] != 255)  # 30 * 2/3 = 20 rows
   assert np.array_equal(np.unique(e["labels"][:20]), [0, 1, 2]) and np.all(e["image"][20:] == 0)
+  with caplog.at_level("WARNING", logger="jaxnet"):
+    bad = SegmentationTransform(40, train=False).map({"image": b"no image", "mask_png": _png(labels), "path": "y"})
+  assert not bad["mask"] and bad["corrupt"] == 1 and np.all(bad["labels"] == 255) and not bad["image"].any()
+  assert [r.getMessage().split(": ")[0] for r in caplog.records] == ["skipping an unreadable image, y"]
 
 
 def _voc(root, sizes=((40, 30), (50, 40), (30, 30)), classes=21):

@@ -239,15 +239,30 @@ def _output(image: np.ndarray, element: dict, ok: bool) -> dict[str, np.ndarray]
 _LOG = logging.getLogger("jaxnet")
 
 
-def _corrupt_output(element: dict[str, Any], image_size: int, err: Exception,
-                    warn: bool = True) -> dict[str, np.ndarray]:
+def _warn_unreadable(element: dict[str, Any], err: Exception) -> None:
+  where = element.get("path") or f"record {element.get('index', '?')}"
+  _LOG.warning("skipping an unreadable image, %s: %s", where, err)
+
+
+def decoded(element: dict[str, Any], warn: bool = True) -> np.ndarray | None:
+  """A record's whole image (decode.decode_record), or None when it is unreadable, warned
+  about unless `warn` is off (predict names its unreadable images itself). On None the
+  transform returns its blank example, masked out and counted: the batch keeps its shape
+  and one bad file does not end the run. The decode of every transform that starts from the
+  whole image: EvalDecodeCrop's here, and the tasks' own."""
+  try:
+    return decode.decode_record(element)
+  except CorruptImageError as err:
+    if warn:
+      _warn_unreadable(element, err)
+    return None
+
+
+def _corrupt_output(element: dict[str, Any], image_size: int, err: Exception) -> dict[str, np.ndarray]:
   # Keep the batch shape static: the train step masks this example out
   # and counts it, instead of the whole run dying on one bad file.
-  if warn:
-    where = element.get("path") or f"record {element.get('index', '?')}"
-    _LOG.warning("skipping an unreadable image, %s: %s", where, err)
-  blank = np.zeros((image_size, image_size, 3), np.uint8)
-  return _output(blank, element, ok=False)
+  _warn_unreadable(element, err)
+  return _output(np.zeros((image_size, image_size, 3), np.uint8), element, ok=False)
 
 
 class TrainDecodeCrop(grain.RandomMapTransform):
@@ -293,9 +308,8 @@ class EvalDecodeCrop(grain.MapTransform):
     check_interpolation(interpolation)
 
   def map(self, element: dict[str, Any]):
-    try:
-      pixels = decode.decode_record(element)
-    except CorruptImageError as err:
-      return _corrupt_output(element, self.image_size, err, self.warn)
+    pixels = decoded(element, self.warn)
+    if pixels is None:
+      return _output(np.zeros((self.image_size, self.image_size, 3), np.uint8), element, ok=False)
     image = eval_resize_crop(pixels, self.image_size, self.crop_fraction, self.interpolation)
     return _output(image, element, ok=True)

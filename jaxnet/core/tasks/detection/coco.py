@@ -20,7 +20,6 @@ import collections
 import dataclasses
 import io
 import json
-import logging
 import os
 from typing import Any
 
@@ -28,7 +27,7 @@ import grain.python as grain
 import numpy as np
 from PIL import Image
 
-from jaxnet.core.data import decode
+from jaxnet.core.data import decode, transforms
 from jaxnet.core.errors import InvalidValueError, MissingFileError
 
 @dataclasses.dataclass
@@ -301,11 +300,8 @@ class DetectionTransform(grain.RandomMapTransform):
 
   def random_map(self, element: dict[str, Any], rng: np.random.Generator):
     size = self.image_size
-    try:
-      pixels = decode.decode_record(element)
-    except decode.CorruptImageError as err:
-      if self.warn:
-        logging.getLogger("jaxnet").warning("skipping an unreadable image, %s: %s", element["path"], err)
+    pixels = transforms.decoded(element, self.warn)
+    if pixels is None:
       return example(np.zeros((size, size, 3), np.uint8), np.zeros((0, 4), np.float32),
                      np.zeros((0,), np.int32), element["image_id"], 1.0, (0, 0), self.max_boxes, ok=False)
     height, width = pixels.shape[:2]

@@ -15,14 +15,13 @@ An example is {"image" uint8 (S, S, 3), "labels" uint8 (S, S), "mask", "corrupt"
 masked and counted.
 """
 
-import logging
 from typing import Any
 
 import grain.python as grain
 import numpy as np
 from PIL import Image
 
-from jaxnet.core.data import decode
+from jaxnet.core.data import transforms
 from jaxnet.core.tasks.segmentation.data import read_mask
 
 
@@ -52,11 +51,8 @@ class SegmentationTransform(grain.RandomMapTransform):
 
   def random_map(self, element: dict[str, Any], rng: np.random.Generator):
     size = self.image_size
-    try:
-      pixels = decode.decode_record(element)
-    except decode.CorruptImageError as err:
-      if self.warn:
-        logging.getLogger("jaxnet").warning("skipping an unreadable image, %s: %s", element.get("path"), err)
+    pixels = transforms.decoded(element, self.warn)
+    if pixels is None:
       return example(np.zeros((size, size, 3), np.uint8), np.full((size, size), self.ignore_label, np.uint8),
                      1.0, (0, 0), ok=False)
     height, width = pixels.shape[:2]
