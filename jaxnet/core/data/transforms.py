@@ -258,11 +258,11 @@ def decoded(element: dict[str, Any], warn: bool = True) -> np.ndarray | None:
     return None
 
 
-def _corrupt_output(element: dict[str, Any], image_size: int, err: Exception) -> dict[str, np.ndarray]:
+def _blank_output(element: dict[str, Any], image_size: int) -> dict[str, np.ndarray]:
   # Keep the batch shape static: the train step masks this example out
   # and counts it, instead of the whole run dying on one bad file.
-  _warn_unreadable(element, err)
-  return _output(np.zeros((image_size, image_size, 3), np.uint8), element, ok=False)
+  blank = np.zeros((image_size, image_size, 3), np.uint8)
+  return _output(blank, element, ok=False)
 
 
 class TrainDecodeCrop(grain.RandomMapTransform):
@@ -283,7 +283,8 @@ class TrainDecodeCrop(grain.RandomMapTransform):
         raise CorruptImageError(element["read_error"])
       image = _decode_crop_resize(element["image"], self.image_size, box_fn, fast_dct=True)
     except CorruptImageError as err:
-      return _corrupt_output(element, self.image_size, err)
+      _warn_unreadable(element, err)
+      return _blank_output(element, self.image_size)
     if rng.random() < 0.5:
       image = flip_left_right(image)
     return _output(image, element, ok=True)
@@ -310,6 +311,6 @@ class EvalDecodeCrop(grain.MapTransform):
   def map(self, element: dict[str, Any]):
     pixels = decoded(element, self.warn)
     if pixels is None:
-      return _output(np.zeros((self.image_size, self.image_size, 3), np.uint8), element, ok=False)
+      return _blank_output(element, self.image_size)
     image = eval_resize_crop(pixels, self.image_size, self.crop_fraction, self.interpolation)
     return _output(image, element, ok=True)
