@@ -3,7 +3,8 @@
 One orbax CheckpointManager with four composite items per saved step, under
 WORKDIR/checkpoints/<step>/:
   state/      the TrainState pytree (params, BN stats, optimizer, loss scale, EMA, RNG, step)
-  data_iter/  the Grain iterator state, one JSON file per process (Grain's orbax handler)
+  data_iter/  the Grain iterator state, one JSON file per process (Grain's orbax handler);
+              absent from a state made without data (weights imported with --no-data)
   config/     the resolved config as JSON, so a checkpoint says how it was made
   checksums/  a checksum of every array in state/, computed at save time, and
               the number of processes that saved the data position
@@ -208,9 +209,12 @@ class Checkpoints:
 
   # -- saving ---------------------------------------------------------------
 
-  def save(self, step: int, state, iterator_state: bytes, config_dict: dict) -> None:
+  def save(self, step: int, state, iterator_state: bytes | None, config_dict: dict) -> None:
     """Checks that `state` is finite, then starts an async save of `step`.
 
+    `iterator_state` None: a state made without data (weights imported with --no-data), saved
+    with no data position; its checksums say so (`data_position: false`), and a training
+    that restores it starts its data order from the beginning.
     Raises NonFiniteError (nothing is written) or CheckpointSaveError (this save
     or the previous one in flight failed; older checkpoints are intact).
     """
@@ -221,14 +225,14 @@ class Checkpoints:
           f"training diverged: the train state at step {step} has non-finite values "
           f"({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); it was not saved. "
           f"{self.intact_sentence()} {DIVERGED_HINT}")
+    items = {STATE: ocp.args.StandardSave(state), CONFIG: ocp.args.JsonSave(config_dict),
+             CHECKSUMS: ocp.args.JsonSave({"algorithm": CHECKSUM_ALGORITHM, "leaves": checksums,
+                                           "process_count": jax.process_count(),
+                                           **({} if iterator_state is not None else {"data_position": False})})}
+    if iterator_state is not None:
+      items[DATA_ITER] = grain.PyGrainCheckpointSave(IteratorPosition(iterator_state))
     try:
-      self.manager.save(step, args=ocp.args.Composite(**{
-          STATE: ocp.args.StandardSave(state),
-          DATA_ITER: grain.PyGrainCheckpointSave(IteratorPosition(iterator_state)),
-          CONFIG: ocp.args.JsonSave(config_dict),
-          CHECKSUMS: ocp.args.JsonSave({"algorithm": CHECKSUM_ALGORITHM, "leaves": checksums,
-                                        "process_count": jax.process_count()}),
-      }))
+      self.manager.save(step, args=ocp.args.Composite(**items))
     except Exception as e:  # orbax raises many types; each becomes one clear message
       raise self._save_failed(step, e) from e
     self._pending = step
@@ -296,7 +300,10 @@ class Checkpoints:
     target = _restore_target(self.saved_tree(step), abstract_state, step_dir)
     state, saved = self.read(step, target)
     verify(state, saved, step, self.directory)
-    if iterator is not None:
+    if iterator is not None and saved.get("data_position", True) is False:
+      _REPORT.info(f"checkpoint {step} holds no data position (weights imported without data): the data order "
+                   f"starts from its beginning")
+    elif iterator is not None:
       try:
         self._restore_position(step, iterator, saved.get("process_count"))
       except CheckpointMismatchError:
@@ -470,6 +477,18 @@ def saved_config(workdir: str, step: int) -> dict | None:
   except (OSError, ValueError):
     return None
   return config if isinstance(config, dict) else None
+
+
+def holds_data_position(workdir: str, step: int) -> bool:
+  """Whether checkpoint `step` of WORKDIR was saved with a data position: False only for a
+  state made without data (Checkpoints.save with no iterator state: weights imported with
+  --no-data). Read as a file; a checkpoint whose checksums do not read counts as holding one
+  (its restore reports it)."""
+  try:
+    checksums = orbax_adapter.read_json_item(os.path.join(workdir, CHECKPOINTS_DIR, str(step)), CHECKSUMS)
+  except (OSError, ValueError):
+    return True
+  return not (isinstance(checksums, dict) and checksums.get("data_position", True) is False)
 
 
 def newest_saved_config(workdir: str) -> tuple[int, dict] | tuple[None, None]:

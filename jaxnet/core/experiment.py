@@ -18,8 +18,13 @@ from jaxnet.core.state import TrainState, get_policy, init_state, start_state
 class Experiment:
   """Everything built from a config before the first step: data, model, optimizer, jitted steps."""
 
-  def __init__(self, config, *, need_train_data: bool = True, devices=None):
-    """`devices`: the devices to build the mesh over (default: jax.devices())."""
+  def __init__(self, config, *, need_train_data: bool = True, devices=None,
+               classes_without_data: int | None = None):
+    """`devices`: the devices to build the mesh over (default: jax.devices()).
+    `classes_without_data`: build no data sources (a weights import with --no-data): the head
+    is config.model.num_classes wide, or this many classes where that is 0; the images have
+    as many channels as data.mean; there are no class names, no epoch and no run length
+    (steps_per_epoch and total_steps None: a training of it reads its data and knows them)."""
     self.config = config  # whole (config.load): the model's options among its keys
     self.process_index, self.process_count = jax.process_index(), jax.process_count()
     self.policy = get_policy(config.precision)
@@ -28,7 +33,10 @@ class Experiment:
     self.task.check_data(config)
     self.task.check_config(config)
     self._build_mesh(devices)
-    self._build_data(need_train_data)
+    if classes_without_data is None:
+      self._build_data(need_train_data)
+    else:
+      self._build_without_data(classes_without_data)
     self._build_model_and_optimizer()
     self._build_state()
     self._build_steps()
@@ -69,14 +77,25 @@ class Experiment:
     self.eval_every = duration_in_steps(c, "eval_every", self.steps_per_epoch)
     self.checkpoint_every = duration_in_steps(c, "checkpoint_every", self.steps_per_epoch)
 
+  def _build_without_data(self, classes: int) -> None:
+    """What _build_data knows, for a model built without data (a weights import)."""
+    c = self.config
+    self.data_workers = pipeline.worker_count(c.data.workers)
+    self.train_source = self.eval_source = None
+    self.data_note, self.class_names = None, None
+    self.num_classes = c.model.num_classes or classes
+    self.image_shape = (c.image_size, c.image_size, len(c.data.mean))
+    self.steps_per_epoch = self.total_steps = self.eval_every = self.checkpoint_every = None
+
   def _build_model_and_optimizer(self) -> None:
     c = self.config
     self.model = models.from_config(c.model, self.num_classes, self.policy.compute_dtype,
                                     sharding.bn_num_groups(c.bn_group_size, self.mesh)
                                     if c.bn_group_size else None)
+    # Without data there is no run length: any schedule gives the optimizer the same state.
+    total, per_epoch = self.total_steps or 1, self.steps_per_epoch or 1
     self.schedule = optim.learning_rate_schedule(
-        c.optim, c.batch_size, self.total_steps,
-        warmup_steps=duration_in_steps(c, "warmup", self.steps_per_epoch))
+        c.optim, c.batch_size, total, warmup_steps=duration_in_steps(c, "warmup", per_epoch))
     self.tx = optim.make_optimizer(c.optim, self.schedule)
 
   def _build_state(self) -> None:

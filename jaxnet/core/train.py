@@ -30,7 +30,7 @@ from jaxnet.core import mlperf_log, sharding, steps
 from jaxnet.core import workdir as workdir_lib
 from jaxnet.core.adapters import xla
 from jaxnet.core.data.pipeline import InputWatch
-from jaxnet.core.errors import DIVERGED_HINT, NonFiniteError, UserError
+from jaxnet.core.errors import DIVERGED_HINT, MissingFileError, NonFiniteError, UserError
 from jaxnet.core.experiment import Experiment
 from jaxnet.core.metrics import Progress, RunWriteError
 from jaxnet.core.state import TrainState
@@ -391,8 +391,8 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_co
     gate.check(json.loads(config.to_json_best_effort()), tuple(accept_config_changes))
     checkpoints = ckpt.Checkpoints(workdir, read_only=True)
     try:
-      checkpoints.resolve_step(step)  # no checkpoint: said before the data is read
-      exp = Experiment(config, need_train_data=False)
+      evaluated = checkpoints.resolve_step(step)  # no checkpoint: said before the data is read
+      exp = _eval_experiment(config, workdir, evaluated)
       gate.check_data({"eval": exp.eval_source}, tuple(accept_config_changes), config.data.identity)
       if exp.process_index == 0 and exp.data_note:
         _REPORT.info(exp.data_note)
@@ -415,6 +415,21 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_co
       except UserError as e:  # the lock file could not be written (a full disk)
         _REPORT.warning(f"warning: could not record the eval metrics in {workdir} ({e})")
   return metrics
+
+
+def _eval_experiment(config, workdir: str, step: int) -> Experiment:
+  """The eval's Experiment: weights imported without data (a checkpoint with no data position)
+  whose recipe's data is not there are one line naming where to give it."""
+  try:
+    return Experiment(config, need_train_data=False)
+  except MissingFileError as e:  # the sources' word for data that is not there
+    if ckpt.holds_data_position(workdir, step):
+      raise
+    first = str(e).strip().splitlines()[0].rstrip(":. ")
+    raise MissingFileError(
+        f"{workdir} holds weights imported without data, and an eval reads its recipe's eval split, which is "
+        f"not there ({first}): give the data with --config.data.dir=DIR, or predict on image files "
+        f"(jaxnet predict --workdir={workdir} IMAGE)") from None
 
 
 # --- profiling ------------------------------------------------------------------------

@@ -388,7 +388,7 @@ def initialiser(config, log=print, loaded: dict | None = None):
   return init_params
 
 
-def import_to_workdir(config, workdir: str, spec: str, log=print) -> dict:
+def import_to_workdir(config, workdir: str, spec: str, log=print, data: bool = True) -> dict:
   """A jaxnet workdir from pretrained weights, without training: `config`'s model and data
   with its params and BN statistics from `spec` (a .safetensors/.pth file under torchvision/
   timm names, hf-hub:OWNER/NAME, or another workdir) and the preprocessing they expect,
@@ -397,15 +397,21 @@ def import_to_workdir(config, workdir: str, spec: str, log=print) -> dict:
   Eval, predict and export take it as they take a trained workdir, and training it resumes
   from step 0, a fine-tune of the weights. Returns what was loaded (`initialiser`'s `loaded`:
   "arrays" from the weights, "of" the model's, "head" why its class layer was re-initialised,
-  "head_arrays"). Weights that do not fit the model are one error naming both architectures,
+  "head_arrays"; "classes": the head's width). Weights that do not fit the model are one error naming both architectures,
   and a failed import leaves nothing behind: a workdir it created is removed, a file it wrote
-  into one that was there (preprocessing.json) too."""
+  into one that was there (preprocessing.json) too.
+
+  `data=False` (--no-data) reads none of the recipe's data: the head is as wide as the
+  weights' (config.model.num_classes, where set, instead), the classes are recorded without
+  names (predict shows their indices) and the checkpoint holds no data position; the first
+  training of the workdir reads its data, starts the data order afresh and records the
+  names. With data, data that is not there is one line naming --no-data."""
   from jaxnet.core import workdir as workdir_lib
   workdir_lib.check_path(workdir)
   existed = os.path.isdir(workdir)
   before = set(os.listdir(workdir)) if existed else set()
   try:
-    return _import(config, workdir, spec, log)
+    return _import(config, workdir, spec, log, data)
   except workdir_lib.WorkdirLockedError:
     raise  # another run holds the workdir and writes into it: nothing here is this import's
   except BaseException:
@@ -419,9 +425,8 @@ def import_to_workdir(config, workdir: str, spec: str, log=print) -> dict:
     raise
 
 
-def _import(config, workdir: str, spec: str, log) -> dict:
+def _import(config, workdir: str, spec: str, log, data: bool) -> dict:
   from jaxnet.core import workdir as workdir_lib
-  from jaxnet.core.experiment import Experiment
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.init.weights = spec
@@ -430,23 +435,61 @@ def _import(config, workdir: str, spec: str, log) -> dict:
     config, record = preprocessing_for(config, workdir, log)
     config_json = config.to_json_best_effort(indent=2)
     gate.check(json.loads(config_json))
-    exp = Experiment(config)
+    exp = _experiment(config, spec, data)
     loaded = {}
     state = exp.init_state(initialiser(config, log=log, loaded=loaded))
+    loaded["classes"] = exp.num_classes
     if record:
       gate.write_json(preprocessing.FILE, record)
-    with exp.device_batches() as batches:  # the data position of a run at step 0
-      checkpoints = gate.checkpoints(async_save=False)
-      try:
-        checkpoints.save(0, state, batches.position, json.loads(config_json))
-      finally:
-        checkpoints.close()
+    checkpoints = gate.checkpoints(async_save=False)
+    try:
+      if data:
+        with exp.device_batches() as batches:  # the data position of a run at step 0
+          checkpoints.save(0, state, batches.position, json.loads(config_json))
+      else:  # none: the first training starts its data order afresh
+        checkpoints.save(0, state, None, json.loads(config_json))
+    finally:
+      checkpoints.close()
     gate.record_config(config_json, 0)
     gate.record_data_identity(0)  # {}: an import saw no data, a fine-tune's resume records its own
     gate.drop_records_after(0)  # another run's metrics (a workdir without checkpoints) are not these weights'
+    # Without data: no class names (predict shows indices) and no run length, until a training records them.
     gate.write_run_info(total_steps=exp.total_steps, steps_per_epoch=exp.steps_per_epoch,
                         num_classes=exp.num_classes, class_names=exp.class_names)
   return loaded
+
+
+def _experiment(config, spec: str, data: bool):
+  """The import's Experiment: from the recipe's data (whose absence is one line naming
+  --no-data), or, without data, with the head as wide as the weights' (or config.model.num_classes)."""
+  from jaxnet.core.experiment import Experiment
+  if not data:
+    return Experiment(config, need_train_data=False,
+                      classes_without_data=config.model.num_classes or classes_of(spec, config))
+  try:
+    return Experiment(config)
+  except MissingFileError as e:  # the sources' word for data that is not there
+    first = str(e).strip().splitlines()[0].rstrip(":. ")
+    raise MissingFileError(f"the recipe's data is not there ({first}): import the weights without it with "
+                           f"--no-data, or give it with --config.data.dir=DIR") from None
+
+
+def classes_of(spec: str, config) -> int:
+  """How many classes the class layer of `spec`'s weights has, read as config.model.name's
+  (its family's class layer); a one-line error where the weights have none."""
+  from jaxnet.core import models
+  module = models.from_config(config.model, 1, np.float32)
+  size = config.image_size
+  abstract = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), np.zeros((1, size, size, len(config.data.mean)),
+                                                                                 np.float32), train=False))
+  shapes = {p: tuple(x.shape) for p, x in flatten_dict(abstract).items()}
+  source = load(spec, shapes, config.model.name)
+  layer, per_class = source.class_layer
+  bias = next((p for p in shapes if p[1] == layer and p[-1] == "bias"), None)
+  if bias is None or bias not in source.variables:
+    raise InvalidValueError(f"{spec} has no class layer for a {config.model.name} to take its class count from: "
+                            f"set --config.model.num_classes=N for the head to train")
+  return source.variables[bias].shape[0] // per_class
 
 
 def _another_architecture(spec: str, config, problems: str, hint: str | None = None) -> str:
