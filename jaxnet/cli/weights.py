@@ -10,10 +10,12 @@ The way back out is `python -m jaxnet.cli.export --format=torch`.
 
 --no-data imports without the recipe's data (none on this machine, say): the head is as wide
 as the weights' class layer (`--config.model.num_classes=N` where set), predict shows the
-classes by index, and the checkpoint holds no data position. `jaxnet train` with the
-recipe's data then fine-tunes the workdir (its data order from the beginning, its class names
-recorded); an eval needs the data (`--config.data.dir=DIR`). Data of another class count
-than the head's is one line naming the fix: a new workdir with `--config.init.weights=DIR`.
+classes by index, and the checkpoint holds no data position. Without --no-data, data that is
+not there is one line naming it. The workdir's own config fine-tunes it:
+`jaxnet train --config=DIR --workdir=DIR --config.data.dir=DATA` (its data order from the
+beginning, its class names then recorded); an eval needs the data too (`--config.data.dir`).
+Data of another class count than the head's is one line naming the fix: a new workdir with
+`--config.init.weights=DIR`.
 """
 
 import sys
@@ -42,19 +44,21 @@ def main(argv=None):
     from jaxnet.tools.weights import pretrained
     loaded = pretrained.import_to_workdir(config, args.workdir, args.source, data=not args.no_data)
   # The count is of the arrays that came from the weights: a re-initialised class layer's are not.
+  # A fine-tune trains the workdir with its own config (the weights and their preprocessing in it).
+  data_dir = " --config.data.dir=DIR" if args.no_data else ""
   if loaded["head"]:
     print(f"imported {loaded['arrays']} arrays of {args.source} into {args.workdir} (checkpoint of step "
           f"0); the class layer's {loaded['head_arrays']} arrays of the model's {loaded['of']} are freshly "
           f"initialised ({loaded['head']}): its eval and predictions are at chance until it is trained "
-          f"(jaxnet train --config={args.config} --workdir={args.workdir} fine-tunes it)")
+          f"(jaxnet train --config={args.workdir} --workdir={args.workdir}{data_dir} fine-tunes it)")
   else:
     use = (f"predict with it: jaxnet predict --workdir={args.workdir} IMAGE" if args.no_data
            else f"evaluate it with jaxnet eval --workdir={args.workdir}")
     print(f"imported {loaded['arrays']} arrays of {args.source} into {args.workdir} (checkpoint of step 0): {use}")
   if args.no_data:
     print(f"without data: {loaded['classes']} classes, shown by index until a training on the recipe's data "
-          f"records their names (jaxnet train --config={args.config} --workdir={args.workdir} "
-          f"--config.data.dir=DIR fine-tunes it); an eval needs that data too")
+          f"records their names (jaxnet train --config={args.workdir} --workdir={args.workdir}{data_dir} "
+          f"fine-tunes it); an eval needs that data too")
   return 0
 
 

@@ -113,6 +113,7 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
   config_dict = json.loads(config_json)
   gate.check(config_dict, accept)  # is this the run the checkpoints came from?
   exp = Experiment(config)
+  _check_imported_head(gate.path, exp)
   gate.check_data({"train": exp.train_source, "eval": exp.eval_source}, accept, config.data.identity)
   gate.keep_previous_start()  # before this start's records replace the previous start's
   for name, content in records.items():
@@ -158,6 +159,28 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
                                      warn=jax.default_backend() != "cpu"), mllog=mllog,
               profiler=StepProfiler(config.profile_steps, os.path.join(gate.path, "tensorboard"),
                                     enabled=is_chief))
+
+
+def _check_imported_head(workdir: str, exp: Experiment) -> None:
+  """Weights imported without data (a newest checkpoint with no data position) have the
+  weights' head: data that makes a head of another width cannot resume them, which is one
+  line naming the fix (a new workdir from these weights, its class layer trained afresh)."""
+  step, _ = ckpt.newest_saved_config(workdir)
+  if step is None or ckpt.holds_data_position(workdir, step):
+    return
+  try:
+    with open(os.path.join(workdir, "classes.json")) as f:
+      imported = int(json.load(f)["num_classes"])
+  except (OSError, ValueError, KeyError, TypeError):  # verify reports an unreadable record
+    return
+  if imported == exp.num_classes:
+    return
+  data = config_lib.data_name(exp.config)
+  raise UserError(
+      f"{workdir} holds weights imported without data, with a {imported}-class head, and this run's "
+      f"head has {exp.num_classes} (the data {data} has {exp.train_source.num_classes} classes): fine-tune "
+      f"them in a new --workdir with --config.init.weights={workdir} (the class layer is then trained "
+      f"afresh for these classes)")
 
 
 @dataclasses.dataclass

@@ -273,7 +273,7 @@ class Workdir:
     self._refuse_on_every_process(refused)
     if self.purpose == EVAL and self.moved and not self.data_changes:  # the same data, moved
       self.changes = {k: v for k, v in self.changes.items() if k not in self.moved}
-    if self.chief and self.moved and not self.data_changes:
+    if self.chief and self.moved and not self.data_changes and recorded:  # an import's {} saw no data
       _REPORT.info(f"the data moved ({_moves(self.moved)}): its identity is the recorded one")
     # Its numbers describe other data: recorded apart, with what changed (where no accepted
     # config change, recorded already, made the data change).
