@@ -66,7 +66,9 @@ def write_bundle(workdir: str, out: str, step: int | None = None) -> dict:
     for name in RECORDS:
       if os.path.isfile(os.path.join(workdir, name)):
         shutil.copy2(os.path.join(workdir, name), os.path.join(staging, name))
-    records = [r for r in read_jsonl(workdir) if r["step"] <= step]
+    # An import has no records yet: its weights were trained elsewhere.
+    logged = os.path.isfile(os.path.join(workdir, "metrics.jsonl"))
+    records = [r for r in read_jsonl(workdir) if r["step"] <= step] if logged else []
     with open(os.path.join(staging, "metrics.jsonl"), "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in records)
     with open(os.path.join(staging, CARD), "w") as f:
@@ -163,7 +165,7 @@ records of what made it. Made by `python -m jaxnet.cli.export --format=bundle`.
 
 - data: `data.source={config.data.source}`, its identity (data_identity.json):
 {data}
-- {env.get("total_steps", config.total_steps)} steps of a global batch of {config.batch_size}, optimizer {config.optim.name}, learning rate {config.optim.learning_rate}, seed {config.seed}; this is step {step}
+- {_length(env, config, step)}
 - on {env.get("device_count", "?")} {env.get("device_kind", "?")} device(s), {env.get("process_count", "?")} process(es), Python {env.get("python", "?")}
 - packages: {packages}
 - code: jaxnet {env.get("jaxnet", "?")}, git revision {env.get("git_revision") or "(none)"}{", with the uncommitted changes in code.diff" if env.get("code_diff_sha256") else ""}
@@ -192,6 +194,15 @@ python -m jaxnet.cli.verify {name}       # re-evaluates it: needs the data it wa
 
 Loading runs no code from the bundle: the config is read from config.json, and no file is a pickle.
 """
+
+
+def _length(env: dict, config, step: int) -> str:
+  """How long it trained; weights imported without data (no run length recorded) were not trained here."""
+  total = env.get("total_steps", config.total_steps)
+  if total is None:
+    return f"not trained here: the weights of {config.init.weights or '(not recorded)'}, imported without data; this is step {step}"
+  return (f"{total} steps of a global batch of {config.batch_size}, optimizer {config.optim.name}, learning rate "
+          f"{config.optim.learning_rate}, seed {config.seed}; this is step {step}")
 
 
 def _class_names(classes: dict) -> str:

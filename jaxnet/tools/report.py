@@ -210,8 +210,8 @@ def learning_rate_schedule(workdir: str) -> Series | None:
       environment = json.load(f)
     config = config_lib.load(workdir)
     total, per_epoch = int(environment["total_steps"]), int(environment["steps_per_epoch"])
-  except (OSError, KeyError, ValueError, UserError):  # no run there, or one this jaxnet cannot
-    return None                                         # rebuild: its logged values only
+  except (OSError, KeyError, ValueError, TypeError, UserError):  # no run there (weights imported
+    return None                  # without data: no length), or one this jaxnet cannot rebuild: its logged values only
   warmup = config_lib.duration_in_steps(config, "warmup", per_epoch)
   schedule = optim.learning_rate_schedule(config.optim, config.batch_size, total, warmup)
   # Each step, up to a few thousand points: the warmup's corner and the end included.
