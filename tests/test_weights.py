@@ -1,6 +1,7 @@
 """Weights in and out (jaxnet/weights): round trip, head re-initialisation, mismatch
 reports, files jaxnet refuses, hub specs without network. No torch needed."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -372,3 +373,116 @@ def test_weights_without_a_record_get_the_eval_torchvision_documents_for_their_m
   assert math.floor(crop / prep.crop_fraction) == resize
   assert transforms.eval_crop_geometry(500, 400, crop, prep.crop_fraction)[0][1] == resize  # the shorter side
   assert origin.startswith("torchvision's") and "records none" in origin
+
+
+# --- an import without the recipe's data (--no-data) ---
+
+def _import_without_data(tmp_path, capsys, weights, workdir, *flags):
+  """`jaxnet weights import` of the ResNet recipe (shrunk: resnet_tiny at 16 px) whose image
+  folder is not there: (exit status, stdout, stderr)."""
+  from jaxnet.cli import weights as weights_command
+  argv = ["import", f"--from={weights}", "--config=resnet:runlocal", f"--workdir={workdir}",
+          "--config.data.source=imagefolder", f"--config.data.dir={tmp_path / 'absent'}",
+          "--config.image_size=16", "--config.batch_size=8", "--config.init.preprocessing=config", *flags]
+  try:
+    status = weights_command.main(argv)
+  except SystemExit as e:
+    status = e.code
+  out, err = capsys.readouterr()
+  return status, out, err
+
+
+def _onnx_metadata(path) -> dict:
+  import onnx
+  return {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+
+
+def test_an_import_without_data_predicts_by_index_exports_and_its_eval_names_the_data(tmp_path, capsys):
+  """Weights and no data: the head is the weights' (7 classes), shown by index; the checkpoint
+  holds no data position; the weights export back as they came; an eval is one line naming
+  --config.data.dir; without --no-data, the missing data is one line naming --no-data."""
+  from jaxnet import api
+  from jaxnet.cli import export as export_command
+  from jaxnet.core import checkpoint as ckpt
+  from jaxnet.core.errors import MissingFileError
+  path, tensors, _ = drawn_file(tmp_path, "resnet_tiny", num_classes=7)
+  workdir = tmp_path / "w"
+  status, out, err = _import_without_data(tmp_path, capsys, path, workdir)
+  errors = [line for line in err.splitlines() if line.startswith("error:")]
+  assert status == 1 and len(errors) == 1 and "Traceback" not in err
+  assert errors[0].startswith(f"error: the recipe's data is not there (Image folder not found: '{tmp_path / 'absent'}'")
+  assert errors[0].endswith("import the weights without it with --no-data, or give it with --config.data.dir=DIR")
+  assert not workdir.exists()
+
+  status, out, err = _import_without_data(tmp_path, capsys, path, workdir, "--no-data")
+  assert status == 0, err
+  assert (f"imported 47 arrays of {path} into {workdir} (checkpoint of step 0): predict with it: jaxnet "
+          f"predict --workdir={workdir} IMAGE") in out
+  assert (f"without data: 7 classes, shown by index until a training on the recipe's data records their names "
+          f"(jaxnet train --config={workdir} --workdir={workdir} --config.data.dir=DIR fine-tunes it)") in out
+  assert json.loads((workdir / "classes.json").read_text()) == {"num_classes": 7, "class_names": None}
+  assert not ckpt.holds_data_position(str(workdir), 0)
+  assert not (workdir / "checkpoints" / "0" / ckpt.DATA_ITER).exists()
+  assert json.loads((workdir / "environment.json").read_text())["total_steps"] is None
+
+  model = api.restore(workdir)
+  images = np.random.default_rng(0).integers(0, 256, (2, 16, 16, 3), np.uint8)
+  assert model.class_names == [str(i) for i in range(7)]
+  logits = model.logits(images)
+  for result, row in zip(model.predict(images, top_k=2), logits):  # indices, in the logits' order
+    assert [name for name, _ in result] == [str(i) for i in np.argsort(-row)[:2]]
+  out_file = tmp_path / "back.safetensors"
+  assert export_command.main([f"--workdir={workdir}", "--format=torch", f"--out={out_file}"]) == 0
+  back = load_file(str(out_file))
+  assert sorted(back) == sorted(tensors)
+  for name, value in tensors.items():
+    np.testing.assert_array_equal(back[name], value, err_msg=name)
+  from jaxnet.tools import export as jax_export
+  assert export_command.main([f"--workdir={workdir}", "--format=jax", f"--out={tmp_path / 'm.jax'}"]) == 0
+  exported = jax_export.load(str(tmp_path / "m.jax"))
+  assert exported.class_names == model.class_names
+  np.testing.assert_allclose(np.asarray(exported(images)), logits, rtol=1e-5, atol=1e-5)
+  if importlib.util.find_spec("onnx"):  # the onnx extra
+    assert export_command.main([f"--workdir={workdir}", "--format=onnx", f"--out={tmp_path / 'm.onnx'}"]) == 0
+    assert json.loads(_onnx_metadata(tmp_path / "m.onnx")["jaxnet.class_names"]) == model.class_names
+
+  with pytest.raises(MissingFileError) as e:
+    api.evaluate(workdir)
+  assert "\n" not in str(e.value)
+  assert str(e.value).startswith(f"{workdir} holds weights imported without data, and an eval reads its recipe's "
+                                 f"eval split, which is not there (Image folder not found")
+  assert str(e.value).endswith(f"give the data with --config.data.dir=DIR, or predict on image files (jaxnet "
+                               f"predict --workdir={workdir} IMAGE)")
+
+
+def test_a_fine_tune_of_an_import_without_data_starts_its_data_afresh_and_records_the_names(tmp_path, capsys):
+  """The workdir's own config and the data now there: training resumes the imported step 0 (no
+  data position: the data order from its beginning), records the class names and saves a
+  position. Data of another class count than the imported head is one line naming the fix."""
+  import shutil
+  from jaxnet import api
+  from jaxnet.core import checkpoint as ckpt
+  from jaxnet.core.errors import UserError
+  from jaxnet.tools.make_imagefolder import make_imagefolder
+  path, _, _ = drawn_file(tmp_path, "resnet_tiny", num_classes=7)
+  workdir = tmp_path / "w"
+  assert _import_without_data(tmp_path, capsys, path, workdir, "--no-data")[0] == 0
+  other = shutil.copytree(workdir, tmp_path / "other")
+  five = make_imagefolder(str(tmp_path / "five"), classes=5, per_class=2, val_per_class=1, verbose=False)
+  with pytest.raises(UserError) as e:
+    api.train(api.load_config(str(other), **{"data.dir": five, "total_steps": 1}), other)
+  assert str(e.value) == (f"{other} holds weights imported without data, with a 7-class head, and this run's head "
+                          f"has 5 (the data five has 5 classes): fine-tune them in a new --workdir with "
+                          f"--config.init.weights={other} (the class layer is then trained afresh for these classes)")
+
+  seven = make_imagefolder(str(tmp_path / "seven"), classes=7, per_class=2, val_per_class=1, verbose=False)
+  capsys.readouterr()
+  api.train(api.load_config(str(workdir), **{"data.dir": seven, "total_steps": 1, "log_every_steps": 1}), workdir)
+  out = capsys.readouterr().out
+  assert ("checkpoint 0 holds no data position (weights imported without data): the data order starts from "
+          "its beginning") in out
+  assert "resumed from checkpoint at step 0" in out and "the data moved" not in out
+  classes = json.loads((workdir / "classes.json").read_text())
+  assert classes == {"num_classes": 7, "class_names": sorted(os.listdir(os.path.join(seven, "train")))}
+  assert ckpt.holds_data_position(str(workdir), 1) and (workdir / "checkpoints" / "1" / ckpt.DATA_ITER).is_dir()
+  assert json.loads((workdir / "data_identity.json").read_text())["train"]
