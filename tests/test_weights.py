@@ -474,6 +474,11 @@ def test_a_fine_tune_of_an_import_without_data_starts_its_data_afresh_and_record
   assert str(e.value) == (f"{other} holds weights imported without data, with a 7-class head, and this run's head "
                           f"has 5 (the data five has 5 classes): fine-tune them in a new --workdir with "
                           f"--config.init.weights={other} (the class layer is then trained afresh for these classes)")
+  with pytest.raises(UserError) as e:  # nor does an eval of it on that data read a checkpoint
+    api.evaluate(other, api.load_config(str(other), **{"data.dir": five}))
+  assert str(e.value).startswith(f"{other} holds weights imported without data, with a 7-class head, and this "
+                                 f"eval's head has 5 (the data five has 5 classes): evaluate it on data of its 7 "
+                                 f"classes, or fine-tune them in a new --workdir")
 
   seven = make_imagefolder(str(tmp_path / "seven"), classes=7, per_class=2, val_per_class=1, verbose=False)
   capsys.readouterr()

@@ -161,10 +161,11 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
                                     enabled=is_chief))
 
 
-def _check_imported_head(workdir: str, exp: Experiment) -> None:
+def _check_imported_head(workdir: str, exp: Experiment, evaluating: bool = False) -> None:
   """Weights imported without data (a newest checkpoint with no data position) have the
-  weights' head: data that makes a head of another width cannot resume them, which is one
-  line naming the fix (a new workdir from these weights, its class layer trained afresh)."""
+  weights' head: data that makes a head of another width can neither resume nor evaluate
+  them, which is one line naming the fix (a new workdir from these weights, its class layer
+  trained afresh; for an eval, data of the head's classes)."""
   step, _ = ckpt.newest_saved_config(workdir)
   if step is None or ckpt.holds_data_position(workdir, step):
     return
@@ -175,12 +176,14 @@ def _check_imported_head(workdir: str, exp: Experiment) -> None:
     return
   if imported == exp.num_classes:
     return
-  data = config_lib.data_name(exp.config)
+  source = exp.eval_source if evaluating else exp.train_source
+  fix = (f"fine-tune them in a new --workdir with --config.init.weights={workdir} (the class layer is then "
+         f"trained afresh for these classes)")
   raise UserError(
-      f"{workdir} holds weights imported without data, with a {imported}-class head, and this run's "
-      f"head has {exp.num_classes} (the data {data} has {exp.train_source.num_classes} classes): fine-tune "
-      f"them in a new --workdir with --config.init.weights={workdir} (the class layer is then trained "
-      f"afresh for these classes)")
+      f"{workdir} holds weights imported without data, with a {imported}-class head, and this "
+      f"{'eval' if evaluating else 'run'}'s head has {exp.num_classes} (the data "
+      f"{config_lib.data_name(exp.config)} has {source.num_classes} classes): "
+      + (f"evaluate it on data of its {imported} classes, or {fix}" if evaluating else fix))
 
 
 @dataclasses.dataclass
@@ -442,9 +445,10 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, accept_co
 
 def _eval_experiment(config, workdir: str, step: int) -> Experiment:
   """The eval's Experiment: weights imported without data (a checkpoint with no data position)
-  whose recipe's data is not there are one line naming where to give it."""
+  whose recipe's data is not there, or whose data has other classes than their head, are one
+  line naming the fix."""
   try:
-    return Experiment(config, need_train_data=False)
+    exp = Experiment(config, need_train_data=False)
   except MissingFileError as e:  # the sources' word for data that is not there
     if ckpt.holds_data_position(workdir, step):
       raise
@@ -453,6 +457,8 @@ def _eval_experiment(config, workdir: str, step: int) -> Experiment:
         f"{workdir} holds weights imported without data, and an eval reads its recipe's eval split, which is "
         f"not there ({first}): give the data with --config.data.dir=DIR, or predict on image files "
         f"(jaxnet predict --workdir={workdir} IMAGE)") from None
+  _check_imported_head(workdir, exp, evaluating=True)
+  return exp
 
 
 # --- profiling ------------------------------------------------------------------------
