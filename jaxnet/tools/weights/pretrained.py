@@ -485,8 +485,10 @@ def classes_of(spec: str, config) -> int:
   shapes = {p: tuple(x.shape) for p, x in flatten_dict(abstract).items()}
   source = load(spec, shapes, config.model.name)
   layer, per_class = source.class_layer
-  bias = next((p for p in shapes if p[1] == layer and p[-1] == "bias"), None)
-  if bias is None or bias not in source.variables:
+  # The layer's first bias the weights have (a segmenter's class layer holds two convolutions,
+  # its auxiliary one optional).
+  bias = next((p for p in shapes if p[1] == layer and p[-1] == "bias" and p in source.variables), None)
+  if bias is None:
     raise InvalidValueError(f"{spec} has no class layer for a {config.model.name} to take its class count from: "
                             f"set --config.model.num_classes=N for the head to train")
   return source.variables[bias].shape[0] // per_class
