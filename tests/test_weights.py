@@ -424,6 +424,8 @@ def test_an_import_without_data_predicts_by_index_exports_and_its_eval_names_the
   assert not ckpt.holds_data_position(str(workdir), 0)
   assert not (workdir / "checkpoints" / "0" / ckpt.DATA_ITER).exists()
   assert json.loads((workdir / "environment.json").read_text())["total_steps"] is None
+  from jaxnet.core import provenance
+  assert json.loads((workdir / "init_weights.json").read_text())["sha256"] == provenance.file_sha256(path)
 
   model = api.restore(workdir)
   images = np.random.default_rng(0).integers(0, 256, (2, 16, 16, 3), np.uint8)

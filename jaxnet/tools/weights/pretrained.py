@@ -392,7 +392,8 @@ def import_to_workdir(config, workdir: str, spec: str, log=print, data: bool = T
   """A jaxnet workdir from pretrained weights, without training: `config`'s model and data
   with its params and BN statistics from `spec` (a .safetensors/.pth file under torchvision/
   timm names, hf-hub:OWNER/NAME, or another workdir) and the preprocessing they expect,
-  saved as the checkpoint of step 0 with config.json, classes.json and environment.json,
+  saved as the checkpoint of step 0 with config.json, classes.json, environment.json and
+  init_weights.json (the weights' path and sha256),
   through the workdir's gate (its lock: a workdir a training run holds is refused).
   Eval, predict and export take it as they take a trained workdir, and training it resumes
   from step 0, a fine-tune of the weights. Returns what was loaded (`initialiser`'s `loaded`:
@@ -426,6 +427,7 @@ def import_to_workdir(config, workdir: str, spec: str, log=print, data: bool = T
 
 
 def _import(config, workdir: str, spec: str, log, data: bool) -> dict:
+  from jaxnet.core import provenance
   from jaxnet.core import workdir as workdir_lib
   config = config.copy_and_resolve_references()
   with config.unlocked():
@@ -441,6 +443,8 @@ def _import(config, workdir: str, spec: str, log, data: bool) -> dict:
     loaded["classes"] = exp.num_classes
     if record:
       gate.write_json(preprocessing.FILE, record)
+    # What the weights were (a file's sha256), as a training from init.weights keeps it: verify's row.
+    gate.write_json(provenance.INIT_WEIGHTS_FILE, weights_record(spec))
     checkpoints = gate.checkpoints(async_save=False)
     try:
       if data:
