@@ -413,6 +413,13 @@ def test_an_import_without_data_predicts_by_index_exports_and_its_eval_names_the
   assert errors[0].startswith(f"error: the recipe's data is not there (Image folder not found: '{tmp_path / 'absent'}'")
   assert errors[0].endswith("import the weights without it with --no-data, or give it with --config.data.dir=DIR")
   assert not workdir.exists()
+  headless = tmp_path / "headless.safetensors"  # a backbone's weights: the head's width must be given
+  save_file({k: v for k, v in tensors.items() if not k.startswith("fc.")}, str(headless))
+  status, _, err = _import_without_data(tmp_path, capsys, headless, workdir, "--no-data")
+  assert status == 1 and [line for line in err.splitlines() if line.startswith("error:")] == [
+      f"error: {headless} has no class layer for a resnet_tiny to take its class count from: set "
+      f"--config.model.num_classes=N for the head to train"]
+  assert not workdir.exists()
 
   status, out, err = _import_without_data(tmp_path, capsys, path, workdir, "--no-data")
   assert status == 0, err

@@ -56,9 +56,10 @@ def main(argv=None):
            else f"evaluate it with jaxnet eval --workdir={args.workdir}")
     print(f"imported {loaded['arrays']} arrays of {args.source} into {args.workdir} (checkpoint of step 0): {use}")
   if args.no_data:
+    how = "" if loaded["head"] else (f" (jaxnet train --config={args.workdir} --workdir={args.workdir}{data_dir} "
+                                     f"fine-tunes it)")
     print(f"without data: {loaded['classes']} classes, shown by index until a training on the recipe's data "
-          f"records their names (jaxnet train --config={args.workdir} --workdir={args.workdir}{data_dir} "
-          f"fine-tunes it); an eval needs that data too")
+          f"records their names{how}; an eval needs that data too")
   return 0
 
 

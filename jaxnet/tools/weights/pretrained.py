@@ -480,7 +480,8 @@ def _experiment(config, spec: str, data: bool):
 
 def classes_of(spec: str, config) -> int:
   """How many classes the class layer of `spec`'s weights has, read as config.model.name's
-  (its family's class layer); a one-line error where the weights have none."""
+  (its family's class layer); a one-line error where the weights have none, or are another
+  architecture's (as the import with data says it)."""
   from jaxnet.core import models
   module = models.from_config(config.model, 1, np.float32)
   size = config.image_size
@@ -493,6 +494,10 @@ def classes_of(spec: str, config) -> int:
   # its auxiliary one optional).
   bias = next((p for p in shapes if p[1] == layer and p[-1] == "bias" and p in source.variables), None)
   if bias is None:
+    try:  # the weights of another architecture are said so, as the import says it with data
+      fill(shapes, source, keep_head=False, spec=spec)
+    except WeightsMismatchError as e:
+      raise InvalidValueError(_another_architecture(spec, config, str(e), e.hint)) from None
     raise InvalidValueError(f"{spec} has no class layer for a {config.model.name} to take its class count from: "
                             f"set --config.model.num_classes=N for the head to train")
   return source.variables[bias].shape[0] // per_class
