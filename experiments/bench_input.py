@@ -353,7 +353,7 @@ def _per_call_us(fn, items: list, seconds: float = 0.5) -> float:
 def stages(source, blobs: list[bytes], size: int, seconds: float = 0.5) -> dict:
   """Where one train image's CPU time goes (microseconds): the record's read from the
   source, the header and crop draw, the decode (of only the crop, at reduced scale where it
-  allows), the resize, the flip. The crop boxes are drawn once, so every stage sees the same."""
+  allows; the whole image at that scale without the region decoder), the resize, the flip. The crop boxes are drawn once, so every stage sees the same."""
   rng = np.random.default_rng(0)
   draws = []
   for data in blobs:
@@ -368,8 +368,16 @@ def stages(source, blobs: list[bytes], size: int, seconds: float = 0.5) -> dict:
       return raw[top:top + h, left:left + w]
     min_h = min(height, -(-height * size // box[2]))
     min_w = min(width, -(-width * size // box[3]))
-    factor = decode.dct_factor(height, width, min_h, min_w)
-    return decode.decode_region(data, height, width, box, factor, True, transforms._scale_box)
+    if decode._jpeg_region is not None:
+      factor = decode.dct_factor(height, width, min_h, min_w)
+      region = decode.decode_region(data, height, width, box, factor, True, transforms._scale_box)
+      if region is not None:
+        return region
+    # Without the C region decoder (a checkout that did not build it, the GPU machine): the
+    # transform's other path, the whole image at reduced scale, then the crop.
+    pixels = decode.decode_jpeg(data, min_h, min_w, True)
+    top, left, h, w = transforms._scale_box(box, height, width, pixels.shape[:2])
+    return pixels[top:top + h, left:left + w]
 
   crops = [crop(item) for item in draws]
   indices = list(range(min(len(source), len(blobs))))

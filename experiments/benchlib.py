@@ -103,11 +103,20 @@ def filled_state(abstract_state, seed: int = 0):
 
 
 def synthetic_batch(exp, global_batch: int, seed: int = 0) -> dict:
-  """A random uint8 batch for `exp` (a jaxnet Experiment), on its devices."""
+  """A random uint8 batch for `exp` (a jaxnet Experiment), on its devices: the image, mask and
+  corrupt fields every task has, then the task's own (`task.batch_fields`: a class label, a
+  segmentation's label map): integers drawn below the class count, floats 1, flags set."""
   import jax
   import numpy as np
   rng = np.random.default_rng(seed)
   host = {"image": rng.integers(0, 256, (global_batch,) + exp.image_shape, dtype=np.uint8),
-          "label": rng.integers(0, exp.num_classes, (global_batch,), dtype=np.int32),
           "mask": np.ones((global_batch,), np.bool_), "corrupt": np.zeros((global_batch,), np.int32)}
+  for name, (dims, dtype) in exp.task.batch_fields(exp.config).items():
+    shape, dtype = (global_batch,) + tuple(dims), np.dtype(dtype)
+    if dtype == np.bool_:
+      host[name] = np.ones(shape, dtype)
+    elif np.issubdtype(dtype, np.integer):
+      host[name] = rng.integers(0, exp.num_classes, shape).astype(dtype)
+    else:
+      host[name] = np.ones(shape, dtype)
   return {k: jax.device_put(v, exp.batch_sharding) for k, v in host.items()}

@@ -15,8 +15,10 @@ next to `python -m jaxnet.cli.gpu_plan`'s prediction of it, and a short profile 
    compiled and measured: memory and kernels per step, and how far apart.
 4. A profile (`jax.profiler.trace`) of `--profile-steps` steps: the kernels' time by kind
    (convolutions, GEMMs, XLA fusions, collectives, copies), the top kernels, launches per step
-   and the achieved TFLOP/s against --peak-tflops. The trace (perfetto JSON) is copied into
-   --out when it is under 15 MB.
+   and the achieved TFLOP/s against --peak-tflops; each kernel through its HLO instruction to
+   its layer, part and pass, beside the row of the --plan compiled for this device (the target
+   named in its kind, else the first): measured ms against the plan's roofline ms. The trace
+   (perfetto JSON) is copied into --out when it is under 15 MB.
 
 Prints tables, and writes `device_check.json` into --out.
 """
@@ -204,11 +206,12 @@ def summarize_profile(events: list[dict], kinds: dict, steps: int, step_seconds:
   return out
 
 
-def layer_rows(events: list[dict], analysis, steps: int) -> dict:
+def layer_rows(events: list[dict], analysis, steps: int, plan_layers: list | None = None) -> dict:
   """The profile by layer, part and pass (jaxnet.tools.hlo.layer_of): each event through its
   HLO instruction to the row the compiled program's table gives it (kernels and bytes per
-  step), with the measured ms per step and the bandwidth that implies; the unmatched events'
-  time by kernel name."""
+  step), with the measured ms per step and the bandwidth that implies, beside the CPU-compiled
+  plan's row for the same layer (`plan_layers`: its "layers"; see plan_beside); the unmatched
+  events' time by kernel name."""
   from jaxnet.tools import hlo
   mapped = hlo.map_trace(events, analysis)
   rows = []
@@ -216,13 +219,43 @@ def layer_rows(events: list[dict], analysis, steps: int) -> dict:
     us = mapped["rows"].get((row["layer"], row["part"], row["pass"]), 0.0) / max(steps, 1)
     rows.append({**row, "measured_ms": us / 1e3,
                  "gb_per_s": row["bytes"] / (us * 1e-6) / 1e9 if us else None})
+  rows = plan_beside(rows, plan_layers or [])
   unmatched = sorted(mapped["unmatched"].items(), key=lambda kv: -kv[1])[:10]
   return {"rows": rows, "matched": mapped["matched"], "events": mapped["events"],
           "unmatched_ms_per_step": {n: us / 1e3 / max(steps, 1) for n, us in unmatched}}
 
 
+def plan_beside(rows: list[dict], plan_layers: list[dict]) -> list[dict]:
+  """Each measured layer row with the plan's for the same (layer, part, pass): its kernels,
+  bytes and roofline ms (`python -m jaxnet.cli.gpu_plan --json`'s "layers", compiled on a CPU
+  for the target), and measured over predicted. A layer only one side has keeps its row, the
+  other side's values None: the device's compiler may fuse differently from the plan's."""
+  plan = {(r["layer"], r["part"], r["pass"]): r for r in plan_layers}
+  out = []
+  for row in rows:
+    p = plan.pop((row["layer"], row["part"], row["pass"]), None)
+    out.append({**row, "plan_kernels": p and p["kernels"], "plan_bytes": p and p["bytes"],
+                "plan_ms": p and p["ms"],
+                "measured_over_plan": row["measured_ms"] / p["ms"] if p and p["ms"] else None})
+  for p in plan.values():  # planned, never seen on the device
+    out.append({"layer": p["layer"], "part": p["part"], "pass": p["pass"], "kernels": 0, "flops": 0,
+                "bytes": 0.0, "ms": 0.0, "measured_ms": 0.0, "gb_per_s": None,
+                "plan_kernels": p["kernels"], "plan_bytes": p["bytes"], "plan_ms": p["ms"],
+                "measured_over_plan": None})
+  return out
+
+
+def matching_plan(plans: dict, device_kind: str) -> tuple[str, dict] | tuple[None, None]:
+  """(name, plan) of the plan compiled for this device (its target named in the device's
+  kind: "h200" in "NVIDIA H200"), else the first plan given, else (None, None)."""
+  for name, plan in plans.items():
+    if name.lower() in device_kind.lower():
+      return name, plan
+  return next(iter(plans.items()), (None, None))
+
+
 def profile(step, state, steps: int, kinds: dict, step_seconds: float, flops, peak: float, trace_out: str,
-            analysis=None):
+            analysis=None, plan_layers: list | None = None):
   import jax
   log_dir = tempfile.mkdtemp(prefix="jaxnet-profile-")
   try:
@@ -236,7 +269,7 @@ def profile(step, state, steps: int, kinds: dict, step_seconds: float, flops, pe
     events = device_events(perfetto)
     summary = summarize_profile(events, kinds, steps, step_seconds, flops, peak)
     if analysis is not None:
-      summary["layers"] = layer_rows(events, analysis, steps)
+      summary["layers"] = layer_rows(events, analysis, steps, plan_layers)
     size = os.path.getsize(perfetto)
     summary["trace_bytes"] = size
     if trace_out and size <= TRACE_LIMIT:
@@ -359,11 +392,21 @@ def main(argv=None):
   if device["peak_bytes"]:
     print(f"allocator peak in use: {device['peak_bytes'] / GIB:.2f} GiB of {device['bytes_limit'] / GIB:.1f} GiB")
 
+  plans = {}
+  for spec in args.plan:
+    name, path = spec.split("=", 1)
+    try:
+      with open(path) as f:
+        plans[name] = json.load(f)
+    except (OSError, ValueError) as e:
+      print(f"plan {name}: not read ({e})")
+  plan_name, plan = matching_plan(plans, d.device_kind)
   try:
     if not args.profile_steps:
       raise RuntimeError("not profiled (--profile-steps 0)")
     state, device["profile"] = profile(step, state, args.profile_steps, kernel_kinds(analysis), seconds,
-                                       flops, args.peak_tflops, trace_out, analysis)
+                                       flops, args.peak_tflops, trace_out, analysis,
+                                       (plan or {}).get("layers"))
   except Exception as e:  # the plan comparison below still prints
     device["profile"] = {"error": f"{type(e).__name__}: {e}"[:500]}
   p = device["profile"]
@@ -385,24 +428,26 @@ def main(argv=None):
     if "layers" in p:
       lay = p["layers"]
       rows = sorted(lay["rows"], key=lambda r: -r["measured_ms"])
+      show = lambda v, f: "-" if v is None else format(v, f)
       print(f"by layer (the step's HLO: {lay['matched']} of {lay['events']} events matched; rows by measured "
-            f"time; GB/s = the row's bytes in the compiled program / its measured time):")
-      print(format_table(["layer", "part", "pass", "kernels", "GiB", "ms/step", "GB/s"],
+            f"time; GB/s = the row's bytes in the compiled program / its measured time; plan: "
+            + (f"python -m jaxnet.cli.gpu_plan for {plan_name}, compiled on a CPU, its roofline ms (a bound)"
+               if plan_name else "none given") + "):")
+      print(format_table(["layer", "part", "pass", "kernels", "GiB", "ms/step", "GB/s",
+                          "plan kernels", "plan GiB", "plan ms", "measured/plan"],
                          [(r["layer"], r["part"], r["pass"], str(r["kernels"]), f"{r['bytes'] / GIB:.2f}",
-                           f"{r['measured_ms']:.3f}", f"{r['gb_per_s']:.0f}" if r["gb_per_s"] else "-")
-                          for r in rows[:40]]))
+                           f"{r['measured_ms']:.3f}", f"{r['gb_per_s']:.0f}" if r["gb_per_s"] else "-",
+                           show(r["plan_kernels"], "d"), show(r["plan_bytes"] and r["plan_bytes"] / GIB, ".2f"),
+                           show(r["plan_ms"], ".3f"), show(r["measured_over_plan"], ".2f"))
+                          for r in rows[:45]]))
+      planned, measured = (sum(r["plan_ms"] or 0 for r in rows), sum(r["measured_ms"] for r in rows))
+      if planned:
+        print(f"layers in all: measured {measured:.2f} ms/step, plan's roofline {planned:.2f} ms/step "
+              f"({measured / planned:.2f}x)")
       if lay["unmatched_ms_per_step"]:
         print("unmatched events (no HLO instruction named): " + "; ".join(
             f"{n} {ms:.3f} ms" for n, ms in lay["unmatched_ms_per_step"].items()))
 
-  plans = {}
-  for spec in args.plan:
-    name, path = spec.split("=", 1)
-    try:
-      with open(path) as f:
-        plans[name] = json.load(f)
-    except (OSError, ValueError) as e:
-      print(f"plan {name}: not read ({e})")
   header = ["", *[f"plan {n} (CPU compile)" for n in plans], "device compile", "device measured",
             "measured/plan"]
   print(f"\nplan against device ({d.device_kind}, per-GPU batch {args.batch}; measured memory is the "

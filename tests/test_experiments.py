@@ -341,3 +341,24 @@ def test_time_to_accuracy_reads_mlperf_logs(tmp_path):
   assert tta.mlperf_time_to_target(str(tmp_path / "mlperf.log"), 0.759) == 8.0
   assert tta.mlperf_time_to_target(str(tmp_path / "mlperf.log"), 0.8) is None
   assert tta.mlperf_time_to_target(str(tmp_path / "missing.log"), 0.759) is None
+
+
+def test_device_check_sets_each_measured_layer_beside_the_plans():
+  """The per-layer table: each measured row beside the plan's row of the same layer, part and
+  pass (measured over the roofline ms); a planned row the device never ran stays, with no
+  measurement; the plan is the one compiled for the device's own target."""
+  check = _experiment_module("gpu_device_check")
+  measured = [{"layer": "stage1", "part": "bn", "pass": "backward", "kernels": 3, "bytes": 2.0,
+               "measured_ms": 1.5, "gb_per_s": 1.0},
+              {"layer": "head", "part": "head gemm", "pass": "forward", "kernels": 1, "bytes": 1.0,
+               "measured_ms": 0.2, "gb_per_s": 1.0}]
+  plan = [{"layer": "stage1", "part": "bn", "pass": "backward", "kernels": 4, "bytes": 3.0, "ms": 0.5},
+          {"layer": "stem", "part": "pool", "pass": "backward", "kernels": 1, "bytes": 1.0, "ms": 0.1}]
+  rows = {(r["layer"], r["part"]): r for r in check.plan_beside(measured, plan)}
+  assert rows["stage1", "bn"]["plan_kernels"] == 4 and rows["stage1", "bn"]["measured_over_plan"] == 3.0
+  assert rows["head", "head gemm"]["plan_ms"] is None and rows["head", "head gemm"]["measured_over_plan"] is None
+  assert rows["stem", "pool"]["measured_ms"] == 0.0 and rows["stem", "pool"]["plan_ms"] == 0.1
+  plans = {"h100": {"target": "h100"}, "h200": {"target": "h200"}}
+  assert check.matching_plan(plans, "NVIDIA H200")[0] == "h200"
+  assert check.matching_plan(plans, "NVIDIA A100")[0] == "h100"
+  assert check.matching_plan({}, "cpu") == (None, None)
