@@ -1,7 +1,7 @@
 """Training images/s end to end, as a user runs it: `python -m jaxnet.main` on a folder of
 ImageNet-sized JPEGs (Grain workers, or DALI), against the same command on synthetic data.
 
-    python experiments/bench_end_to_end.py --dir DIR --workers 16 --loaders grain,dali
+    python experiments/bench_end_to_end.py --dir DIR --workers 16 --rows synthetic,grain,prepared,dali
     python experiments/bench_end_to_end.py --quick      # CPU dry run: resnet_tiny, 32px, batch 8
 
 Each row is one `python -m jaxnet.main` run (its own process, its own temporary workdir, the
@@ -14,6 +14,9 @@ holds the compile, the second the pipeline filling up). Rows:
                  the same step and host->device copies, no decoding: the ceiling for the others.
   grain          data.source=imagefolder, data.workers=--workers: JPEG decode, random-resized
                  crop and flip in Grain worker processes (jaxnet/core/data/pipeline.py).
+  prepared       data.source=prepared: `jaxnet prepare`'s shards of the same folder (its
+                 defaults: shorter side 256, 3/4 of the images as raw pixels), --prepared or
+                 made here with --workers processes, read by the same Grain workers.
   dali           data.loader=dali: decode and augmentation by NVIDIA DALI, nvJPEG on the GPU
                  (device="mixed") where jax computes on one; "not run" without DALI.
 
@@ -80,6 +83,26 @@ def run_row(name: str, args, overrides: list[str], deadline: float) -> dict:
   return row
 
 
+def prepare(folder: str, out: str, workers: int, deadline: float):
+  """`jaxnet prepare`'s shards of `folder` (its defaults) in `out`, or a row saying why not."""
+  left = deadline - time.time()
+  if left < 40:
+    return {"row": "prepared", "error": f"not run: {max(left, 0):.0f}s left"}
+  start = time.time()
+  cmd = [sys.executable, "-m", "jaxnet.cli.prepare", f"--dir={folder}", f"--out={out}",
+         f"--workers={max(workers, 1)}"]
+  try:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=left - 30, cwd=str(ROOT))
+  except subprocess.TimeoutExpired:
+    return {"row": "prepared", "error": f"not run: jaxnet prepare took over {left - 30:.0f}s"}
+  if done.returncode != 0:
+    return {"row": "prepared", "error": f"jaxnet prepare exit {done.returncode}: "
+                                        + (done.stdout + done.stderr).strip()[-400:]}
+  print(f"prepared the folder's shards in {time.time() - start:.1f}s: "
+        + (done.stdout + done.stderr).strip().splitlines()[-1][-200:], flush=True)
+  return out
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--config", default="configs/resnet50.py")
@@ -91,7 +114,9 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=60)
   parser.add_argument("--log-every", type=int, default=10)
   parser.add_argument("--workers", type=int, default=16, help="Grain workers (DALI threads)")
-  parser.add_argument("--rows", default="synthetic,grain,dali", help="comma list of synthetic, grain, dali")
+  parser.add_argument("--rows", default="synthetic,grain,prepared,dali",
+                      help="comma list of synthetic, grain, prepared, dali")
+  parser.add_argument("--prepared", help="jaxnet prepare's shards of --dir (made here if omitted)")
   parser.add_argument("--synthetic-img-s", type=float, default=0,
                       help="the synthetic rate to compare with, when --rows leaves that row out")
   parser.add_argument("--set", action="append", default=[], help="more --config.KEY=VALUE")
@@ -129,6 +154,15 @@ def main(argv=None):
                                           f"--config.data.synthetic_size={args.batch * args.steps}",
                                           f"--config.data.workers={args.workers}"], deadline))
     for loader in [r for r in args.rows.split(",") if r != "synthetic"]:
+      if loader == "prepared":
+        shards = args.prepared or prepare(folder, os.path.join(scratch, "prepared"), args.workers, deadline)
+        if isinstance(shards, dict):
+          rows.append(shards)
+          continue
+        rows.append(run_row("prepared", args, [f"--config.data.dir={shards}", "--config.data.source=prepared",
+                                               "--config.data.eval_split=val",
+                                               f"--config.data.workers={args.workers}"], deadline))
+        continue
       if loader == "dali":
         try:
           import nvidia.dali  # noqa: F401

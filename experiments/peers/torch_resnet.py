@@ -7,7 +7,10 @@
 The model is torchvision's (`torchvision.models.<name>(weights=None)`) when
 torchvision is importable and has it, else our own ResNet v1.5 below (stride on
 the 3x3 conv of bottlenecks, as torchvision and jaxnet). `convnext_tiny`..`convnext_large`
-and `efficientnet_b0`..`efficientnet_b7` are torchvision's (jaxnet's names are the same). jaxnet's `resnet_tiny`
+and `efficientnet_b0`..`efficientnet_b7` are torchvision's (jaxnet's names are the same), and so
+are the segmenters `fcn_resnet50`/`fcn_resnet101`/`deeplabv3_resnet50`/`deeplabv3_resnet101`
+(torchvision.models.segmentation, with the auxiliary head, as jaxnet's fcn recipe: per-pixel
+cross-entropy on a random label map, the aux head's weighted 0.5). jaxnet's `resnet_tiny`
 and `*_small` (3x3 stem) models exist only in our definition. `alexnet` is
 torchvision's; the ViTs (`vit_ti16`, `vit_s16`, `vit_b16`, `vit_l16`, jaxnet's
 default timm flavour) are timm's `vit_*_patch16_224` at the given image size,
@@ -109,6 +112,7 @@ class ResNet(nn.Module):
     return self.head(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
 
 
+SEGMENTERS = ("fcn_", "deeplabv3_")
 TIMM_VITS = {"vit_ti16": "vit_tiny_patch16_224", "vit_s16": "vit_small_patch16_224",
              "vit_b16": "vit_base_patch16_224", "vit_l16": "vit_large_patch16_224"}
 
@@ -137,6 +141,11 @@ def create(name: str, num_classes: int, image_size: int = 224) -> tuple[nn.Modul
   """(model, where its definition came from)."""
   if name == "alexnet" or name in TIMM_VITS:
     return create_other(name, num_classes, image_size)
+  if name.startswith(SEGMENTERS):
+    import torchvision
+    return getattr(torchvision.models.segmentation, name)(
+        weights=None, weights_backbone=None, num_classes=num_classes, aux_loss=True), \
+        f"torchvision {torchvision.__version__} (segmentation, aux head)"
   if name.startswith(("convnext_", "efficientnet_b")):  # torchvision's, under jaxnet's names
     import torchvision
     return getattr(torchvision.models, name)(weights=None, num_classes=num_classes), \
@@ -193,13 +202,17 @@ def bench_one(name, precision, batch, image_size, num_classes, steps, warmup, re
   gen = torch.Generator().manual_seed(0)
   images = torch.randint(0, 256, (batch, 3, image_size, image_size), dtype=torch.uint8, generator=gen)
   images = images.to(device).contiguous(memory_format=torch.channels_last)
-  labels = torch.randint(0, num_classes, (batch,), generator=gen).to(device)
+  segmenter = name.startswith(SEGMENTERS)
+  label_shape = (batch, image_size, image_size) if segmenter else (batch,)
+  labels = torch.randint(0, num_classes, label_shape, generator=gen).to(device)
 
   def forward_loss(x, y):
     x = ((x.float() - mean) / std).contiguous(memory_format=torch.channels_last)
     with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-      logits = model(x)
-    return F.cross_entropy(logits.float(), y)
+      out = model(x)
+    if segmenter:  # torchvision's reference: the main head's loss + 0.5 x the aux head's
+      return F.cross_entropy(out["out"].float(), y) + 0.5 * F.cross_entropy(out["aux"].float(), y)
+    return F.cross_entropy(out.float(), y)
 
   if use_compile:
     forward_loss = torch.compile(forward_loss, mode=None if compile_mode == "default" else compile_mode)
