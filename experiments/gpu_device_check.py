@@ -20,7 +20,7 @@ next to `python -m jaxnet.cli.gpu_plan`'s prediction of it, and a short profile 
    named in its kind, else the first): measured ms against the plan's roofline ms. The trace
    (perfetto JSON) is copied into --out when it is under 15 MB.
 
-Prints tables, and writes `device_check.json` into --out.
+Prints tables, and writes `device_check.json` into --out (or the file --json-out names).
 """
 
 from __future__ import annotations
@@ -335,6 +335,7 @@ def main(argv=None):
   parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak per GPU")
   parser.add_argument("--out", default="", help="folder for device_check.json and the trace")
   parser.add_argument("--tag", default="", help="names the outputs device_check_TAG.json, step_trace_TAG...")
+  parser.add_argument("--json-out", default="", help="write the measurements here instead of into --out")
   parser.add_argument("--no-trace-file", action="store_true", help="summarize the profile, keep no trace")
   parser.add_argument("--quick", action="store_true", help="CPU dry run: resnet_tiny, 32px, batch 8")
   args = parser.parse_args(argv)
@@ -458,8 +459,9 @@ def main(argv=None):
     print(f"attention kernels in the compiled step: "
           f"{', '.join(f'{k} x{v}' for k, v in attention.items()) or 'none fused (XLA GEMMs + softmax)'}")
   device["plans"] = plans
-  if args.out:
-    with open(os.path.join(args.out, f"device_check{suffix}.json"), "w") as f:
+  json_out = args.json_out or (args.out and os.path.join(args.out, f"device_check{suffix}.json"))
+  if json_out:
+    with open(json_out, "w") as f:
       json.dump(device, f, indent=1, default=str)
 
 

@@ -362,3 +362,42 @@ def test_device_check_sets_each_measured_layer_beside_the_plans():
   assert check.matching_plan(plans, "NVIDIA H200")[0] == "h200"
   assert check.matching_plan(plans, "NVIDIA A100")[0] == "h100"
   assert check.matching_plan({}, "cpu") == (None, None)
+
+
+def test_gpu_headlines_sets_each_jaxnet_row_against_the_best_torch_row_of_its_model(tmp_path):
+  """run_gpu_benchmarks.sh's headlines: the torch peers' RESULT lines (every compile mode), the
+  device checks and bench_train's cells in one table; each row over the fastest torch row of
+  its model, whatever its mode or precision; a failed cell listed with its error; one
+  results.json of it all."""
+  heads = _experiment_module("gpu_headlines")
+  result = lambda **kw: "RESULT " + json.dumps({"precision": "bf16", "batch": 256, "ms_step": 40.0,
+                                                "peak_bytes": 2**30, **kw}) + "\n"
+  (tmp_path / "torch.txt").write_text("INFO {}\n" + result(img_s=6000.0, compile_mode="default", optimizer="fused"))
+  (tmp_path / "torch_autotune.txt").write_text(
+      result(img_s=6400.0, compile_mode="max-autotune-no-cudagraphs", optimizer="fused")
+      + "RESULT " + json.dumps({"precision": "fp16", "batch": 256, "error": "not run: time budget spent"}) + "\n")
+  check = {"model": "resnet50", "precision": "bf16", "per_gpu_batch": 256, "img_s": 8000.0, "ms_step": 32.0,
+           "flops_per_step": 6.4e12, "peak_bytes": 10 * 2**30, "memory": {"total": 1}}
+  (tmp_path / "levers_on.json").write_text(json.dumps(check))
+  (tmp_path / "fcn.json").write_text(json.dumps({**check, "model": "fcn_resnet50", "img_s": 100.0}))
+  cell = {"precision": "fp16", "batch_per_device": 256, "global_batch": 256, "img_s": 7040.0, "ms_step": 36.4,
+          "tflops_per_device": 172.0, "peak_bytes": 2**30, "flax_img_s": 7126.0}
+  (tmp_path / "bench_train.json").write_text(json.dumps({"rows": [cell]}))
+  (tmp_path / "convnext_tiny.json").write_text(json.dumps({"rows": [
+      {**cell, "precision": "bf16", "img_s": 3000.0, "flax_img_s": None,
+       "torch": {"precision": "bf16", "batch": 256, "img_s": 2500.0, "ms_step": 1.0, "compile_mode": "default"}}]}))
+  (tmp_path / "end_to_end.json").write_text(json.dumps({"rows": [
+      {"row": "synthetic", "img_s": 6000.0}, {"row": "prepared", "img_s": 5700.0}]}))
+  out = tmp_path / "results.json"
+  assert heads.main(["--tmp", str(tmp_path), "--out", str(out)]) == 0
+  rows = {r["row"]: r for r in json.loads(out.read_text())["headlines"]}
+  assert rows["jaxnet levers_on (resnet50 bf16 b256)"]["vs_best_torch"] == pytest.approx(1.25)
+  assert rows["jaxnet levers_on (resnet50 bf16 b256)"]["tflops"] == pytest.approx(200.0)
+  assert rows["jaxnet bench_train (resnet50 fp16 b256)"]["vs_best_torch"] == pytest.approx(1.1)
+  assert rows["flax-minimal (resnet50 fp16 b256)"]["img_s"] == 7126.0
+  assert rows["torch.compile (resnet50 default, fused, bf16 b256)"]["vs_best_torch"] == pytest.approx(0.9375)
+  assert "error" in rows["torch.compile (resnet50 fp16 b256)"]
+  assert rows["jaxnet convnext_tiny (convnext_tiny bf16 b256)"]["vs_best_torch"] == pytest.approx(1.2)
+  assert rows["jaxnet fcn (fcn_resnet50 bf16 b256)"]["vs_best_torch"] is None  # no torch fcn row
+  results = json.loads(out.read_text())
+  assert sorted(results["peers"]) == ["torch", "torch_autotune"] and "end_to_end" in results["stages"]
