@@ -70,7 +70,7 @@ def train_rows(name: str, d: dict) -> list[dict]:
                    "ms_step": r["global_batch"] / r["flax_img_s"] * 1e3, "tflops": None, "peak_bytes": None})
   for r in d.get("rows", []):
     if r.get("torch"):
-      rows += peer_rows("torch.compile", [r["torch"]], model)
+      rows += peer_rows("torch", [r["torch"]], model)
   return rows
 
 
@@ -97,7 +97,7 @@ def collect(tmp: str) -> tuple[list[dict], dict]:
     found = peer_results(os.path.join(tmp, f"{name}.txt"))
     if found:
       results["peers"][name] = found
-      rows += peer_rows("keras" if name == "keras" else "torch.compile", found, model)
+      rows += peer_rows("keras" if name == "keras" else "torch", found, model)
   for path in sorted(glob.glob(os.path.join(tmp, "*.json"))):
     name = os.path.basename(path)[:-5]
     d = read_json(path)

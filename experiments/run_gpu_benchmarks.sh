@@ -187,8 +187,8 @@ if [[ $QUICK == 1 ]]; then
   e2e_args=(--quick)
   keras_args=(--image-size 32 --batches 2 --steps 2 --warmup 1 --repeats 1)  # resnet50: keras has no tiny one
   fcn_torch_args=(--image-size 32 --batches 2 --steps 1 --warmup 1 --repeats 1 --compile off)
-  fcn_args=(--quick --set model.name=fcn_tiny --set image_size=64)
-  input_args=(--quick --workers 0,1)
+  fcn_args=(--quick --config fcn --set model.name=fcn_tiny --set image_size=64)
+  input_args=(--quick --workers 0 --seconds 0.5)
 else
   torch_cell=(--model resnet50 --image-size 224 --batches 256 --compile on)
   autotune=(--compile-modes max-autotune-no-cudagraphs)
@@ -202,7 +202,7 @@ else
   keras_args=(--image-size 224 --batches 256)
   fcn_torch_args=(--image-size 512 --batches 16 --compile on)
   fcn_args=(--config fcn --batch 16 --set image_size=512)
-  input_args=(--quick --workers 0,8,16)
+  input_args=(--quick --workers 0,8,16 --seconds 1)
 fi
 one_lever=(--profile-steps 0 --no-trace-file --steps 10)
 
@@ -251,7 +251,7 @@ run_stage() {
     fcn_torch) stage fcn_torch 60 100 "${torch_peer[@]}" --model fcn_resnet50 --num-classes 21 --precisions bf16 \
         --optimizer auto "${fcn_torch_args[@]}" ;;
     fcn) stage fcn 45 70 "${check[@]}" "${fcn_args[@]}" "${one_lever[@]}" --json-out "$TMP/fcn.json" ;;
-    bench_input) stage bench_input 40 60 "$PYTHON" experiments/bench_input.py "${input_args[@]}" ;;
+    bench_input) stage bench_input 60 90 "$PYTHON" experiments/bench_input.py "${input_args[@]}" ;;
     bench_scaling)
       if (( gpus > 1 )); then
         stage bench_scaling 60 100 "$PYTHON" experiments/bench_scaling.py --quick
@@ -261,7 +261,7 @@ run_stage() {
   esac
 }
 for s in "${STAGE_LIST[@]}"; do run_stage "$s"; done
-wait  # a background plan or folder no stage waited for
+kill $(jobs -p) 2> /dev/null  # a background plan or folder no stage waited for
 
 # The headlines (each jaxnet row against the best torch row) and results.json.
 "$PYTHON" experiments/gpu_headlines.py --tmp "$TMP" --out "$OUT/results.json" 2>&1 | tee -a "$SUMMARY"
