@@ -4,6 +4,8 @@
 # Here (where PyPI is reachable), from the root of the checkout the session was started in
 # (the device tool sends that checkout, also when a helper calls it), once:
 #   bash /work/shared/device/wheels.sh simplejpeg keras keras-hub namex optree
+# (it adds /.whl/ to .git/info/exclude, so it stops in a git worktree, where .git is a file:
+# there, add /.whl/ to "$(git rev-parse --git-path info/exclude)" and run its pip download.)
 # (grain, tfds, ml-collections, ... into .whl/; keras, keras-hub and the two of their
 # requirements the GPU image lacks, for the Keras peer: ~16 MB carried in all. Not
 # opencv-python-headless or regex/tokenizers: the GPU image has them. The C region decoder is
@@ -18,7 +20,8 @@
 #
 # A device command may run 10 minutes, so every stage has a time limit and the whole script
 # ends by BUDGET_S (540 s). The stages run most important first (issue 53's items, in its
-# order), each cut to the time left and skipped when less is left than it needs (NEED, s):
+# order), each cut to the time left and skipped when less is left than it needs (run_stage
+# below gives each its need and its limit, in seconds):
 #   item 1 (ResNet-50, 224 px, batch 256: img/s, ms/step, TFLOP/s with cuDNN's convolutions,
 #           peak memory, each jaxnet row against the best torch row)
 #   torch           torch.compile default mode, fused SGD, channels_last, bf16 autocast.
@@ -28,18 +31,20 @@
 #                   layers, each beside the CPU-compiled plan's row for the device's target
 #                   (`python -m jaxnet.cli.gpu_plan --json` for h100 and h200, compiled on the
 #                   device's CPU in the background meanwhile); the trace comes back compressed.
-#   torch_autotune  torch.compile mode max-autotune-no-cudagraphs (Triton autotuning; slow to compile).
 #   pool_scatter    the device check with one lever off: model.scatter_free_pool=false.
 #   b512            the recipe's step at 512 per GPU.
 #   stem_pad4, stem_s2d   one stem lever on: model.stem_conv=pad4 / space_to_depth.
-#   item 3
+#   torch_autotune  torch.compile mode max-autotune-no-cudagraphs (Triton autotuning of the
+#                   convolutions: its compile may take minutes, so it comes after the rows that
+#                   surely fit and takes what the first call has left).
+#   items 3 and 4
 #   convnext_tiny, efficientnet_b0   bench_train against torchvision's models, torch.compile
 #                   default mode, bf16, batch 256 (128 for EfficientNet-B0).
-#   vit             ViT-B/16 bf16 batch 256 through the device check (attention FLOPs counted).
-#   item 4
 #   end_to_end      python -m jaxnet.main on a generated folder of ImageNet-sized JPEGs (made in
 #                   the background meanwhile), with 16 Grain workers, then on `jaxnet prepare`'s
 #                   shards of it, against the same command on synthetic data.
+#   vit             ViT-B/16 bf16 batch 256 through the device check (attention FLOPs counted;
+#                   after end_to_end: the first round measured it, 2026-11-27).
 #   item 1, the rest
 #   torch_fp16      torch.compile default mode in fp16 (GradScaler).
 #   keras           the Keras 3 (JAX backend) peer, keras-hub ResNet-50 v1.5, bf16.
@@ -67,8 +72,8 @@ QUICK=${QUICK:-0}
 PYTHON=${PYTHON:-python3}
 TORCH_PYTHON=${TORCH_PYTHON:-$PYTHON}
 BUDGET_S=${BUDGET_S:-540}
-ORDER=(torch bench_train levers_on torch_autotune pool_scatter b512 stem_pad4 stem_s2d
-       convnext_tiny efficientnet_b0 vit end_to_end torch_fp16 keras fcn_torch fcn bench_input bench_scaling)
+ORDER=(torch bench_train levers_on pool_scatter b512 stem_pad4 stem_s2d torch_autotune
+       convnext_tiny efficientnet_b0 end_to_end vit torch_fp16 keras fcn_torch fcn bench_input bench_scaling)
 IFS=, read -r -a STAGE_LIST <<< "${STAGES:-$(IFS=,; echo "${ORDER[*]}")}"
 mkdir -p "$OUT"
 SUMMARY=$OUT/summary.txt LOG=$OUT/log.txt
