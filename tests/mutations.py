@@ -688,7 +688,9 @@ MUTATIONS = [
              "    loaded.update(arrays=len(target), of=len(target), head=reason,",
              ("tests/test_weights.py::test_an_import_with_another_class_count_says_how_many_arrays_came_from_the_weights",)),
     Mutation("import_of_another_architecture_one_line", "jaxnet/tools/weights/pretrained.py",
+             "    except WeightsMismatchError as e:  # the import and init.weights in training: one line\n"
              "      raise InvalidValueError(_another_architecture(spec, config, str(e), e.hint)) from None\n",
+             "    except WeightsMismatchError as e:  # the import and init.weights in training: one line\n"
              "      raise\n",
              ("tests/test_weights.py::test_an_import_of_another_architecture_is_one_line_naming_both_and_leaves_nothing",)),
     Mutation("failed_import_leaves_nothing", "jaxnet/tools/weights/pretrained.py",
