@@ -220,18 +220,23 @@ def test_import_writes_a_workdir_that_evaluates_predicts_and_exports_like_the_or
 
 # --- issue 46: an import says what it did, and a refused one leaves nothing behind ---
 
-def _import(tmp_path, capsys, weights, workdir, *overrides):
-  """`python -m jaxnet.cli.weights import` in this process: (exit status, stdout, stderr)."""
+def _weights_command(capsys, argv):
+  """`python -m jaxnet.cli.weights ARGV` in this process: (exit status, stdout, stderr)."""
   from jaxnet.cli import weights as weights_command
-  argv = ["import", f"--from={weights}", "--config=configs/resnet.py:runlocal", f"--workdir={workdir}",
-          "--config.model.name=resnet_tiny", "--config.data.source=synthetic", "--config.image_size=16",
-          "--config.batch_size=8", *overrides]
   try:
     status = weights_command.main(argv)
   except SystemExit as e:
     status = e.code
   out, err = capsys.readouterr()
   return status, out, err
+
+
+def _import(tmp_path, capsys, weights, workdir, *overrides):
+  """`python -m jaxnet.cli.weights import` in this process: (exit status, stdout, stderr)."""
+  argv = ["import", f"--from={weights}", "--config=configs/resnet.py:runlocal", f"--workdir={workdir}",
+          "--config.model.name=resnet_tiny", "--config.data.source=synthetic", "--config.image_size=16",
+          "--config.batch_size=8", *overrides]
+  return _weights_command(capsys, argv)
 
 
 def test_an_import_with_another_class_count_says_how_many_arrays_came_from_the_weights(tmp_path, capsys):
@@ -380,16 +385,10 @@ def test_weights_without_a_record_get_the_eval_torchvision_documents_for_their_m
 def _import_without_data(tmp_path, capsys, weights, workdir, *flags):
   """`jaxnet weights import` of the ResNet recipe (shrunk: resnet_tiny at 16 px) whose image
   folder is not there: (exit status, stdout, stderr)."""
-  from jaxnet.cli import weights as weights_command
   argv = ["import", f"--from={weights}", "--config=resnet:runlocal", f"--workdir={workdir}",
           "--config.data.source=imagefolder", f"--config.data.dir={tmp_path / 'absent'}",
           "--config.image_size=16", "--config.batch_size=8", "--config.init.preprocessing=config", *flags]
-  try:
-    status = weights_command.main(argv)
-  except SystemExit as e:
-    status = e.code
-  out, err = capsys.readouterr()
-  return status, out, err
+  return _weights_command(capsys, argv)
 
 
 def _onnx_metadata(path) -> dict:
