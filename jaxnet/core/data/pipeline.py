@@ -184,6 +184,8 @@ def train_loader(source, *, global_batch_size: int, image_size: int, seed: int, 
   off when ops is 0) draw from Grain's per-record generator, seeded by the seed
   and the record's position in the stream: they replay exactly too. `transform`: a
   task's own record -> example transform (default: decode and random-resized-crop an image).
+  Batch n holds the records at positions n * batch ... (n + 1) * batch - 1 of the stream,
+  whatever the number of workers (each worker makes whole batches: `TrainBatches`).
   """
   check_some_example_reads(source, "train")
   shard = grain.ShardOptions(process_index, process_count, drop_remainder=True)
@@ -195,16 +197,77 @@ def train_loader(source, *, global_batch_size: int, image_size: int, seed: int, 
   if randaug[0]:
     from jaxnet.core.data.randaugment import RandAugment
     operations.append(RandAugment(*randaug))
+  batches = TrainBatches(source, sampler, shard, operations, batch, read_threads)
   return grain.DataLoader(
-      data_source=source, sampler=sampler,
-      operations=operations + [grain.Batch(batch, drop_remainder=True)],
+      data_source=batches,
+      sampler=grain.IndexSampler(len(batches), grain.NoSharding(), shuffle=False, num_epochs=1),
       worker_count=workers, worker_buffer_size=worker_buffer_size,
-      # Reading a local JPEG takes ~30 us against ~1.5 ms to decode it, and read
-      # threads cost CPU in every worker (2 workers: 863 img/s with none, 748 with
-      # 16), so records are read inline unless storage is slow (read_threads).
-      # Grain checks every buffered read on each record, so its default read-ahead
-      # of 500 costs ~15% CPU; 32 is plenty.
-      read_options=grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=32))
+      # The records are read in TrainBatches; Grain reads a batch at a time, inline.
+      read_options=grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+
+
+class TrainBatches:
+  """The train stream as a Grain data source whose element n is this process's batch n: the
+  records `sampler` (a record-level, shuffling IndexSampler sharded by `shard`) gives for this
+  process's positions n * batch_size ... (n + 1) * batch_size - 1, each through `operations`
+  with its position's generator, stacked.
+
+  Why batches, not records, as Grain's elements: Grain's DataLoader costs ~40 us of its own
+  per element (its per-record iterators, statistics and batching), a third of a prepared
+  image's whole transform; as a batch, it is paid once per 100+ images. The records, their
+  order and their generators are those a record-level DataLoader over `sampler` gives
+  (with no workers, the same batches), so augmentations replay exactly from a position.
+
+  `read_threads` > 0 reads a batch's records in that many threads (slow storage), in order.
+  """
+
+  ENDLESS = 2**40  # batches: Grain's sampler needs a length; no run comes near it
+
+  def __init__(self, source, sampler, shard: grain.ShardOptions, operations, batch_size: int,
+               read_threads: int = 0):
+    for op in operations:
+      if not isinstance(op, (grain.MapTransform, grain.RandomMapTransform)):
+        raise TypeError(f"a train transform must be a grain MapTransform or RandomMapTransform, "
+                        f"got {type(op).__name__}")
+    self.source, self.sampler, self.operations = source, sampler, list(operations)
+    self.batch_size, self.read_threads = batch_size, read_threads
+    self._shard_index, self._shard_count = shard.shard_index, shard.shard_count  # the sampler's
+    self._pool = None
+
+  def __len__(self) -> int:
+    return self.ENDLESS
+
+  def __getitem__(self, batch: int) -> dict:
+    positions = range(batch * self.batch_size, (batch + 1) * self.batch_size)
+    # A process's position p is the sampler's index p * shard_count + shard_index (as Grain's
+    # DataLoader indexes a sharded sampler).
+    records = [self.sampler[p * self._shard_count + self._shard_index] for p in positions]
+    examples = [self._example(record, data) for record, data in
+                zip(records, self._read([r.record_key for r in records]))]
+    return {key: np.stack([e[key] for e in examples]) for key in examples[0]}
+
+  def _example(self, record, data):
+    for op in self.operations:
+      data = op.random_map(data, record.rng) if isinstance(op, grain.RandomMapTransform) else op.map(data)
+    return data
+
+  def _read(self, keys):
+    """The records of `keys`, lazily in order: inline, or in read_threads threads."""
+    if not self.read_threads:
+      return (self.source[k] for k in keys)
+    if self._pool is None:  # made where it is used: a worker process gets its own
+      from concurrent import futures
+      self._pool = futures.ThreadPoolExecutor(self.read_threads, thread_name_prefix="jaxnet-read")
+    return self._pool.map(self.source.__getitem__, keys)
+
+  def __getstate__(self):  # to a worker process: without the threads
+    return {**self.__dict__, "_pool": None}
+
+  def __repr__(self) -> str:
+    # What a saved position is checked against (Grain compares reprs): the records, their
+    # order and the batch size, not the transforms (progressive resizing sets a position
+    # taken at one image size on the loader of the next).
+    return f"TrainBatches({self.source!r}, {self.sampler!r}, batch_size={self.batch_size})"
 
 
 def eval_batches(source, *, global_batch_size: int, image_size: int, workers: int = 0,
