@@ -176,8 +176,11 @@ MUTATIONS = [
 
     # --- input pipeline ----------------------------------------------------------
     Mutation("read_threads", "jaxnet/core/data/pipeline.py",
-             "num_threads=read_threads", "num_threads=0",
+             "    if not self.read_threads:\n", "    if True:\n",
              ("tests/test_pipeline.py::test_read_threads_read_ahead_without_changing_the_batches",), ci=True),
+    Mutation("train_batches_take_the_samplers_positions", "jaxnet/core/data/pipeline.py",
+             "self.sampler[p * self._shard_count + self._shard_index]", "self.sampler[p]",
+             ("tests/test_pipeline.py::test_batches_are_a_record_level_loaders",), ci=True),
     Mutation("eval_sees_every_example", "jaxnet/core/data/pipeline.py",
              "grain.Batch(batch, drop_remainder=False)", "grain.Batch(batch, drop_remainder=True)",
              ("tests/test_pipeline.py::test_eval_covers_every_example_once",), ci=True),

@@ -30,6 +30,29 @@ def test_restored_iterator_continues_the_exact_sequence(digits, workers):
   for want, got in zip(expected, _take(restored, 6)):
     np.testing.assert_array_equal(want["label"], got["label"])
     np.testing.assert_array_equal(want["image"], got["image"])
+  if workers:  # each worker makes whole batches: the batches are the same with none
+    alone = _take(iter(pipeline.train_loader(digits, global_batch_size=32, image_size=8, seed=3, workers=0)), 56)
+    for want, got in zip(alone[50:], expected):
+      np.testing.assert_array_equal(want["image"], got["image"])
+
+
+def test_batches_are_a_record_level_loaders(digits):
+  """TrainBatches (whole batches as Grain's elements) gives the batches of Grain's record-level
+  DataLoader over the same sharded sampler: the same records, order and augmentations."""
+  import grain.python as grain
+  from jaxnet.core.data.randaugment import RandAugment
+  shard = grain.ShardOptions(1, 2, drop_remainder=True)
+  records = grain.DataLoader(
+      data_source=digits, sampler=grain.IndexSampler(len(digits), shard, shuffle=True, seed=4),
+      operations=[pipeline.ArrayToExample(), RandAugment(2, 9), grain.Batch(16, drop_remainder=True)],
+      worker_count=0)
+  batches = pipeline.train_loader(digits, global_batch_size=32, image_size=8, seed=4, workers=0,
+                                  process_index=1, process_count=2, randaug=(2, 9))
+  for want, got in zip(_take(iter(records), 47), _take(iter(batches), 47)):  # past an epoch (44)
+    assert want.keys() == got.keys()
+    for key in want:
+      assert want[key].dtype == got[key].dtype
+      np.testing.assert_array_equal(want[key], got[key])
 
 
 class _ReaderSpy:
