@@ -86,8 +86,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.workers = 0               # Grain worker processes (0: decode in the main process; -1: one
                                    # per core this process may use, less one);
                                    # with loader=dali, DALI's CPU threads
-  c.data.read_threads = 0          # threads per worker reading records ahead; 0 reads inline,
-                                   # cheapest from local disk; raise to ~16 for GCS/NFS
+  c.data.read_threads = 0          # threads per worker reading a batch's records side by side;
+                                   # 0 reads inline, cheapest from local disk; ~16 for GCS/NFS
   c.data.eval_batch_size = 0       # 0: batch_size
   c.data.identity = "listing"      # how an image folder's identity is taken at a run's start:
                                    # listing (paths and sizes) | sampled (and 3 blocks of each
