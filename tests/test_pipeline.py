@@ -125,3 +125,21 @@ def test_eval_covers_every_example_once(process_count):
       seen.extend(map(bytes, b["image"][b["mask"]].reshape(-1, 64)))
   assert len(num_batches) == 1                    # every process yields the same number of batches
   assert sorted(seen) == sorted(map(bytes, test.images.reshape(-1, 64)))
+
+
+def test_batch_arrays_reuse_only_an_array_nothing_else_holds():
+  """BatchArrays writes a new batch into an earlier one's array only once that batch is gone:
+  a batch still held (by the loop, or a device array aliasing it) is never overwritten."""
+  arrays = pipeline.BatchArrays()
+  images = lambda v: [np.full((4, 4, 3), v, np.uint8)] * 2
+  first = arrays.stack(images(1))
+  second = arrays.stack(images(2))
+  assert (first == 1).all() and (second == 2).all()     # the first, still held, kept its values
+  address = first.__array_interface__["data"][0]
+  del first
+  third = arrays.stack(images(3))
+  assert third.__array_interface__["data"][0] == address and (third == 3).all() and (second == 2).all()
+  view = third[1:]                                      # a view holds the array too
+  del third
+  assert (arrays.stack(images(4)) == 4).all() and (view == 3).all()
+  assert arrays.stack(["a", "bc"]).tolist() == ["a", "bc"]  # strings: np.stack's own arrays

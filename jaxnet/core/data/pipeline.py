@@ -15,6 +15,7 @@ import collections
 import contextlib
 import math
 import os
+import sys
 import time
 from typing import Callable, Iterator
 
@@ -232,7 +233,7 @@ class TrainBatches:
     self.source, self.sampler, self.operations = source, sampler, list(operations)
     self.batch_size, self.read_threads = batch_size, read_threads
     self._shard_index, self._shard_count = shard.shard_index, shard.shard_count  # the sampler's
-    self._pool = None
+    self._pool, self._arrays = None, BatchArrays()
 
   def __len__(self) -> int:
     return self.ENDLESS
@@ -244,7 +245,7 @@ class TrainBatches:
     records = [self.sampler[p * self._shard_count + self._shard_index] for p in positions]
     examples = [self._example(record, data) for record, data in
                 zip(records, self._read([r.record_key for r in records]))]
-    return {key: np.stack([e[key] for e in examples]) for key in examples[0]}
+    return {key: self._arrays.stack([e[key] for e in examples]) for key in examples[0]}
 
   def _example(self, record, data):
     for op in self.operations:
@@ -260,14 +261,45 @@ class TrainBatches:
       self._pool = futures.ThreadPoolExecutor(self.read_threads, thread_name_prefix="jaxnet-read")
     return self._pool.map(self.source.__getitem__, keys)
 
-  def __getstate__(self):  # to a worker process: without the threads
-    return {**self.__dict__, "_pool": None}
+  def __getstate__(self):  # to a worker process: without the threads and arrays
+    return {**self.__dict__, "_pool": None, "_arrays": BatchArrays()}
 
   def __repr__(self) -> str:
     # What a saved position is checked against (Grain compares reprs): the records, their
     # order and the batch size, not the transforms (progressive resizing sets a position
     # taken at one image size on the loader of the next).
     return f"TrainBatches({self.source!r}, {self.sampler!r}, batch_size={self.batch_size})"
+
+
+class BatchArrays:
+  """Stacks examples' fields into batch arrays, reusing an earlier batch's array once nothing
+  else refers to it.
+
+  Why: a new batch of 128 images of 224 px (19 MB) comes from the kernel untouched, and its
+  first write faults in every page: ~36 page faults an image, ~40% of the loader's CPU time on
+  prepared shards (experiments/RESULTS.md; at 160 px malloc reused the freed memory and there
+  were none). An array is reused only when this object holds its only reference (CPython's
+  reference count): the batch it went out in is gone and no device array aliases it.
+  """
+
+  KEEP = 8  # arrays kept for reuse, at most
+
+  def __init__(self):
+    self._kept = []
+
+  def stack(self, values) -> np.ndarray:
+    first = np.asarray(values[0])
+    if first.dtype.kind not in "biuf":  # strings, objects: as np.stack gives them
+      return np.stack(values)
+    shape = (len(values),) + first.shape
+    for i in range(len(self._kept)):
+      # 2 references: the list's and getrefcount's argument.
+      if sys.getrefcount(self._kept[i]) == 2 and self._kept[i].shape == shape and self._kept[i].dtype == first.dtype:
+        return np.stack(values, out=self._kept[i])
+    out = np.stack(values)
+    if len(self._kept) < self.KEEP:
+      self._kept.append(out)
+    return out
 
 
 def eval_batches(source, *, global_batch_size: int, image_size: int, workers: int = 0,
