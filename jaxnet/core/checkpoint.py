@@ -6,8 +6,9 @@ WORKDIR/checkpoints/<step>/:
   data_iter/  the Grain iterator state, one JSON file per process (Grain's orbax handler);
               absent from a state made without data (weights imported with --no-data)
   config/     the resolved config as JSON, so a checkpoint says how it was made
-  checksums/  a checksum of every array in state/, computed at save time, and
-              the number of processes that saved the data position
+  checksums/  a checksum of every array in state/, computed at save time, the number of
+              processes that saved the data position, and the position's kind
+              (`data_elements: batches`; none: record-level, position_elements)
 
 Saves are asynchronous: the step's arrays are copied off the device, then written in a
 background thread while training goes on. Orbax writes into a temporary directory and
@@ -54,6 +55,7 @@ _REPORT = logging.getLogger("jaxnet.report")
 
 CHECKPOINTS_DIR, DAMAGED_DIR = "checkpoints", "checkpoints_damaged"
 STATE, DATA_ITER, CONFIG, CHECKSUMS = "state", "data_iter", "config", "checksums"
+BATCHES, RECORDS = "batches", "records"  # the kinds of data position (position_elements)
 CHECKSUM_ALGORITHM = "jaxnet-fmix32-sum-v1"
 
 
@@ -209,12 +211,16 @@ class Checkpoints:
 
   # -- saving ---------------------------------------------------------------
 
-  def save(self, step: int, state, iterator_state: bytes | None, config_dict: dict) -> None:
+  def save(self, step: int, state, iterator_state: bytes | None, config_dict: dict,
+           data_elements: str = BATCHES) -> None:
     """Checks that `state` is finite, then starts an async save of `step`.
 
     `iterator_state` None: a state made without data (weights imported with --no-data), saved
     with no data position; its checksums say so (`data_position: false`), and a training
     that restores it starts its data order from the beginning.
+    `data_elements`: the kind of loader the position is of (`position_elements`): a
+    whole-batches one's is marked so in the checksums (`data_elements: batches`), a
+    record-level one's is not, as jaxnet before 2026-11-29 saved it.
     Raises NonFiniteError (nothing is written) or CheckpointSaveError (this save
     or the previous one in flight failed; older checkpoints are intact).
     """
@@ -228,7 +234,7 @@ class Checkpoints:
     items = {STATE: ocp.args.StandardSave(state), CONFIG: ocp.args.JsonSave(config_dict),
              CHECKSUMS: ocp.args.JsonSave({"algorithm": CHECKSUM_ALGORITHM, "leaves": checksums,
                                            "process_count": jax.process_count(),
-                                           **({} if iterator_state is not None else {"data_position": False})})}
+                                           **_position_mark(iterator_state, data_elements)})}
     if iterator_state is not None:
       items[DATA_ITER] = grain.PyGrainCheckpointSave(IteratorPosition(iterator_state))
     try:
@@ -489,6 +495,29 @@ def holds_data_position(workdir: str, step: int) -> bool:
   except (OSError, ValueError):
     return True
   return not (isinstance(checksums, dict) and checksums.get("data_position", True) is False)
+
+
+def _position_mark(iterator_state: bytes | None, data_elements: str) -> dict:
+  if iterator_state is None:
+    return {"data_position": False}
+  if data_elements not in (BATCHES, RECORDS):
+    raise ValueError(f"data_elements must be {BATCHES!r} or {RECORDS!r}, got {data_elements!r}")
+  return {"data_elements": BATCHES} if data_elements == BATCHES else {}
+
+
+def position_elements(workdir: str, step: int) -> str | None:
+  """The kind of loader checkpoint `step`'s data position is of: "batches" (a loader whose
+  Grain elements are whole batches, marked so at save), "records" (record-level Grain
+  elements: a position saved without the mark, as jaxnet before 2026-11-29 saved every one),
+  or None (no data position, or checksums that do not read: its restore reports those).
+  A position's kind is jaxnet's own record, never read from Grain's state."""
+  try:
+    checksums = orbax_adapter.read_json_item(os.path.join(workdir, CHECKPOINTS_DIR, str(step)), CHECKSUMS)
+  except (OSError, ValueError):
+    return None
+  if not isinstance(checksums, dict) or checksums.get("data_position", True) is False:
+    return None
+  return BATCHES if checksums.get("data_elements") == BATCHES else RECORDS
 
 
 def newest_saved_config(workdir: str) -> tuple[int, dict] | tuple[None, None]:

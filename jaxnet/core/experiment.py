@@ -18,6 +18,11 @@ from jaxnet.core.state import TrainState, get_policy, init_state, start_state
 class Experiment:
   """Everything built from a config before the first step: data, model, optimizer, jitted steps."""
 
+  # The Grain train loader's elements: "batches" (whole batches, pipeline.TrainBatches), or
+  # "records" for a run resuming a data position a record-level loader saved (jaxnet before
+  # 2026-11-29), which only that loader replays: set before the train batches are made.
+  data_elements = "batches"
+
   def __init__(self, config, *, need_train_data: bool = True, devices=None,
                classes_without_data: int | None = None):
     """`devices`: the devices to build the mesh over (default: jax.devices()).
@@ -199,7 +204,8 @@ class Experiment:
         transform=self.task.transform(self.train_source, size, True, c),
         seed=c.seed, workers=self.data_workers, read_threads=c.data.read_threads,
         process_index=self.process_index, process_count=self.process_count,
-        randaug=(c.data.randaug_num_ops, c.data.randaug_magnitude))
+        randaug=(c.data.randaug_num_ops, c.data.randaug_magnitude),
+        whole_batches=self.data_elements == "batches")
 
   def device_batches(self) -> pipeline.DeviceBatches:
     """The train batches on the devices, `data.prefetch` ahead of the step (a context manager)."""

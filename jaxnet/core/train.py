@@ -124,6 +124,7 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
   checkpoints = gate.checkpoints(config.keep_checkpoints, config.async_checkpointing)
   control.checkpoint_sentence = checkpoints.complete_sentence
 
+  exp.data_elements = _resumed_data_elements(gate.path, checkpoints.steps(), config.data.loader, is_chief)
   # However the run ends (done, stopped, an error), the loader's workers stop and
   # their ready batches leave /dev/shm.
   batches = cleanup.enter_context(exp.device_batches())
@@ -159,6 +160,22 @@ def _start(config, gate: workdir_lib.Workdir, accept: tuple, init_params, contro
                                      warn=jax.default_backend() != "cpu"), mllog=mllog,
               profiler=StepProfiler(config.profile_steps, os.path.join(gate.path, "tensorboard"),
                                     enabled=is_chief))
+
+
+def _resumed_data_elements(workdir: str, steps, loader: str, report: bool) -> str:
+  """The kind of Grain train loader this run uses: the kind of the newest checkpoint with a
+  data position, so a position saved by the record-level loader (jaxnet before 2026-11-29)
+  resumes exactly, in that loader, for the whole run (its later checkpoints are record-level
+  too); "batches" otherwise (a fresh run, weights imported without data)."""
+  for step in sorted(steps, reverse=True):
+    elements = ckpt.position_elements(workdir, step)
+    if elements is None:
+      continue
+    if elements == ckpt.RECORDS and loader == "grain" and report:
+      _REPORT.info(f"checkpoint {step}'s data position is record-level (saved by jaxnet before 2026-11-29): "
+                   f"this run resumes with that loader; a new workdir gets the faster whole-batch loader")
+    return elements
+  return ckpt.BATCHES
 
 
 def _check_imported_head(workdir: str, exp: Experiment, evaluating: bool = False) -> None:
@@ -303,7 +320,8 @@ class _Run:
 
   def save(self) -> None:
     self.check_finite()
-    self.checkpoints.save(self.step, self.state, self.batches.position, self.config_dict)
+    self.checkpoints.save(self.step, self.state, self.batches.position, self.config_dict,
+                          data_elements=self.exp.data_elements)
 
   def finish(self, record: dict) -> dict:
     """The final save (unless this step's is already there) and the final eval."""
