@@ -163,6 +163,9 @@ def test_resume_is_exact(tmp_path):
   open(resumed / "metrics.jsonl", "w").writelines(lines)
   proc = run_main(resumed, *args)
   assert "resumed from checkpoint at step 6" in proc.stdout
+  assert "record-level" not in proc.stdout
+  # A new run's positions are a whole-batches loader's, and say so (a record-level one's do not).
+  assert [ckpt.position_elements(w, 12) for w in (straight, resumed)] == ["batches", "batches"]
 
   a, step_a = ckpt.load_arrays(straight)
   b, step_b = ckpt.load_arrays(resumed)
