@@ -840,6 +840,8 @@ def test_a_workdir_written_by_jaxnet_before_the_redesign_restores_and_resumes(tm
   np.testing.assert_allclose(result["eval/loss"], original[-1]["eval/loss"], rtol=2e-3)
   assert abs(result["eval/top1"] - original[-1]["eval/top1"]) <= 4 / 359 + 1e-9
   assert ckpt.load_arrays(workdir)[1] == 6
+  # Its later checkpoints keep the record-level position it resumed with.
+  assert ckpt.position_elements(str(workdir), 6) == "records"
 
 
 # --- fourth round (issue 36) -------------------------------------------------------------
