@@ -98,7 +98,7 @@ def _assert_one_clear_line(proc):
 
 # 1 -------------------------------------------------------------------------
 
-def test_second_run_on_a_held_workdir_exits_naming_the_holder(tmp_path):
+def test_second_run_on_a_held_workdir_exits_naming_the_holder(tmp_path, capsys):
   workdir = tmp_path / "w"
   first = _popen(workdir, "total_steps=100000", "log_every_steps=1", "checkpoint_every_steps=2",
                  "batch_size=32")
@@ -113,10 +113,13 @@ def test_second_run_on_a_held_workdir_exits_naming_the_holder(tmp_path):
   finally:
     first.send_signal(signal.SIGKILL)
     first.communicate()
-  # kill -9 leaves no stale lock: the same command resumes from a checkpoint.
-  third = run_main(workdir, "total_steps=1", "log_every_steps=1", "checkpoint_every_steps=2",
-                   "batch_size=32")
-  assert "resumed from checkpoint at step" in third.stdout
+  # kill -9 leaves no stale lock: the same run resumes from a checkpoint (in this process: the
+  # lock is the workdir's, whoever takes it next; a Python start costs seconds).
+  capsys.readouterr()
+  api.train(api.load_config(os.path.join(REPO, "configs/digits.py"),
+                            {"total_steps": 1, "log_every_steps": 1, "checkpoint_every_steps": 2, "batch_size": 32}),
+            str(workdir))
+  assert "resumed from checkpoint at step" in capsys.readouterr().out
 
 
 # 2 -------------------------------------------------------------------------
@@ -167,7 +170,7 @@ def _flip_bytes_of_largest_file(directory):
   open(largest, "wb").write(bytes(data))
 
 
-def test_damaged_checkpoints_are_reported_and_skipped(trained, tmp_path):
+def test_damaged_checkpoints_are_reported_and_skipped(trained, tmp_path, capsys):
   workdir = copy_run(trained, tmp_path)
   _flip_bytes_of_largest_file(workdir / "checkpoints" / "20" / "state")
   os.makedirs(workdir / "checkpoints" / "999")  # empty: as a half-copied directory looks
@@ -178,9 +181,11 @@ def test_damaged_checkpoints_are_reported_and_skipped(trained, tmp_path):
   with pytest.raises(ckpt.DamagedCheckpointError, match="checkpoint 20 .* damaged"):
     ckpt.load_arrays(workdir, 20)
 
-  resumed = run_main(workdir, *ARGS[1:], "total_steps=30", "keep_checkpoints=1")
-  assert "checkpoint 999" in resumed.stdout and "checkpoint 20" in resumed.stdout
-  assert "resumed from checkpoint at step 10" in resumed.stdout
+  capsys.readouterr()  # the resume in this process (a Python start costs seconds), as the command line's
+  api.train(_digits("total_steps=30", "keep_checkpoints=1"), str(workdir))
+  resumed = capsys.readouterr().out
+  assert "checkpoint 999" in resumed and "checkpoint 20" in resumed
+  assert "resumed from checkpoint at step 10" in resumed
   assert sorted(os.listdir(workdir / "checkpoints")) == ["30"]  # rotation kept the newest
   assert len(os.listdir(workdir / "checkpoints_damaged")) == 2
   tree, step = ckpt.load_arrays(workdir)
@@ -367,14 +372,14 @@ def _tmpfs_bytes(path) -> int:
              for d, _, files in os.walk(path) for f in files)
 
 
-def test_full_disk_stops_cleanly_and_keeps_the_newest_checkpoint(tmp_path):
+def test_full_disk_stops_cleanly_and_keeps_the_newest_checkpoint(trained, tmp_path):
   # A disk on which the run's first checkpoint fits and its second does not (the size of
-  # one is measured: it changes with the state, ~0.7 MB without an EMA copy).
+  # one is measured: it changes with the state, ~0.7 MB without an EMA copy). The module's
+  # run trained this state (ARGS): its files but one of its two checkpoints are what this
+  # run has written when it saves the second, half a checkpoint short of room for it.
   args = ("log_every_steps=10", "checkpoint_every_steps=5", "keep_checkpoints=1", "batch_size=32")
-  probe = tmp_path / "probe"
-  run_main(probe, "total_steps=5", *args)
-  checkpoint = _tmpfs_bytes(probe / "checkpoints" / "5")
-  size_k = (_tmpfs_bytes(probe) + checkpoint // 2) // 1024
+  checkpoint = _tmpfs_bytes(trained / "checkpoints" / "20")
+  size_k = (_tmpfs_bytes(trained) - _tmpfs_bytes(trained / "checkpoints" / "10") + checkpoint // 2) // 1024
   with _tmpfs(tmp_path / "small", f"{size_k}k") as mount:
     workdir = mount / "w"
     proc = run_main(workdir, "total_steps=40", *args, check=False)
@@ -859,8 +864,9 @@ def test_eval_refuses_a_config_that_changes_what_the_model_sees(trained, tmp_pat
   assert (workdir / "metrics.jsonl").read_text() == metrics_before  # the run's own record
   record = json.loads((workdir / workdir_lib.EVALS_WITH_CHANGES_FILE).read_text().splitlines()[-1])
   assert record["step"] == 20 and record["changes"] == {"image_size": [16, 32]} and "eval/top1" in record
-  # Keys that change nothing an eval measures (the eval batch, the run's length) need no accepting.
-  run_main(workdir, *ARGS, "data.eval_batch_size=64", "total_steps=40", mode="eval")
+  # Keys that change nothing an eval measures (the eval batch, the run's length) need no accepting
+  # (in this process, as the command line's eval: a Python start costs seconds).
+  api.evaluate(str(workdir), _digits("data.eval_batch_size=64", "total_steps=40"))
   # An invalid config.json is one line in eval mode too.
   (workdir / "config.json").write_text("{not json")
   assert "is not a valid config" in _assert_one_clear_line(run_main(workdir, *ARGS, mode="eval", check=False))
