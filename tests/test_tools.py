@@ -204,7 +204,7 @@ def test_prediction_resizes_array_source_images_to_image_size(workdir, test_set)
   np.testing.assert_array_equal(model.preprocess([big])[0, ..., 0], want)
 
 
-def test_predict_command_on_a_png(workdir, test_set, tmp_path):
+def test_predict_command_on_a_png(workdir, test_set, tmp_path, capsys):
   """`predict --step=60 --top=3`: the earlier checkpoint's top 3, as restore(step=60) predicts them."""
   images, labels = test_set
   early = api.restore(str(workdir), step=60)
@@ -218,10 +218,11 @@ def test_predict_command_on_a_png(workdir, test_set, tmp_path):
     paths.append(str(tmp_path / f"digit{i}.png"))
     Image.fromarray(images[i][..., 0]).save(paths[-1])
 
-  proc = subprocess.run([sys.executable, "-m", "jaxnet.cli.predict", f"--workdir={workdir}", "--step=60",
-                         "--top=3", *paths], cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr
-  lines = proc.stdout.splitlines()
+  # The command in this process (`python -m jaxnet.cli.predict` is its main; a Python start costs seconds).
+  from jaxnet.cli import predict
+  capsys.readouterr()
+  assert predict.main([f"--workdir={workdir}", "--step=60", "--top=3", *paths]) == 0
+  lines = capsys.readouterr().out.splitlines()
   assert len(lines) == 8 and lines[0] == paths[0] and lines[4] == paths[1]
   for block, i, want in zip((lines[1:4], lines[5:8]), (first, second), early.predict(paths, top_k=3)):
     probs = [float(line.split()[0]) for line in block]
