@@ -732,19 +732,22 @@ def test_torchvision_retinanet_weights_give_torchvisions_outputs(tmp_path):
   np.testing.assert_allclose(out["cls"], ref["cls_logits"], atol=1e-4 * max(scale, 1))
   np.testing.assert_allclose(out["box"], ref["box_deltas"], atol=1e-4 * max(float(np.abs(ref["box_deltas"]).max()), 1))
 
-  # The losses of torchvision's head outputs for its targets: matching, focal loss, L1.
-  per_image = [detection.losses(jnp.asarray(ref["cls_logits"][i]), jnp.asarray(ref["box_deltas"][i]),
-                                jnp.asarray(anchors), jnp.asarray(ref["target_boxes"][i]),
-                                jnp.asarray(ref["target_labels"][i]), jnp.arange(3) < ref["target_counts"][i])
+  # The losses of torchvision's head outputs for its targets: matching, focal loss, L1. Jitted,
+  # as the train step runs them (op by op, each of their hundreds of operations compiled alone).
+  losses = jax.jit(detection.losses)
+  per_image = [losses(jnp.asarray(ref["cls_logits"][i]), jnp.asarray(ref["box_deltas"][i]),
+                      jnp.asarray(anchors), jnp.asarray(ref["target_boxes"][i]),
+                      jnp.asarray(ref["target_labels"][i]), jnp.arange(3) < ref["target_counts"][i])
                for i in range(2)]
   assert np.mean([float(c) for c, _ in per_image]) == pytest.approx(float(ref["loss_classification"]), rel=1e-5)
   assert np.mean([float(b) for _, b in per_image]) == pytest.approx(float(ref["loss_box_reg"]), rel=1e-5)
 
-  # Decoding and NMS, from torchvision's head outputs and from jaxnet's own.
-  counts = [h * w * 9 for h, w in out["levels"]]
+  # Decoding and NMS, from torchvision's head outputs and from jaxnet's own (jitted, as eval runs them).
+  counts = tuple(h * w * 9 for h, w in out["levels"])
+  detect = jax.jit(detection.detect, static_argnums=(3, 4), static_argnames=("max_detections",))
   for cls, box in ((ref["cls_logits"], ref["box_deltas"]), (out["cls"], out["box"])):
     for i in range(2):
-      boxes, scores, labels = (np.asarray(a) for a in detection.detect(
+      boxes, scores, labels = (np.asarray(a) for a in detect(
           jnp.asarray(cls[i]), jnp.asarray(box[i]), jnp.asarray(anchors), counts, 128, max_detections=300))
       n = int(ref["counts"][i])
       assert np.isfinite(scores[:n]).all() and not np.isfinite(scores[n:]).any()

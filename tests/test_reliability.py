@@ -408,9 +408,7 @@ def test_a_failed_save_is_the_error_reported_when_closing_fails_too(tmp_path, mo
   monkeypatch.setattr(ckpt.Checkpoints, "save", full_disk)
   monkeypatch.setattr(metrics.EventFile, "close", flush_fails)
   with pytest.raises(ckpt.CheckpointSaveError, match=r"checkpoint at step 5 FAILED \(no space left"):
-    # One device and 8 px: the smallest step to compile (the saves never reach the state).
-    api.train(_digits("total_steps=10", "checkpoint_every_steps=5", "mesh.num_devices=1", "image_size=8"),
-              tmp_path / "w")
+    api.train(_digits("total_steps=10", "checkpoint_every_steps=5"), tmp_path / "w")
 
 
 def test_a_failed_saves_late_writes_are_removed_at_close(tmp_path):
@@ -764,8 +762,7 @@ def test_the_library_leaves_the_process_hooks_loggers_and_warnings_alone(tmp_pat
   import sklearn.datasets  # noqa: F401 (its import adds warning filters of scipy's own)
   before = process_state()
   workdir = tmp_path / "w"
-  # One device and 8 px: the smallest run to compile (what it touches does not depend on its size).
-  api.train(_digits("total_steps=4", "checkpoint_every_steps=2", "mesh.num_devices=1", "image_size=8"), workdir)
+  api.train(_digits("total_steps=4", "checkpoint_every_steps=2"), workdir)
   model = api.restore(workdir)
   model.logits(np.zeros((1, *model.image_shape), np.uint8))
   api.evaluate(workdir)
