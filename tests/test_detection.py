@@ -724,7 +724,13 @@ def test_torchvision_retinanet_weights_give_torchvisions_outputs(tmp_path):
   save_file(tensors, weights)
   source = pretrained.load(weights, target, "retinanet_resnet50")
   values, _ = pretrained.fill(target, source, keep_head=True)
-  out = model.apply(unflatten_dict(values), jnp.asarray(x.transpose(0, 2, 3, 1)), train=False)
+  levels = []  # the output's level sizes are Python ints, known when the model is traced
+
+  def apply(variables, images):
+    out = model.apply(variables, images, train=False)
+    levels.append(out.pop("levels"))
+    return out
+  out = dict(jax.jit(apply)(unflatten_dict(values), jnp.asarray(x.transpose(0, 2, 3, 1))), levels=levels[0])
 
   anchors = retinanet.anchors(128, out["levels"], model.anchor_base)
   np.testing.assert_array_equal(anchors, ref["anchors"])
