@@ -401,7 +401,7 @@ def test_a_failed_save_is_the_error_reported_when_closing_fails_too(tmp_path, mo
   """A full disk fails the checkpoint first; the TensorBoard events buffered since the
   last flush then fail at close too (seen in CI). The run reports the checkpoint."""
   from jaxnet.core import metrics
-  def full_disk(self, step, *args):
+  def full_disk(self, step, *args, **kwargs):  # save's signature (data_elements=...)
     raise self._save_failed(step, OSError(errno.ENOSPC, "No space left on device"))
   def flush_fails(self):
     raise OSError(errno.ENOSPC, "No space left on device")
@@ -939,7 +939,7 @@ def test_a_failure_while_closing_after_a_first_error_adds_nothing(tmp_path, monk
   save's one line is what is raised, with no second exception chained to it."""
   import orbax.checkpoint as ocp
 
-  def full_disk(self, step, *args):
+  def full_disk(self, step, *args, **kwargs):  # save's signature (data_elements=...)
     raise self._save_failed(step, OSError(errno.ENOSPC, "No space left on device"))
 
   def close_fails(self):
