@@ -180,6 +180,12 @@ def test_damaged_checkpoints_are_reported_and_skipped(trained, tmp_path, capsys)
   assert "checkpoint 999" in line and "damaged" in line
   with pytest.raises(ckpt.DamagedCheckpointError, match="checkpoint 20 .* damaged"):
     ckpt.load_arrays(workdir, 20)
+  # A damaged checkpoint older than a complete one is damaged too, not one that rotation was
+  # deleting while it was read (that would send the user to read another step).
+  older = copy_run(trained, tmp_path, "older")
+  _flip_bytes_of_largest_file(older / "checkpoints" / "10" / "state")
+  with pytest.raises(ckpt.DamagedCheckpointError, match="checkpoint 10 .* damaged"):
+    ckpt.load_arrays(older, 10)
 
   capsys.readouterr()  # the resume in this process (a Python start costs seconds), as the command line's
   api.train(_digits("total_steps=30", "keep_checkpoints=1"), str(workdir))
