@@ -78,10 +78,15 @@ MUTATIONS = [
               PARALLEL + "test_resumed_two_process_run_continues_exactly")),
     # A workdir whose data was moved (regenerated elsewhere) resumes: Grain's saved position
     # names the data's old path. Only tests/data/workdir_6a228ef_retinanet's test moves data.
-    Mutation("data_position_of_moved_data_restores", "jaxnet/core/checkpoint.py",
-             "grain.PyGrainCheckpointRestore(grain_adapter.position_of_moved_data(iterator))",
-             "grain.PyGrainCheckpointRestore(iterator)",
+    Mutation("data_position_of_moved_data_restores", "jaxnet/core/adapters/grain.py",
+             '      saved = {**saved, "data_source": new}\n', "      pass\n",
              (DETECTION + "test_a_detection_workdir_written_by_an_earlier_jaxnet_evaluates_resumes_and_predicts",)),
+    # A whole-batches position saved by another worker count (data.workers=-1 on another
+    # node) resumes at the next batch: the conversion a batch late repeats none but skips one.
+    Mutation("data_position_other_workers_next_batch", "jaxnet/core/adapters/grain.py",
+             "return int(position[_LAST_SEEN][str(turn)]) + lanes\n",
+             "return int(position[_LAST_SEEN][str(turn)]) + lanes + 1\n",
+             ("tests/test_pipeline.py::test_a_whole_batches_position_resumes_at_the_next_batch_with_another_worker_count",)),
     Mutation("sigterm_stops_the_run", "jaxnet/core/train.py",
              "  if jax.process_count() == 1:\n    return control.stop_requested()",
              "  if jax.process_count() == 1:\n    return False",

@@ -579,7 +579,7 @@ def test_a_detection_workdir_written_by_an_earlier_jaxnet_evaluates_resumes_and_
 
   # (c) Rerunning its command for two more steps resumes it from its checkpoint, data position
   # included, though that position names the data's old folder (Grain refused it before
-  # jaxnet/core/adapters/grain.py's _MovedDataPosition; the data is the same, checked above).
+  # jaxnet/core/adapters/grain.py's _RestoredPosition; the data is the same, checked above).
   api.train(config, str(workdir), steps=fixture.STEPS + 2, accept_config_changes=("data.dir",))
   assert f"resumed from checkpoint at step {fixture.STEPS}" in capsys.readouterr().out
   resumed = read_jsonl(workdir)

@@ -1,5 +1,6 @@
 """The Grain pipeline: exact resume, disjoint process shards, eval covers every example once."""
 
+import json
 import threading
 
 import numpy as np
@@ -143,3 +144,83 @@ def test_batch_arrays_reuse_only_an_array_nothing_else_holds():
   del third
   assert (arrays.stack(images(4)) == 4).all() and (view == 3).all()
   assert arrays.stack(["a", "bc"]).tolist() == ["a", "bc"]  # strings: np.stack's own arrays
+
+
+# --- a data position and the worker count (jaxnet/core/adapters/grain.py) ------------------
+
+def _loader(digits, workers, whole_batches=True):
+  return iter(pipeline.train_loader(digits, global_batch_size=32, image_size=8, seed=5, workers=workers,
+                                    whole_batches=whole_batches))
+
+
+def _save_position(workdir, iterator, elements):
+  from jaxnet.core import checkpoint as ckpt
+  checkpoints = ckpt.Checkpoints(str(workdir), async_save=False)
+  checkpoints.save(3, {"w": np.zeros(1, np.float32)}, iterator.get_state(), {}, data_elements=elements)
+  checkpoints.wait()
+  return checkpoints
+
+
+@pytest.mark.parametrize("saved_workers, workers", [(1, 2), (2, 0)])
+def test_a_whole_batches_position_resumes_at_the_next_batch_with_another_worker_count(
+    digits, tmp_path, saved_workers, workers):
+  """data.workers=-1 is one worker per core: a run resumed where the core count differs
+  restores a position saved by another worker count. It continues at the next batch: the
+  batches an uninterrupted run gives (Grain alone refused the position)."""
+  from jaxnet.core.adapters import grain as grain_adapter
+  straight = _take(_loader(digits, 0), 6)
+  run = _loader(digits, saved_workers)
+  _take(run, 3)  # an odd count: the next batch is another worker's than the first
+  checkpoints = _save_position(tmp_path, run, "batches")
+  resumed = _loader(digits, workers)
+  try:
+    checkpoints._restore_position(3, resumed, saved_processes=None)
+  finally:
+    checkpoints.close()
+  assert grain_adapter.worker_count_of(json.loads(resumed.get_state())) == workers
+  for want, got in zip(straight[3:], _take(resumed, 3)):
+    np.testing.assert_array_equal(want["label"], got["label"])
+    np.testing.assert_array_equal(want["image"], got["image"])
+  for iterator in (run, resumed):
+    grain_adapter.close_iterator(iterator, workers=1)
+
+
+def test_a_record_level_position_of_another_worker_count_is_one_line_naming_the_count(digits, tmp_path):
+  """A record-level position (jaxnet before 2026-11-29) holds each worker's place in a record
+  stream: it fits only its own worker count, and says which."""
+  from jaxnet.core import checkpoint as ckpt
+  from jaxnet.core.adapters import grain as grain_adapter
+  run = _loader(digits, 0, whole_batches=False)
+  _take(run, 2)
+  checkpoints = _save_position(tmp_path, run, "records")
+  resumed = _loader(digits, 1, whole_batches=False)
+  try:
+    with pytest.raises(ckpt.CheckpointMismatchError) as e:
+      checkpoints._restore_position(3, resumed, saved_processes=None)
+  finally:
+    checkpoints.close()
+    grain_adapter.close_iterator(resumed, workers=1)
+  message = str(e.value)
+  assert "\n" not in message and "Traceback" not in message
+  assert message.endswith("is record-level (jaxnet before 2026-11-29) and holds the places of 0 data workers; "
+                          "this run has 1. Resume with --config.data.workers=0"), message
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_grains_data_position_is_the_format_the_adapter_reads(digits, workers):
+  """The adapter reads and writes Grain 0.2's DataLoader position (its fields; worker i gives
+  sampler indices i, i + W, ...): a Grain that changes it fails here, not in a resumed run."""
+  from jaxnet.core.adapters import grain as grain_adapter
+  iterator = _loader(digits, workers)
+  start = json.loads(iterator.get_state())
+  _take(iterator, 3)
+  state = json.loads(iterator.get_state())
+  grain_adapter.close_iterator(iterator, workers)
+  assert set(state) == {"version", "last_seen_indices", "last_worker_index", "worker_count", "sampler", "data_source"}
+  assert grain_adapter.worker_count_of(state) == workers
+  assert [grain_adapter.next_index(start), grain_adapter.next_index(state)] == [0, 3]
+  # What the adapter writes for this count is what Grain wrote.
+  assert grain_adapter.position_at(state, 3, workers) == state
+  assert grain_adapter.position_at(state, 0, workers) == start
+  with pytest.raises(ValueError, match="version 3"):
+    grain_adapter.next_index({**state, "version": 3})

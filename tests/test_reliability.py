@@ -1060,11 +1060,11 @@ def test_a_data_position_follows_its_data_to_another_folder_and_nothing_else():
                           ("CocoSource('/tmp/old/annotations/instances_train.json', n=47)", None),
                           ("ArraySource(n=48, shape=(8, 8, 3), classes=10)", None)):
     loader = Loader(here)
-    grain_adapter.position_of_moved_data(loader).set_state(json.dumps({"data_source": saved, "last": 7}).encode())
+    grain_adapter.restore_target(loader).set_state(json.dumps({"data_source": saved, "last": 7}).encode())
     assert loader.given == {"data_source": expected or saved, "last": 7}
   # An iterator without Grain's string state (DALI's, a stand-in) is passed on untouched.
   dali = object()
-  assert grain_adapter.position_of_moved_data(dali) is dali
+  assert grain_adapter.restore_target(dali) is dali
 
 
 def test_a_data_position_of_another_loader_names_data_loader(trained, tmp_path, monkeypatch):

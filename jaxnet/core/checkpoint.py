@@ -356,14 +356,22 @@ class Checkpoints:
           f"own shard of the data; this run has {jax.process_count()}. Resume with "
           f"{saved_processes} process(es) (any number of devices each), or start a new --workdir "
           f"from these weights with --config.init.weights={self.workdir}")
+    # A whole-batches position is batch n for any worker count, so it moves to this loader's
+    # count; a record-level one holds each worker's place in a record stream, and fits only its own.
+    target = grain_adapter.restore_target(iterator, other_workers=position_elements(self.workdir, step) == BATCHES)
     try:
-      self.manager.restore(step, args=ocp.args.Composite(**{
-          DATA_ITER: grain.PyGrainCheckpointRestore(grain_adapter.position_of_moved_data(iterator))}))
+      self.manager.restore(step, args=ocp.args.Composite(**{DATA_ITER: grain.PyGrainCheckpointRestore(target)}))
     except Exception as e:
+      saved_workers, workers = getattr(target, "refused", None) or (None, None)
+      if saved_workers is not None:
+        raise CheckpointMismatchError(
+            f"the data position saved at step {step} in {where} is record-level (jaxnet before 2026-11-29) and "
+            f"holds the places of {saved_workers} data workers; this run has {workers}. Resume with "
+            f"--config.data.workers={saved_workers}") from e
       raise CheckpointMismatchError(
           f"the data position saved at step {step} in {where} does not fit this run's input "
           f"pipeline ({orbax_adapter.first_line(e)}). Resume with the same data.loader (grain or "
-          f"dali: each saves its own kind of position), data.source, data.dir, data.workers, "
+          f"dali: each saves its own kind of position), data.source, data.dir, "
           f"batch_size and seed as the run that wrote it, or use a new workdir.") from e
 
   def restore_newest(self, abstract_state, iterator=None, data_change_accepted: bool = False):

@@ -414,7 +414,7 @@ def _moves(moved: dict) -> str:
 RESUMABLE = (
     "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "eval_every_epochs",
     "checkpoint_every_epochs", "total_steps", "num_epochs",
-    "keep_checkpoints", "async_checkpointing", "data.read_threads", "data.prefetch",
+    "keep_checkpoints", "async_checkpointing", "data.workers", "data.read_threads", "data.prefetch",
     "data.eval_batch_size", "data.identity", "profile_steps", "distributed.*", "mesh.*", "target_accuracy",
 )
 

@@ -1,5 +1,6 @@
 """Grain: the absl flags its worker processes read, freeing the batches they leave in
-shared memory, and a saved position's data source, which names where the data lay."""
+shared memory, and a saved position: its data source, which names where the data lay, and
+its format, which holds each worker's place."""
 
 import gc
 import json
@@ -61,29 +62,78 @@ def _without_paths(source_repr: str) -> str:
   return _PATH_IN_REPR.sub("PATH", source_repr)
 
 
-class _MovedDataPosition:
+# Grain 0.2's DataLoader position (the JSON object of its iterator's get_state, format version 2):
+# its sampler's indices are dealt round-robin over its W workers (worker i takes i, i + W, ...;
+# W = 0: one stream, read as one worker), and the position holds W ("worker_count"), the index each
+# worker gave last ("last_seen_indices", keyed "0", "1", ...; i - W before its first) and the worker
+# whose element came last ("last_worker_index"; -1 at the start of a round). Read here for a
+# loader whose sampler is not sharded (jaxnet's whole-batches loader: one element a batch).
+_WORKERS, _LAST_SEEN, _LAST_WORKER, _VERSION = "worker_count", "last_seen_indices", "last_worker_index", "version"
+POSITION_VERSION = 2
+
+
+def worker_count_of(position: dict) -> int:
+  """The worker count of the loader that saved `position`."""
+  return int(position[_WORKERS])
+
+
+def next_index(position: dict) -> int:
+  """The sampler index of the element that comes next after `position`: the one after the
+  last seen by the worker whose turn it is."""
+  _check_version(position)
+  lanes = max(worker_count_of(position), 1)
+  turn = (int(position[_LAST_WORKER]) + 1) % lanes
+  return int(position[_LAST_SEEN][str(turn)]) + lanes
+
+
+def position_at(position: dict, index: int, workers: int) -> dict:
+  """`position` (its sampler and data source) moved to sampler index `index` next, in a loader of
+  `workers` workers: what that loader's own position reads after it gave elements 0 .. index - 1."""
+  _check_version(position)
+  lanes = max(workers, 1)
+  # Worker i has given the indices i, i + lanes, ... below `index`: ceil((index - i) / lanes) of them.
+  last_seen = {str(i): i + ((index - i + lanes - 1) // lanes - 1) * lanes for i in range(lanes)}
+  return {**position, _WORKERS: workers, _LAST_SEEN: last_seen, _LAST_WORKER: index % lanes - 1}
+
+
+def _check_version(position: dict) -> None:
+  if position.get(_VERSION) != POSITION_VERSION:
+    raise ValueError(f"a Grain data position of version {position.get(_VERSION)!r}: jaxnet reads version "
+                     f"{POSITION_VERSION} (grain 0.2)")
+
+
+class _RestoredPosition:
   """A Grain loader's iterator as Grain's restore handler sees it, taking a saved position
   whose data source differs from this run's only in the paths its repr names. Grain refuses
   any other repr; the run checked before that its data is the data the position was saved
   with (data_identity.json, which holds no path), so a moved dataset (a workdir restored on
-  another machine, a regenerated copy) resumes where it was."""
+  another machine, a regenerated copy) resumes where it was.
+  A position of another worker count is moved to this loader's count where `other_workers`
+  (its elements are whole batches: the same element n for any count); otherwise it is
+  refused, and `refused` holds (saved count, this loader's count)."""
 
-  def __init__(self, iterator):
-    self.iterator = iterator
+  def __init__(self, iterator, other_workers: bool):
+    self.iterator, self.other_workers, self.refused = iterator, other_workers, None
 
   def set_state(self, state: bytes) -> None:
     saved, now = json.loads(state), json.loads(self.iterator.get_state())
     old, new = saved.get("data_source"), now.get("data_source")
     if isinstance(old, str) and isinstance(new, str) and old != new and _without_paths(old) == _without_paths(new):
-      state = json.dumps({**saved, "data_source": new}).encode()
-    self.iterator.set_state(state)
+      saved = {**saved, "data_source": new}
+    if _WORKERS in saved and _WORKERS in now and worker_count_of(saved) != worker_count_of(now):
+      if not self.other_workers:
+        self.refused = (worker_count_of(saved), worker_count_of(now))
+        raise ValueError(f"a data position of {self.refused[0]} workers, in a loader of {self.refused[1]}")
+      saved = position_at(saved, next_index(saved), worker_count_of(now))
+    self.iterator.set_state(json.dumps(saved).encode())
 
   def start_prefetch(self) -> None:
     self.iterator.start_prefetch()
 
 
-def position_of_moved_data(iterator):
-  """`iterator` for Grain's restore handler (PyGrainCheckpointRestore): a DataLoader's wrapped (_MovedDataPosition); a
+def restore_target(iterator, other_workers: bool = False):
+  """`iterator` for Grain's restore handler (PyGrainCheckpointRestore): a DataLoader's wrapped
+  (_RestoredPosition: a moved data source, and with `other_workers` another worker count); a
   dataset iterator (its state a dict) or DALI's (no data_source in its state) as it is."""
   if isinstance(iterator, grain.DatasetIterator) or not hasattr(iterator, "start_prefetch"):
     return iterator
@@ -92,4 +142,4 @@ def position_of_moved_data(iterator):
     has_source = "data_source" in json.loads(state)
   except (TypeError, ValueError):
     has_source = False
-  return _MovedDataPosition(iterator) if has_source else iterator
+  return _RestoredPosition(iterator, other_workers) if has_source else iterator
