@@ -4,6 +4,7 @@ name, instead of making jaxnet misbehave. And the shell's use of them (jaxnet/cl
 the XLA flags, the filters of noise already reported)."""
 
 import errno
+import json
 import logging
 import os
 import re
@@ -169,6 +170,30 @@ def test_grain_iterators_close_and_unlink_through_the_names_the_adapter_uses():
   grain_adapter.close_iterator(iterator, workers=0)
   grain_adapter.close_iterator(iterator, workers=0)  # idempotent
 
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_grains_data_position_is_the_format_the_adapter_reads_and_writes(workers):
+  """The adapter reads and writes Grain 0.2's DataLoader position: its fields, and where its
+  workers stand (worker i gives the sampler's indices i, i + W, ...). Written for this count at
+  the index Grain has reached, it is what Grain wrote."""
+  import grain.python as grain
+  grain_adapter.ensure_absl_flags_parsed()
+  loader = grain.DataLoader(data_source=[{"x": np.int32(i)} for i in range(16)], worker_count=workers,
+                            sampler=grain.IndexSampler(16, grain.NoSharding(), shuffle=False,
+                                                       num_epochs=1, seed=0))
+  iterator = iter(loader)
+  start = json.loads(iterator.get_state())
+  assert [int(next(iterator)["x"]) for _ in range(3)] == [0, 1, 2]
+  state = json.loads(iterator.get_state())
+  grain_adapter.close_iterator(iterator, workers)
+  assert set(state) == {"version", "last_seen_indices", "last_worker_index", "worker_count", "sampler", "data_source"}
+  assert grain_adapter.worker_count_of(state) == workers
+  assert [grain_adapter.next_index(start), grain_adapter.next_index(state)] == [0, 3]
+  assert grain_adapter.position_at(state, 3, workers) == state
+  assert grain_adapter.position_at(state, 0, workers) == start
+  with pytest.raises(ValueError, match="version 3"):
+    grain_adapter.next_index({**state, "version": 3})
 
 # --- orbax and tensorstore -----------------------------------------------------------
 

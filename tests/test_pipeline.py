@@ -205,22 +205,3 @@ def test_a_record_level_position_of_another_worker_count_is_one_line_naming_the_
   assert message.endswith("is record-level (jaxnet before 2026-11-29) and holds the places of 0 data workers; "
                           "this run has 1. Resume with --config.data.workers=0"), message
 
-
-@pytest.mark.parametrize("workers", [0, 2])
-def test_grains_data_position_is_the_format_the_adapter_reads(digits, workers):
-  """The adapter reads and writes Grain 0.2's DataLoader position (its fields; worker i gives
-  sampler indices i, i + W, ...): a Grain that changes it fails here, not in a resumed run."""
-  from jaxnet.core.adapters import grain as grain_adapter
-  iterator = _loader(digits, workers)
-  start = json.loads(iterator.get_state())
-  _take(iterator, 3)
-  state = json.loads(iterator.get_state())
-  grain_adapter.close_iterator(iterator, workers)
-  assert set(state) == {"version", "last_seen_indices", "last_worker_index", "worker_count", "sampler", "data_source"}
-  assert grain_adapter.worker_count_of(state) == workers
-  assert [grain_adapter.next_index(start), grain_adapter.next_index(state)] == [0, 3]
-  # What the adapter writes for this count is what Grain wrote.
-  assert grain_adapter.position_at(state, 3, workers) == state
-  assert grain_adapter.position_at(state, 0, workers) == start
-  with pytest.raises(ValueError, match="version 3"):
-    grain_adapter.next_index({**state, "version": 3})

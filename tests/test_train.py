@@ -180,6 +180,32 @@ def test_resume_is_exact(tmp_path):
     assert la[step] == pytest.approx(lb[step], abs=1e-6), step
 
 
+@pytest.mark.slow  # ~50 s (two short runs with worker processes); the default set holds tests/test_pipeline.py's
+def test_a_run_resumed_on_a_node_with_another_core_count_continues_at_the_next_batch(tmp_path, monkeypatch):
+  """data.workers=-1 (the ImageNet recipes: one worker per core, less one) preempted on a
+  2-core node (1 worker) and resumed on a 3-core one (2 workers): its steps 3-4 are those of
+  the uninterrupted run (it stopped on Grain's worker-count refusal before 2026-11-29)."""
+  from jaxnet import api
+  from jaxnet.core.data import pipeline
+  config = api.load_config(os.path.join(REPO, "configs/digits.py"), {
+      "total_steps": 4, "log_every_steps": 1, "checkpoint_every_steps": 2, "eval_every_steps": 0,
+      "batch_size": 16, "data.workers": -1})
+  straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+  monkeypatch.setattr(pipeline, "cores_available", lambda: 2)
+  api.train(config, str(straight))
+  # The resumed run: the same run stopped right after its step-2 checkpoint, on another node.
+  shutil.copytree(straight, resumed)
+  shutil.rmtree(resumed / "checkpoints" / "4")
+  lines = [l for l in open(resumed / "metrics.jsonl") if json.loads(l)["step"] <= 2]
+  open(resumed / "metrics.jsonl", "w").writelines(lines)
+  monkeypatch.setattr(pipeline, "cores_available", lambda: 3)
+  api.train(config, str(resumed))
+  loss = lambda w: {r["step"]: r["train/loss"] for r in read_jsonl(w) if "train/loss" in r}
+  assert [loss(resumed)[s] for s in (3, 4)] == pytest.approx([loss(straight)[s] for s in (3, 4)], abs=1e-6)
+  a, b = ckpt.load_arrays(straight)[0], ckpt.load_arrays(resumed)[0]
+  assert max_abs_diff(a["params"], b["params"]) <= 1e-6
+
+
 @pytest.mark.slow  # 1.5 minutes; SIGTERM's save is held in the default run by test_reliability.py's sigterm and ctrl-c tests
 def test_sigterm_saves_and_resume_matches_uninterrupted_run(tmp_path):
   args = ["total_steps=200", "log_every_steps=1", "checkpoint_every_steps=0", "eval_every_steps=0",
