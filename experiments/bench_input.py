@@ -51,6 +51,7 @@ import simplejpeg  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import benchlib  # noqa: E402  (experiments/benchlib.py, beside this script)
+from jaxnet.core.adapters import grain as grain_adapter  # noqa: E402
 from jaxnet.core.data import decode, pipeline, prepared, transforms  # noqa: E402
 from jaxnet.core.data.imagefolder import ImageFolderSource  # noqa: E402
 from jaxnet.tools.make_imagefolder import make_imagefolder  # noqa: E402
@@ -326,17 +327,27 @@ def transform_rate(blobs: list[bytes], size: int, seconds: float) -> float:
   return count / (time.process_time() - start)
 
 
-def loader_rate(source, size: int, batch_size: int, seconds: float, epoch_size: int) -> float:
-  """Images per CPU-second of jaxnet's Grain train loader, in-process (workers=0)."""
+def loader_rate(source, size: int, batch_size: int, seconds: float, epoch_size: int,
+                workers: int = 0) -> float:
+  """Images per CPU-second of jaxnet's Grain train loader: in-process (workers=0), or with
+  `workers` worker processes, the CPU of all of them and this process together (each batch
+  dropped when the next is taken, as the training loop drops it)."""
   loader = pipeline.train_loader(RepeatedSource(source, epoch_size), global_batch_size=batch_size,
-                                 image_size=size, seed=0, workers=0)
+                                 image_size=size, seed=0, workers=workers)
   iterator = iter(loader)
-  next(iterator)
-  batches, start = 0, time.process_time()
-  while time.process_time() - start < seconds:
-    next(iterator)
+  batch = next(iterator)  # excludes worker start-up from the rate
+  # With workers, this process mostly waits: `seconds` of wall time, and the CPU of the tree.
+  clock = cpu_seconds_of_tree if workers else time.process_time
+  timer = time.perf_counter if workers else time.process_time
+  batches, start, cpu_start = 0, timer(), clock()
+  while timer() - start < seconds:
+    batch = next(iterator)
     batches += 1
-  return batches * batch_size / (time.process_time() - start)
+  rate = batches * batch_size / (clock() - cpu_start)
+  del batch
+  if workers:
+    grain_adapter.close_iterator(iterator, workers)
+  return rate
 
 
 def _per_call_us(fn, items: list, seconds: float = 0.5) -> float:

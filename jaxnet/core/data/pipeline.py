@@ -259,6 +259,8 @@ class TrainBatches:
     records = [self.sampler[p * self._shard_count + self._shard_index] for p in positions]
     examples = [self._example(record, data) for record, data in
                 zip(records, self._read([r.record_key for r in records]))]
+    if self._arrays is None:  # in a worker process (unpickled): hand batches over in kept shared memory
+      self._arrays = grain_adapter.SharedBatchArrays() if grain_adapter.can_hand_over() else BatchArrays()
     return {key: self._arrays.stack([e[key] for e in examples]) for key in examples[0]}
 
   def _example(self, record, data):
@@ -276,7 +278,7 @@ class TrainBatches:
     return self._pool.map(self.source.__getitem__, keys)
 
   def __getstate__(self):  # to a worker process: without the threads and arrays
-    return {**self.__dict__, "_pool": None, "_arrays": BatchArrays()}
+    return {**self.__dict__, "_pool": None, "_arrays": None}
 
   def __repr__(self) -> str:
     # What a saved position is checked against (Grain compares reprs): the records, their
