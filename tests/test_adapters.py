@@ -195,6 +195,36 @@ def test_grains_data_position_is_the_format_the_adapter_reads_and_writes(workers
   with pytest.raises(ValueError, match="version 3"):
     grain_adapter.next_index({**state, "version": 3})
 
+
+def test_a_workers_kept_segment_is_handed_over_through_grains_protocol_and_reused_once_unlinked():
+  """SharedBatchArrays relies on grain 0.2's hand-over: a worker passes a metadata leaf on as
+  it is (copy_to_shm), the consumer maps it by name and, once its array is gone, closes and
+  unlinks that name (open_from_shm, the deleter). A batch still held is never written."""
+  from grain._src.python.ipc import shared_memory_array as shm_array
+  if not grain_adapter.can_hand_over():
+    pytest.skip("no /dev/shm")
+  shm_array.SharedMemoryArray.enable_async_del(1)  # as a DataLoader with workers does
+  before = set(os.listdir("/dev/shm"))
+  arrays = grain_adapter.SharedBatchArrays()
+  sent = arrays.stack([np.full((3, 2), i, np.uint8) for i in range(4)])
+  assert shm_array.copy_to_shm(sent) is sent  # the worker sends it as it is
+  held = shm_array.open_from_shm(sent)  # the consumer's batch
+  assert held.shape == (4, 3, 2) and held[3].tolist() == [[3, 3]] * 3
+  second = shm_array.open_from_shm(arrays.stack([np.zeros((3, 2), np.uint8)] * 4))
+  assert held[3].tolist() == [[3, 3]] * 3, "a batch still held was written"
+  kept = set(os.listdir("/dev/shm")) - before
+  del second
+  grain_adapter.wait_for_unlinks()
+  third = shm_array.open_from_shm(arrays.stack([np.ones((3, 2), np.uint8)] * 4))
+  assert third.sum() == 24 and held[3].tolist() == [[3, 3]] * 3
+  assert len(set(os.listdir("/dev/shm")) - before - kept) == 1  # the freed segment's new name only
+  del held, third
+  grain_adapter.wait_for_unlinks()
+  assert np.asarray(arrays.stack(["a", "b"])).dtype.kind == "U"  # not numbers: an array, as np.stack
+  arrays.close()  # what a worker process's exit runs: its kept segments unlinked
+  assert not set(os.listdir("/dev/shm")) - before
+
+
 # --- orbax and tensorstore -----------------------------------------------------------
 
 def test_orbax_keeps_a_json_item_in_the_file_the_adapter_reads(tmp_path):

@@ -97,14 +97,16 @@ class SharedBatchArrays:
   worker process exits (multiprocessing's exit finalizers, which a worker runs).
   """
 
-  KEEP = 8  # segments kept per array shape, at most; beyond it, Grain's own copy
+  KEEP = 16  # segments kept per array shape, at most (each one a batch in flight); beyond, Grain copies
 
   def __init__(self):
     self._kept: dict[tuple, list] = {}
     self._segments: list = []  # every kept segment: unlinked at exit
     self._handed = 0
     self._metadata = _handover_metadata()
-    multiprocessing.util.Finalize(self, _unlink_segments, args=(self._segments,), exitpriority=0)
+    # Run when the worker process exits (multiprocessing's exit finalizers), or by close().
+    self.close = multiprocessing.util.Finalize(self, _unlink_segments, args=(self._segments,),
+                                               exitpriority=0)
 
   def stack(self, values):
     """The values stacked: Grain's metadata of a kept segment holding them, or an array (which
