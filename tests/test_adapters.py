@@ -196,13 +196,17 @@ def test_grains_data_position_is_the_format_the_adapter_reads_and_writes(workers
     grain_adapter.next_index({**state, "version": 3})
 
 
-def test_a_workers_kept_segment_is_handed_over_through_grains_protocol_and_reused_once_unlinked():
+def test_a_workers_kept_segment_is_handed_over_through_grains_protocol_and_reused_once_unlinked(monkeypatch):
   """SharedBatchArrays relies on grain 0.2's hand-over: a worker passes a metadata leaf on as
   it is (copy_to_shm), the consumer maps it by name and, once its array is gone, closes and
   unlinks that name (open_from_shm, the deleter). A batch still held is never written."""
+  import multiprocessing
   from grain._src.python.ipc import shared_memory_array as shm_array
-  if not grain_adapter.can_hand_over():
+  if not os.path.isdir("/dev/shm"):
     pytest.skip("no /dev/shm")
+  assert not grain_adapter.can_hand_over()  # the consumer's own process stacks its own arrays
+  monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
+  assert grain_adapter.can_hand_over()  # a worker process, with grain's metadata where pinned
   shm_array.SharedMemoryArray.enable_async_del(1)  # as a DataLoader with workers does
   before = set(os.listdir("/dev/shm"))
   arrays = grain_adapter.SharedBatchArrays()

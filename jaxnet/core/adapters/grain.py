@@ -72,8 +72,11 @@ def _handover_metadata():
 
 
 def can_hand_over() -> bool:
-  """Whether SharedBatchArrays works here: Linux's /dev/shm, and Grain's hand-over as pinned."""
-  return os.path.isdir(_SHM_DIR) and _handover_metadata() is not None
+  """Whether a batch made here goes to Grain's consumer in SharedBatchArrays: this process is a
+  worker another started (not the consumer itself, nor a copy of a source in it), on Linux's
+  /dev/shm, and Grain's hand-over is as pinned."""
+  return (multiprocessing.parent_process() is not None and os.path.isdir(_SHM_DIR)
+          and _handover_metadata() is not None)
 
 
 class SharedBatchArrays:
@@ -128,8 +131,11 @@ class SharedBatchArrays:
   def _free_segment(self, shape, dtype):
     kept = self._kept.setdefault((shape, dtype.str), [])
     for shm, array in kept:
-      if os.stat(os.path.join(_SHM_DIR, shm.name)).st_nlink == 1:  # no hand-over name left
-        return shm, array
+      try:
+        if os.stat(os.path.join(_SHM_DIR, shm.name)).st_nlink == 1:  # no hand-over name left
+          return shm, array
+      except FileNotFoundError:  # removed from /dev/shm by someone else: never written again
+        continue
     if len(kept) >= self.KEEP:
       return None
     shm = shared_memory.SharedMemory(create=True, size=max(1, int(np.prod(shape)) * dtype.itemsize))
