@@ -10,8 +10,9 @@
 4. Prepared shards (`jaxnet prepare`, --prepared: shorter sides and raw fractions) against the
    full-size JPEGs, per core: (a) where one image's CPU time goes (read, header and crop draw,
    decode, resize, flip); (b) jaxnet's train transform at 224, 192 and 160 px (the fast
-   recipe's progressive sizes), then the Grain loader in-process at 224 and 160, every path in
-   the same run, with each path's storage per image and for ImageNet's 1.28M.
+   recipe's progressive sizes), then the Grain loader in-process at 224 and 160 (or with
+   --loader-workers N worker processes, the CPU of all of them), every path in the same run,
+   with each path's storage per image and for ImageNet's 1.28M.
    `--only-prepared` runs this table alone; `--json FILE` writes its rates, which
    `experiments/time_to_accuracy.py --plan --input-json FILE` reads.
 
@@ -424,7 +425,7 @@ DEFAULT_PREPARED = "256:0.75,256,256:0.5,256:1,192,192:0.5"
 
 
 def prepared_table(root: str, tmp: str, kinds: list[tuple[int, float]], seconds: float, batch_size: int,
-                   epoch_size: int, count: int) -> dict:
+                   epoch_size: int, count: int, loader_workers: int = 0) -> dict:
   """Prints where the time goes and the prepared-against-full table; returns its rates
   (images per CPU-second) and storage."""
   source = ImageFolderSource(root, "train")
@@ -460,7 +461,9 @@ def prepared_table(root: str, tmp: str, kinds: list[tuple[int, float]], seconds:
 
   print(f"\n4b) train transform per core (TrainDecodeCrop: decode at reduced scale where the crop "
         f"allows, random-resized crop, resize, flip), {len(picks)} images in memory, best of 3 "
-        f"interleaved rounds; then the Grain loader in-process, batch {batch_size}, read from the "
+        f"interleaved rounds; then the Grain loader "
+        f"{f'with {loader_workers} workers (CPU of all processes)' if loader_workers else 'in-process'}, "
+        f"batch {batch_size}, read from the "
         f"files/shards, best of 3 interleaved rounds; {benchlib.load_line()}")
   rates = {name: {} for name in paths}
   for _ in range(3):  # interleaved: a shared VM's noise hits every path alike
@@ -471,7 +474,7 @@ def prepared_table(root: str, tmp: str, kinds: list[tuple[int, float]], seconds:
   for _ in range(3):  # the loader too: a single timing swung by 40% with the VM's load
     for name, (src, _) in paths.items():
       for size in (224, 160):
-        rate = loader_rate(src, size, batch_size, seconds / 2, epoch_size)
+        rate = loader_rate(src, size, batch_size, seconds / 2, epoch_size, loader_workers)
         loader[name][size] = max(loader[name].get(size, 0.0), rate)
   full = rates["full-size JPEGs"]
   print(f"{'path':36s} {'KiB/img':>7s} {'GB/1.28M':>8s} " + " ".join(f"{f'{s}px':>6s} {'x':>5s}" for s in sizes)
@@ -486,7 +489,7 @@ def prepared_table(root: str, tmp: str, kinds: list[tuple[int, float]], seconds:
         "the same size; KiB/img: bytes per image stored (shards: records and index), GB/1.28M: that "
         "for ImageNet's train split at these images' sizes")
   default = prepared.Options()
-  return {"transform": rates, "loader": loader, "storage_bytes_per_image": storage, "stages_us": profile,
+  return {"transform": rates, "loader": loader, "loader_workers": loader_workers, "storage_bytes_per_image": storage, "stages_us": profile,
           "prepared": [list(k) for k in kinds],
           "default_prepared": path_name(default.short_side, default.raw_fraction)}
 
@@ -494,7 +497,7 @@ def prepared_table(root: str, tmp: str, kinds: list[tuple[int, float]], seconds:
 def prepared_rows(args, root, tmp, seconds, batch_size, count, argv) -> None:
   spec = args.prepared or ("256:0.75,256" if args.quick else DEFAULT_PREPARED)
   rates = prepared_table(root, tmp, parse_prepared(spec), 2 * seconds, batch_size,
-                         args.epoch_size, count)
+                         args.epoch_size, count, args.loader_workers)
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"command": "python experiments/bench_input.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -519,6 +522,8 @@ def main(argv=None) -> None:
                            f"(jaxnet prepare's --short-side and --raw-fraction; default "
                            f"{DEFAULT_PREPARED}; --quick: 256:0.75,256)")
   parser.add_argument("--only-prepared", action="store_true", help="table 4 only")
+  parser.add_argument("--loader-workers", type=int, default=0,
+                      help="table 4's Grain loader with this many worker processes (default: in-process)")
   parser.add_argument("--json", help="write table 4's rates and the hardware to this file")
   args = parser.parse_args(argv)
   # Grain's worker processes read absl flags; we parse our own args instead.
