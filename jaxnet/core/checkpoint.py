@@ -498,11 +498,8 @@ def holds_data_position(workdir: str, step: int) -> bool:
   state made without data (Checkpoints.save with no iterator state: weights imported with
   --no-data). Read as a file; a checkpoint whose checksums do not read counts as holding one
   (its restore reports it)."""
-  try:
-    checksums = orbax_adapter.read_json_item(os.path.join(workdir, CHECKPOINTS_DIR, str(step)), CHECKSUMS)
-  except (OSError, ValueError):
-    return True
-  return not (isinstance(checksums, dict) and checksums.get("data_position", True) is False)
+  checksums = _saved_checksums(workdir, step)
+  return checksums is None or checksums.get("data_position", True) is not False
 
 
 def _position_mark(iterator_state: bytes | None, data_elements: str) -> dict:
@@ -519,13 +516,19 @@ def position_elements(workdir: str, step: int) -> str | None:
   elements: a position saved without the mark, as jaxnet before 2026-11-29 saved every one),
   or None (no data position, or checksums that do not read: its restore reports those).
   A position's kind is jaxnet's own record, never read from Grain's state."""
+  checksums = _saved_checksums(workdir, step)
+  if checksums is None or checksums.get("data_position", True) is False:
+    return None
+  return BATCHES if checksums.get("data_elements") == BATCHES else RECORDS
+
+
+def _saved_checksums(workdir: str, step: int) -> dict | None:
+  """Checkpoint `step`'s checksums record, read as a file; None where it does not read."""
   try:
     checksums = orbax_adapter.read_json_item(os.path.join(workdir, CHECKPOINTS_DIR, str(step)), CHECKSUMS)
   except (OSError, ValueError):
     return None
-  if not isinstance(checksums, dict) or checksums.get("data_position", True) is False:
-    return None
-  return BATCHES if checksums.get("data_elements") == BATCHES else RECORDS
+  return checksums if isinstance(checksums, dict) else None
 
 
 def newest_saved_config(workdir: str) -> tuple[int, dict] | tuple[None, None]:
