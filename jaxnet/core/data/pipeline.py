@@ -201,24 +201,22 @@ def train_loader(source, *, global_batch_size: int, image_size: int, seed: int, 
   if randaug[0]:
     from jaxnet.core.data.randaugment import RandAugment
     operations.append(RandAugment(*randaug))
-  if not whole_batches:
-    return grain.DataLoader(
-        data_source=source, sampler=sampler,
-        operations=operations + [grain.Batch(batch, drop_remainder=True)],
-        worker_count=workers, worker_buffer_size=worker_buffer_size,
-        # Reading a local JPEG takes ~30 us against ~1.5 ms to decode it, and read
-        # threads cost CPU in every worker (2 workers: 863 img/s with none, 748 with
-        # 16), so records are read inline unless storage is slow (read_threads).
-        # Grain checks every buffered read on each record, so its default read-ahead
-        # of 500 costs ~15% CPU; 32 is plenty.
-        read_options=grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=32))
-  batches = TrainBatches(source, sampler, shard, operations, batch, read_threads)
-  return grain.DataLoader(
-      data_source=batches,
-      sampler=grain.IndexSampler(len(batches), grain.NoSharding(), shuffle=False, num_epochs=1),
-      worker_count=workers, worker_buffer_size=worker_buffer_size,
-      # The records are read in TrainBatches; Grain reads a batch at a time, inline.
-      read_options=grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+  if whole_batches:
+    source = TrainBatches(source, sampler, shard, operations, batch, read_threads)
+    sampler = grain.IndexSampler(len(source), grain.NoSharding(), shuffle=False, num_epochs=1)
+    # The records are read in TrainBatches; Grain reads a batch at a time, inline.
+    operations, read_options = [], grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+  else:
+    operations = operations + [grain.Batch(batch, drop_remainder=True)]
+    # Reading a local JPEG takes ~30 us against ~1.5 ms to decode it, and read
+    # threads cost CPU in every worker (2 workers: 863 img/s with none, 748 with
+    # 16), so records are read inline unless storage is slow (read_threads).
+    # Grain checks every buffered read on each record, so its default read-ahead
+    # of 500 costs ~15% CPU; 32 is plenty.
+    read_options = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=32)
+  return grain.DataLoader(data_source=source, sampler=sampler, operations=operations,
+                          worker_count=workers, worker_buffer_size=worker_buffer_size,
+                          read_options=read_options)
 
 
 class TrainBatches:
