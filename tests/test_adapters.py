@@ -208,25 +208,28 @@ def test_a_workers_kept_segment_is_handed_over_through_grains_protocol_and_reuse
   monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
   assert grain_adapter.can_hand_over()  # a worker process, with grain's metadata where pinned
   shm_array.SharedMemoryArray.enable_async_del(1)  # as a DataLoader with workers does
-  before = set(os.listdir("/dev/shm"))
   arrays = grain_adapter.SharedBatchArrays()
+
+  def ours():  # the names this test's arrays made in /dev/shm: kept segments, and hand-overs named after them
+    return {n for n in os.listdir("/dev/shm") if any(n.startswith(shm.name) for shm in arrays._segments)}
   sent = arrays.stack([np.full((3, 2), i, np.uint8) for i in range(4)])
   assert shm_array.copy_to_shm(sent) is sent  # the worker sends it as it is
   held = shm_array.open_from_shm(sent)  # the consumer's batch
   assert held.shape == (4, 3, 2) and held[3].tolist() == [[3, 3]] * 3
   second = shm_array.open_from_shm(arrays.stack([np.zeros((3, 2), np.uint8)] * 4))
   assert held[3].tolist() == [[3, 3]] * 3, "a batch still held was written"
-  kept = set(os.listdir("/dev/shm")) - before
+  kept = ours()
+  assert len(kept) == 4  # two kept segments, each handed over under a name of its own
   del second
   grain_adapter.wait_for_unlinks()
   third = shm_array.open_from_shm(arrays.stack([np.ones((3, 2), np.uint8)] * 4))
   assert third.sum() == 24 and held[3].tolist() == [[3, 3]] * 3
-  assert len(set(os.listdir("/dev/shm")) - before - kept) == 1  # the freed segment's new name only
+  assert len(ours() - kept) == 1  # the freed segment's new name only
   del held, third
   grain_adapter.wait_for_unlinks()
   assert np.asarray(arrays.stack(["a", "b"])).dtype.kind == "U"  # not numbers: an array, as np.stack
   arrays.close()  # what a worker process's exit runs: its kept segments unlinked
-  assert not set(os.listdir("/dev/shm")) - before
+  assert not ours()
 
 
 # --- orbax and tensorstore -----------------------------------------------------------
